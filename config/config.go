@@ -1,0 +1,195 @@
+// Package config holds the sidecar's configuration: one Config struct parsed once from the environment with
+// caarlos0/env, validated at start. Nothing else in the sidecar reads the environment.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Defaults of the contract (../shared/design/http-contract.md).
+const (
+	DefaultDatabase         = "pulse"
+	DefaultCollectionPrefix = "pulse"
+	DefaultDataDir          = "./pulse-data"
+	DefaultListen           = "127.0.0.1:8080"
+	DefaultLockTimeout      = 30 * time.Second
+	DefaultPollInterval     = time.Second
+	DefaultRetention        = 168 * time.Hour
+	DefaultShutdownTimeout  = 25 * time.Second
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultWorkers          = 64
+)
+
+// Change stream modes (the seed's "Polling and Change Streams").
+const (
+	ChangeStreamsAuto     = "auto"
+	ChangeStreamsRequired = "required"
+	ChangeStreamsDisabled = "disabled"
+)
+
+// Config is the whole configuration of one sidecar process.
+type Config struct {
+	// MongoDBURI is the MongoDB connection string; empty starts the embedded development database.
+	MongoDBURI string `env:"PULSE_MONGODB_URI"`
+	// Database is the database name; default: the database in the URI path, else "pulse".
+	Database string `env:"PULSE_DATABASE"`
+	// CollectionPrefix names the collections <prefix>.events, .subscriptions, .deliveries, .history.
+	CollectionPrefix string `env:"PULSE_COLLECTION_PREFIX" envDefault:"pulse"`
+	// DataDir is where the embedded development database keeps its files.
+	DataDir string `env:"PULSE_DATA_DIR" envDefault:"./pulse-data"`
+	// Listen is the host:port of the ingest and admin API.
+	Listen string `env:"PULSE_LISTEN" envDefault:"127.0.0.1:8080"`
+	// APIToken, when set, is required as "Authorization: Bearer <token>" on every /v1 request.
+	APIToken string `env:"PULSE_API_TOKEN"`
+	// LockTimeout is the lease length of attempts, ordering and discovery; heartbeats run every third of it.
+	LockTimeout time.Duration `env:"PULSE_LOCK_TIMEOUT" envDefault:"30s"`
+	// PollInterval is how often an idle dispatcher looks for work without being woken.
+	PollInterval time.Duration `env:"PULSE_POLL_INTERVAL" envDefault:"1s"`
+	// ChangeStreams is auto, required or disabled.
+	ChangeStreams string `env:"PULSE_CHANGE_STREAMS" envDefault:"auto"`
+	// EventRetention is how long events are kept after publication; 0 keeps them forever.
+	EventRetention time.Duration `env:"PULSE_EVENT_RETENTION" envDefault:"168h"`
+	// HistoryRetention is how long terminal deliveries and ended attempts are kept; 0 keeps them forever.
+	HistoryRetention time.Duration `env:"PULSE_HISTORY_RETENTION" envDefault:"168h"`
+	// EndpointsFile is a YAML or JSON list of endpoints registered at start.
+	EndpointsFile string `env:"PULSE_ENDPOINTS_FILE"`
+	// ShutdownTimeout is the grace for in-flight deliveries after SIGTERM.
+	ShutdownTimeout time.Duration `env:"PULSE_SHUTDOWN_TIMEOUT" envDefault:"25s"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `env:"PULSE_LOG_LEVEL" envDefault:"info"`
+	// LogFormat is json or console.
+	LogFormat string `env:"PULSE_LOG_FORMAT" envDefault:"json"`
+	// MaxBodyBytes bounds a publish request body, in bytes (413 above it).
+	MaxBodyBytes int64 `env:"PULSE_MAX_BODY_BYTES" envDefault:"1048576"`
+	// Workers bounds the webhook POSTs in flight in this process, across all consumer groups.
+	Workers int `env:"PULSE_WORKERS" envDefault:"64"`
+	// DenyCIDRs are destination ranges webhooks may not reach (comma-separated), on top of link-local.
+	DenyCIDRs string `env:"PULSE_DENY_CIDRS"`
+	// AllowCIDRs are exceptions to the deny list and to the link-local guard (comma-separated).
+	AllowCIDRs string `env:"PULSE_ALLOW_CIDRS"`
+	// TestClockSkew shifts this process's wall clock; for tests of clock-skewed replicas only.
+	TestClockSkew time.Duration `env:"PULSE_TEST_CLOCK_SKEW"`
+}
+
+// Load parses the configuration from getenv and validates it. The error is one line naming the variable,
+// its value and what is allowed.
+func Load(getenv func(string) string) (*Config, error) {
+	cfg := &Config{}
+	environ := map[string]string{}
+	t := reflect.TypeOf(*cfg)
+	fieldVar := map[string]string{}
+	for i := range t.NumField() {
+		key := t.Field(i).Tag.Get("env")
+		fieldVar[t.Field(i).Name] = key
+		if v := getenv(key); v != "" {
+			environ[key] = v
+		}
+	}
+	if err := env.ParseWithOptions(cfg, env.Options{Environment: environ}); err != nil {
+		var agg env.AggregateError
+		if errors.As(err, &agg) {
+			for _, e := range agg.Errors {
+				var pe env.ParseError
+				if errors.As(e, &pe) {
+					key := fieldVar[pe.Name]
+					return nil, fmt.Errorf("%s=%q is invalid: want %s", key, environ[key], allowed(pe.Type))
+				}
+			}
+		}
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func allowed(t reflect.Type) string {
+	switch t {
+	case reflect.TypeOf(time.Duration(0)):
+		return "a Go duration such as 30s, 500ms or 1h"
+	default:
+		return "a " + t.Kind().String()
+	}
+}
+
+// Validate checks every field and returns an error naming the first bad variable, its value and what is
+// allowed.
+func (c *Config) Validate() error {
+	bad := func(key string, val any, want string) error {
+		return fmt.Errorf("%s=%q is invalid: want %s", key, fmt.Sprint(val), want)
+	}
+	if c.CollectionPrefix == "" || strings.ContainsAny(c.CollectionPrefix, "$\x00 ") {
+		return bad("PULSE_COLLECTION_PREFIX", c.CollectionPrefix, "a non-empty name without '$', spaces or NUL")
+	}
+	if _, err := netip.ParseAddrPort(c.Listen); err != nil && !strings.HasPrefix(c.Listen, "localhost:") {
+		return bad("PULSE_LISTEN", c.Listen, "host:port such as 127.0.0.1:8080 or 0.0.0.0:8080")
+	}
+	if c.LockTimeout < 30*time.Millisecond || c.LockTimeout > time.Hour {
+		return bad("PULSE_LOCK_TIMEOUT", c.LockTimeout, "a duration between 30ms and 1h")
+	}
+	if c.PollInterval < 5*time.Millisecond || c.PollInterval > 10*time.Minute {
+		return bad("PULSE_POLL_INTERVAL", c.PollInterval, "a duration between 5ms and 10m")
+	}
+	switch c.ChangeStreams {
+	case ChangeStreamsAuto, ChangeStreamsRequired, ChangeStreamsDisabled:
+	default:
+		return bad("PULSE_CHANGE_STREAMS", c.ChangeStreams, "auto, required or disabled")
+	}
+	if c.EventRetention < 0 {
+		return bad("PULSE_EVENT_RETENTION", c.EventRetention, "a duration ≥ 0 (0 keeps forever)")
+	}
+	if c.HistoryRetention < 0 {
+		return bad("PULSE_HISTORY_RETENTION", c.HistoryRetention, "a duration ≥ 0 (0 keeps forever)")
+	}
+	if c.ShutdownTimeout < 0 || c.ShutdownTimeout > time.Hour {
+		return bad("PULSE_SHUTDOWN_TIMEOUT", c.ShutdownTimeout, "a duration between 0 and 1h")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("PULSE_LOG_LEVEL", c.LogLevel, "debug, info, warn or error")
+	}
+	switch c.LogFormat {
+	case "json", "console":
+	default:
+		return bad("PULSE_LOG_FORMAT", c.LogFormat, "json or console")
+	}
+	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 64<<20 {
+		return bad("PULSE_MAX_BODY_BYTES", c.MaxBodyBytes, "a byte count between 1024 and 67108864")
+	}
+	if c.Workers < 1 || c.Workers > 10000 {
+		return bad("PULSE_WORKERS", c.Workers, "an integer between 1 and 10000")
+	}
+	if _, err := ParseCIDRs(c.DenyCIDRs); err != nil {
+		return bad("PULSE_DENY_CIDRS", c.DenyCIDRs, "comma-separated CIDRs such as 10.0.0.0/8,fd00::/8 ("+err.Error()+")")
+	}
+	if _, err := ParseCIDRs(c.AllowCIDRs); err != nil {
+		return bad("PULSE_ALLOW_CIDRS", c.AllowCIDRs, "comma-separated CIDRs such as 10.1.2.0/24 ("+err.Error()+")")
+	}
+	return nil
+}
+
+// ParseCIDRs parses a comma-separated list of CIDR prefixes; empty gives nil.
+func ParseCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}

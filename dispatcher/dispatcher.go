@@ -1,0 +1,234 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/lease"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+	"github.com/pulse-sidecar/pulse/reconciler"
+	"github.com/pulse-sidecar/pulse/webhook"
+)
+
+// Store is the storage the dispatcher needs; package mongo implements it.
+type Store interface {
+	reconciler.FollowUpStore
+	Claim(ctx context.Context, owner string, exclude []string) (*pulsetype.Attempt, error)
+	FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error
+	GetEvent(ctx context.Context, id string) (*pulsetype.Event, error)
+	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
+	FanOut(ctx context.Context, events []*pulsetype.Event) (int, error)
+}
+
+// Sender POSTs one attempt to a webhook; *webhook.Client implements it.
+type Sender interface {
+	Send(ctx context.Context, r webhook.Request) webhook.Result
+}
+
+// Recoverer runs the recovery steps; *reconciler.Reconciler implements it.
+type Recoverer interface {
+	ReapOne(ctx context.Context) (bool, error)
+	Repair(ctx context.Context) (int, error)
+}
+
+// Observer is told about deliveries as they happen; metrics hook in here. It may be nil.
+type Observer interface {
+	AttemptDone(group string, outcome string, d time.Duration) // outcome: success, retry, error
+	LeaseLost(group string)
+}
+
+// Options configure a Dispatcher.
+type Options struct {
+	Owner           string        // this process's lock owner id (UUIDv7)
+	Workers         int           // POSTs in flight at most, across consumer groups
+	PollInterval    time.Duration // longest sleep without a wake-up
+	ShutdownTimeout time.Duration // grace for in-flight POSTs in Stop
+	Observer        Observer
+	Logger          zerolog.Logger
+}
+
+// Dispatcher claims and executes attempts. Start it once; Stop it once (it is safe twice).
+type Dispatcher struct {
+	store     Store
+	sender    Sender
+	recoverer Recoverer
+	keeper    *lease.Keeper
+	opts      Options
+	log       zerolog.Logger
+
+	wake chan struct{}
+
+	mu       sync.Mutex
+	queued   []*pulsetype.Event
+	inflight map[string]int // by consumer group
+	total    int
+	eps      map[string]cachedEndpoint
+
+	cancelLoop context.CancelFunc
+	loopDone   chan struct{}
+	execCtx    context.Context // cancelled only when the shutdown grace runs out
+	abortExec  context.CancelFunc
+	running    sync.WaitGroup
+	stopOnce   sync.Once
+}
+
+type cachedEndpoint struct {
+	ep      *pulsetype.Endpoint // nil: the group has no endpoint
+	fetched time.Time
+}
+
+// New returns a Dispatcher. keeper renews the leases of running attempts.
+func New(store Store, sender Sender, recoverer Recoverer, keeper *lease.Keeper, opts Options) *Dispatcher {
+	opts.Workers = max(opts.Workers, 1)
+	return &Dispatcher{
+		store: store, sender: sender, recoverer: recoverer, keeper: keeper, opts: opts,
+		log:  opts.Logger.With().Str("component", "dispatcher").Logger(),
+		wake: make(chan struct{}, 1), inflight: map[string]int{}, eps: map[string]cachedEndpoint{},
+	}
+}
+
+// Wake makes the loop look for work now. It never blocks.
+func (d *Dispatcher) Wake() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Published hands events just stored by this process to the loop, which fans them out and wakes at once.
+// It never blocks. An event lost here (crash) is fanned out later by the reconciler.
+func (d *Dispatcher) Published(events []*pulsetype.Event) {
+	d.mu.Lock()
+	d.queued = append(d.queued, events...)
+	d.mu.Unlock()
+	d.Wake()
+}
+
+// Start runs the loop in a goroutine and returns at once.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	loopCtx, cancel := context.WithCancel(ctx)
+	d.cancelLoop = cancel
+	d.execCtx, d.abortExec = context.WithCancel(context.WithoutCancel(ctx))
+	d.loopDone = make(chan struct{})
+	go d.loop(loopCtx)
+	return nil
+}
+
+// Stop stops claiming, lets in-flight POSTs finish and be recorded within ShutdownTimeout, then aborts the
+// rest without recording them (their leases expire and the reaper takes over). It blocks until done and is
+// safe twice or before Start.
+func (d *Dispatcher) Stop() {
+	d.stopOnce.Do(func() {
+		if d.cancelLoop == nil {
+			return
+		}
+		d.cancelLoop()
+		<-d.loopDone
+		finished := make(chan struct{})
+		go func() { d.running.Wait(); close(finished) }()
+		select {
+		case <-finished:
+		case <-time.After(d.opts.ShutdownTimeout):
+			d.log.Warn().Msg("shutdown grace ran out: aborting in-flight deliveries, their leases will expire")
+			d.abortExec()
+			<-finished
+		}
+		d.abortExec()
+	})
+}
+
+func (d *Dispatcher) loop(ctx context.Context) {
+	defer close(d.loopDone)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var lastRepair time.Time
+	for {
+		worked := d.turn(ctx, &lastRepair)
+		if ctx.Err() != nil {
+			return
+		}
+		if worked {
+			continue
+		}
+		timer.Reset(d.opts.PollInterval)
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// turn runs one pass of the loop and reports whether it did any work.
+func (d *Dispatcher) turn(ctx context.Context, lastRepair *time.Time) bool {
+	worked := false
+	d.mu.Lock()
+	events := d.queued
+	d.queued = nil
+	d.mu.Unlock()
+	if len(events) > 0 {
+		if _, err := d.store.FanOut(ctx, events); err != nil && ctx.Err() == nil {
+			d.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")
+		}
+	}
+	if reaped, err := d.recoverer.ReapOne(ctx); err != nil {
+		d.logErr(ctx, err, "reap")
+	} else if reaped {
+		worked = true
+	}
+	if time.Since(*lastRepair) >= d.opts.PollInterval {
+		*lastRepair = time.Now()
+		if n, err := d.recoverer.Repair(ctx); err != nil {
+			d.logErr(ctx, err, "repair")
+		} else if n > 0 {
+			worked = true
+		}
+	}
+	for ctx.Err() == nil {
+		exclude, free := d.capacity()
+		if !free {
+			break
+		}
+		a, err := d.store.Claim(ctx, d.opts.Owner, exclude)
+		if err != nil {
+			d.logErr(ctx, err, "claim")
+			break
+		}
+		if a == nil {
+			break
+		}
+		d.launch(a)
+	}
+	return worked
+}
+
+func (d *Dispatcher) logErr(ctx context.Context, err error, step string) {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	d.log.Error().Err(err).Str("step", step).Msg("worker loop step failed")
+}
+
+// capacity returns the consumer groups at their concurrency limit and whether a worker slot is free.
+func (d *Dispatcher) capacity() (exclude []string, free bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.total >= d.opts.Workers {
+		return nil, false
+	}
+	for group, n := range d.inflight {
+		limit := pulsetype.DefaultMaxConcurrency
+		if c, ok := d.eps[group]; ok && c.ep != nil {
+			limit = *c.ep.MaxConcurrency
+		}
+		if n >= limit {
+			exclude = append(exclude, group)
+		}
+	}
+	return exclude, true
+}

@@ -1,0 +1,7 @@
+// Package httpapi serves the sidecar's public HTTP contract (../shared/design/http-contract.md) with chi:
+// ingest (POST /v1/events), endpoint registration, inspection, /healthz and /readyz.
+//
+// Invariants: every 4xx/5xx body is {"error": {"code": "<snake_case>", "message": "<sentence>"}}; a rejected
+// request stores nothing; a publish answers 202 only once its events are durable; request bodies are read
+// through a size limit while reading, never after; secrets are never returned in full.
+package httpapi

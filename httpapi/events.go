@@ -1,0 +1,320 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// MaxBatch is the most events one publish request may carry (the contract).
+const MaxBatch = 1000
+
+// MaxEventHeaders bounds the headers of one event.
+const MaxEventHeaders = 64
+
+// inputEvent is one event of a publish body.
+type inputEvent struct {
+	Topic   *string           `json:"topic"`
+	Data    json.RawMessage   `json:"data"`
+	ID      *string           `json:"id"`
+	Headers map[string]string `json:"headers"`
+}
+
+// BadRequestError is a publish body the API rejects: Status is 400 or 413, Code the error code.
+type BadRequestError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *BadRequestError) Error() string { return e.Message }
+
+func badRequest(code, format string, args ...any) *BadRequestError {
+	return &BadRequestError{Status: http.StatusBadRequest, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// DecodeEvents parses a publish body: one event object or an array of 1–1000 of them. It returns the events
+// (ids of the events without a client id are left empty), whether the body was an array, or a
+// *BadRequestError naming the problem. It checks UTF-8 and JSON validity before decoding (the JSON scanner is
+// iterative, so deep nesting cannot exhaust the stack), rejects unknown fields, a missing or malformed topic,
+// a missing data, bad ids or headers, and duplicate client ids. Data is kept verbatim (compacted).
+func DecodeEvents(body []byte) (events []*pulsetype.Event, isArray bool, err error) {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return nil, false, badRequest("invalid_json", "the body is empty: send one event object or an array of events")
+	}
+	if !utf8.Valid(body) {
+		return nil, false, badRequest("invalid_json", "the body is not valid UTF-8")
+	}
+	if !json.Valid(body) {
+		return nil, false, badRequest("invalid_json", "the body is not valid JSON (truncated or malformed)")
+	}
+	var inputs []inputEvent
+	switch body[0] {
+	case '{':
+		var one inputEvent
+		if err := strictUnmarshal(body, &one); err != nil {
+			return nil, false, err
+		}
+		inputs = []inputEvent{one}
+	case '[':
+		isArray = true
+		var raws []json.RawMessage
+		if err := json.Unmarshal(body, &raws); err != nil {
+			return nil, true, badRequest("invalid_json", "the body is not an array of event objects")
+		}
+		if len(raws) == 0 {
+			return nil, true, badRequest("empty_batch", "the array holds no events")
+		}
+		if len(raws) > MaxBatch {
+			return nil, true, badRequest("batch_too_large", "the array holds %d events; at most %d are allowed per request", len(raws), MaxBatch)
+		}
+		inputs = make([]inputEvent, len(raws))
+		for i, raw := range raws {
+			if len(raw) == 0 || raw[0] != '{' {
+				return nil, true, badRequest("invalid_event", "events[%d] is not a JSON object", i)
+			}
+			if err := strictUnmarshal(raw, &inputs[i]); err != nil {
+				var br *BadRequestError
+				errors.As(err, &br)
+				br.Message = fmt.Sprintf("events[%d]: %s", i, br.Message)
+				return nil, true, br
+			}
+		}
+	default:
+		return nil, false, badRequest("invalid_json", "the body must be an event object or an array of event objects")
+	}
+	seen := map[string]int{}
+	for i, in := range inputs {
+		where := ""
+		if isArray {
+			where = fmt.Sprintf("events[%d].", i)
+		}
+		e, err := in.event(where)
+		if err != nil {
+			return nil, isArray, err
+		}
+		if e.ID != "" {
+			if j, dup := seen[e.ID]; dup {
+				return nil, isArray, badRequest("duplicate_id", "events[%d] and events[%d] have the same id %q", j, i, e.ID)
+			}
+			seen[e.ID] = i
+		}
+		events = append(events, e)
+	}
+	return events, isArray, nil
+}
+
+func strictUnmarshal(b []byte, v *inputEvent) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badRequest("invalid_event", "%s", describeJSONError(err))
+	}
+	return nil
+}
+
+func describeJSONError(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf("field %q must be %s, not %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
+	}
+	return err.Error() // "json: unknown field \"x\"" and friends
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "string":
+		return "a string"
+	case "map":
+		return "an object of strings"
+	default:
+		return "a " + k
+	}
+}
+
+func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
+	if in.Topic == nil {
+		return nil, badRequest("invalid_topic", "%stopic is required", where)
+	}
+	if !pulsetype.ValidTopic(*in.Topic) {
+		return nil, badRequest("invalid_topic", "%stopic %q must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", where, *in.Topic)
+	}
+	if in.Data == nil {
+		return nil, badRequest("missing_data", "%sdata is required (any JSON value, null included)", where)
+	}
+	var data bytes.Buffer
+	if err := json.Compact(&data, in.Data); err != nil {
+		return nil, badRequest("invalid_json", "%sdata is not valid JSON", where)
+	}
+	e := &pulsetype.Event{Topic: *in.Topic, Data: data.Bytes(), Headers: in.Headers}
+	if in.ID != nil {
+		if !pulsetype.ValidEventID(*in.ID) {
+			return nil, badRequest("invalid_id", "%sid %q must be 1-128 characters of letters, digits, '.', '_', ':' or '-'", where, *in.ID)
+		}
+		e.ID = *in.ID
+	}
+	if len(in.Headers) > MaxEventHeaders {
+		return nil, badRequest("invalid_headers", "%sheaders holds %d entries; at most %d", where, len(in.Headers), MaxEventHeaders)
+	}
+	for k := range in.Headers {
+		if k == "" || len(k) > 256 {
+			return nil, badRequest("invalid_headers", "%sheaders has an empty or over-long key", where)
+		}
+	}
+	return e, nil
+}
+
+type publishedBody struct {
+	ID        string    `json:"id"`
+	Topic     string    `json:"topic"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeError(w, http.StatusServiceUnavailable, "shutting_down", "the sidecar is shutting down; publish to another replica or retry")
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "Content-Type must be application/json, got "+ct)
+			return
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("the body exceeds %d bytes", mbe.Limit))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "unreadable_body", "the body could not be read: "+err.Error())
+		return
+	}
+	events, isArray, err := DecodeEvents(body)
+	if err != nil {
+		var br *BadRequestError
+		errors.As(err, &br)
+		writeError(w, br.Status, br.Code, br.Message)
+		return
+	}
+	for _, e := range events {
+		if e.ID == "" {
+			e.ID = uuid.Must(uuid.NewV7()).String()
+		}
+	}
+	published, err := s.store.Publish(r.Context(), events)
+	if errors.Is(err, pulsetype.ErrIDConflict) {
+		writeError(w, http.StatusConflict, "id_conflict", "an event with this id was already published with other content")
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	status := http.StatusOK // every event was an idempotent re-publish
+	var fresh []*pulsetype.Event
+	out := make([]publishedBody, len(published))
+	for i, p := range published {
+		out[i] = publishedBody{ID: p.Event.ID, Topic: p.Event.Topic, CreatedAt: p.Event.CreatedAt}
+		if !p.Existing {
+			status = http.StatusAccepted
+			fresh = append(fresh, p.Event)
+		}
+	}
+	if len(fresh) > 0 {
+		s.notify.Published(fresh)
+	}
+	if isArray {
+		writeJSON(w, status, out)
+		return
+	}
+	writeJSON(w, status, out[0])
+}
+
+type eventBody struct {
+	ID         string            `json:"id"`
+	Topic      string            `json:"topic"`
+	CreatedAt  time.Time         `json:"createdAt"`
+	Data       json.RawMessage   `json:"data"`
+	Headers    map[string]string `json:"headers"`
+	Deliveries []eventDelivery   `json:"deliveries"`
+}
+
+type eventDelivery struct {
+	ID            string           `json:"id"`
+	ConsumerGroup string           `json:"consumerGroup"`
+	Status        pulsetype.Status `json:"status"`
+	Attempts      int              `json:"attempts"`
+}
+
+func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	ev, err := s.store.GetEvent(r.Context(), id)
+	if errors.Is(err, pulsetype.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "event_not_found", fmt.Sprintf("no event %q (it may have expired)", id))
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	deliveries, err := s.store.DeliveriesOfEvent(r.Context(), id)
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	ids := make([]string, len(deliveries))
+	for i, d := range deliveries {
+		ids[i] = d.ID
+	}
+	attempts := map[string][]*pulsetype.Attempt{}
+	if len(ids) > 0 {
+		if attempts, err = s.store.AttemptsOf(r.Context(), ids); err != nil {
+			s.internalError(w, r, err)
+			return
+		}
+	}
+	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: ev.CreatedAt, Data: ev.Data, Headers: ev.Headers, Deliveries: []eventDelivery{}}
+	if body.Headers == nil {
+		body.Headers = map[string]string{}
+	}
+	for _, d := range deliveries {
+		body.Deliveries = append(body.Deliveries, eventDelivery{ID: d.ID, ConsumerGroup: d.ConsumerGroup, Status: d.Status, Attempts: len(attempts[d.ID])})
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+type deliveryBody struct {
+	*pulsetype.Delivery
+	Attempts []*pulsetype.Attempt `json:"attempts"`
+}
+
+func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	d, attempts, err := s.store.GetDelivery(r.Context(), id)
+	if errors.Is(err, pulsetype.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "delivery_not_found", fmt.Sprintf("no delivery %q (it may have expired)", id))
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	if attempts == nil {
+		attempts = []*pulsetype.Attempt{}
+	}
+	writeJSON(w, http.StatusOK, deliveryBody{Delivery: d, Attempts: attempts})
+}

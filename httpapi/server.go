@@ -1,0 +1,159 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// Store is the storage the API needs; package mongo implements it.
+type Store interface {
+	Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error)
+	GetEvent(ctx context.Context, id string) (*pulsetype.Event, error)
+	DeliveriesOfEvent(ctx context.Context, eventID string) ([]*pulsetype.Delivery, error)
+	AttemptsOf(ctx context.Context, deliveryIDs []string) (map[string][]*pulsetype.Attempt, error)
+	GetDelivery(ctx context.Context, id string) (*pulsetype.Delivery, []*pulsetype.Attempt, error)
+	PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (*pulsetype.Endpoint, bool, error)
+	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
+	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
+	DeleteEndpoint(ctx context.Context, group string) error
+	Ping(ctx context.Context) error
+}
+
+// Notifier is told what this process stored, so its dispatcher acts at once; *dispatcher.Dispatcher
+// implements it.
+type Notifier interface {
+	Published(events []*pulsetype.Event)
+	EndpointChanged(group string)
+}
+
+// Options configure the API.
+type Options struct {
+	APIToken     string // when set, /v1 requires "Authorization: Bearer <token>"
+	MaxBodyBytes int64  // publish body limit in bytes
+	Logger       zerolog.Logger
+	// Metrics, when set, is served at GET /metrics.
+	Metrics http.Handler
+}
+
+// Server is the HTTP API. Its handler is safe for concurrent use.
+type Server struct {
+	store    Store
+	notify   Notifier
+	opts     Options
+	log      zerolog.Logger
+	draining atomic.Bool
+}
+
+// New returns the API server.
+func New(store Store, notify Notifier, opts Options) *Server {
+	return &Server{store: store, notify: notify, opts: opts, log: opts.Logger.With().Str("component", "httpapi").Logger()}
+}
+
+// Drain makes publishes answer 503 from now on (shutdown has begun); reads keep working.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// Handler returns the routes.
+func (s *Server) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.Use(middleware.Recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no route "+r.Method+" "+r.URL.Path)
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+r.URL.Path)
+	})
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/readyz", s.readyz)
+	if s.opts.Metrics != nil {
+		r.Method(http.MethodGet, "/metrics", s.opts.Metrics)
+	}
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.auth)
+		r.Post("/events", s.publish)
+		r.Get("/events/{id}", s.getEvent)
+		r.Get("/deliveries/{id}", s.getDelivery)
+		r.Get("/endpoints", s.listEndpoints)
+		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
+		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
+		r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
+	})
+	return r
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "database_unreachable", "the database does not answer: "+err.Error())
+		return
+	}
+	if s.draining.Load() {
+		writeError(w, http.StatusServiceUnavailable, "shutting_down", "the sidecar is shutting down")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// auth enforces the bearer token on /v1 with a constant-time comparison.
+func (s *Server) auth(next http.Handler) http.Handler {
+	if s.opts.APIToken == "" {
+		return next
+	}
+	want := []byte("Bearer " + s.opts.APIToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse"`)
+			writeError(w, http.StatusUnauthorized, "unauthorized", "this route needs the header Authorization: Bearer <PULSE_API_TOKEN>")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	var b errorBody
+	b.Error.Code, b.Error.Message = code, msg
+	writeJSON(w, status, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// internalError answers 500 without leaking driver details beyond one line, and logs the error.
+func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return
+	}
+	s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("request failed")
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i]
+	}
+	writeError(w, http.StatusInternalServerError, "internal_error", "the request could not be completed: "+msg)
+}

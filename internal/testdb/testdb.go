@@ -1,0 +1,194 @@
+// Package testdb gives tests a MongoDB wire-protocol database of their own.
+//
+// By default it starts the project's `pulse devdb` subcommand (an embedded FerretDB behind the
+// linearizing proxy of package mongo/devdb) once per test process, as a child process built
+// without -race: instrumenting FerretDB would make it several times slower. The package does not
+// import FerretDB for the same reason.
+//
+// Environment:
+//   - PULSE_TEST_MONGODB_URI: use this server (for example a real MongoDB replica set) instead.
+//   - PULSE_TEST_POSTGRES_URL: run the child devdb on FerretDB's postgresql handler.
+//   - PULSE_TEST_BINARY: use this pulse binary instead of building one.
+//
+// Invariants: every test gets its own database, dropped when it ends; the child process dies with
+// the test process (on Linux, through the parent-death signal).
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Environment variables read by this package.
+const (
+	EnvMongoDBURI  = "PULSE_TEST_MONGODB_URI"
+	EnvPostgresURL = "PULSE_TEST_POSTGRES_URL"
+	EnvBinary      = "PULSE_TEST_BINARY"
+)
+
+const (
+	// dirPrefix names the per-process temporary directories (binary, data, devdb log); the owner's
+	// pid follows it, so a later process can remove the directories of dead ones.
+	dirPrefix = "pulse-testdb-"
+	// connectTimeout bounds server selection, the first ping and the drop in cleanup.
+	connectTimeout = 30 * time.Second
+)
+
+var (
+	procDirOnce = sync.OnceValues(makeProcessDir)
+	binaryOnce  = sync.OnceValues(buildBinary)
+	serverOnce  = sync.OnceValues(startServer)
+)
+
+// URI returns the base URI of the test database server for this test process. It is
+// PULSE_TEST_MONGODB_URI when set. Otherwise the first call builds the pulse binary (see Binary),
+// starts `pulse devdb --listen 127.0.0.1:0 --data-dir <tempdir>` as a child process (adding
+// --postgresql-url when PULSE_TEST_POSTGRES_URL is set), and waits for its `devdb: <uri>` line; later
+// calls return the same URI. The child is killed when the test process exits. URI is safe for
+// concurrent use; it fails t if the server cannot be started (the error includes the child's log).
+func URI(t testing.TB) string {
+	t.Helper()
+	if uri := os.Getenv(EnvMongoDBURI); uri != "" {
+		return uri
+	}
+	uri, err := serverOnce()
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	return uri
+}
+
+// Database returns a client connected to URI(t) and the name of a fresh database unique to this
+// test (its sanitized name plus a random suffix). In t.Cleanup the database is dropped and the
+// client disconnected. It fails t if the server does not answer a ping within 30 seconds.
+func Database(t testing.TB) (client *mongo.Client, dbName string) {
+	t.Helper()
+	uri := URI(t)
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(connectTimeout))
+	if err != nil {
+		t.Fatalf("testdb: connect to %s: %v", uri, err)
+	}
+	dbName = databaseName(t.Name())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+		defer cancel()
+		if err := client.Database(dbName).Drop(ctx); err != nil {
+			t.Errorf("testdb: drop database %s: %v", dbName, err)
+		}
+		if err := client.Disconnect(ctx); err != nil {
+			t.Errorf("testdb: disconnect: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	if err := client.Ping(ctx, nil); err != nil {
+		t.Fatalf("testdb: ping %s: %v", uri, err)
+	}
+	return client, dbName
+}
+
+// Binary returns the path of the project's pulse binary, built without -race: PULSE_TEST_BINARY when
+// set, otherwise the result of `go build -o <tempdir>/pulse .` in the module root, run once per test
+// process (the go tool is GOROOT/bin/go, or "go" on PATH). It is safe for concurrent use and fails t
+// if the build fails (the error includes the compiler's output).
+func Binary(t testing.TB) string {
+	t.Helper()
+	path, err := binaryOnce()
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	return path
+}
+
+func buildBinary() (string, error) {
+	if path := os.Getenv(EnvBinary); path != "" {
+		return path, nil
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	dir, err := procDirOnce()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "pulse")
+	cmd := exec.Command(goTool(), "build", "-o", out, ".")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+	start := time.Now()
+	if output, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build pulse in %s (%s): %w\n%s", root, time.Since(start).Round(time.Millisecond), err, output)
+	}
+	return out, nil
+}
+
+// moduleRoot returns the directory of the go.mod above this source file.
+func moduleRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", fmt.Errorf("find module root: runtime.Caller failed")
+	}
+	for dir := filepath.Dir(file); ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("find module root: no go.mod above %s", file)
+		}
+	}
+}
+
+// goTool returns GOROOT/bin/go when it exists, otherwise "go" (found on PATH).
+func goTool() string {
+	if root := runtime.GOROOT(); root != "" {
+		path := filepath.Join(root, "bin", "go")
+		if _, err := os.Stat(path); err == nil {
+			return path
+		}
+	}
+	return "go"
+}
+
+// withoutRace removes -race from a GOFLAGS value so that the binary is never race-instrumented.
+func withoutRace(goflags string) string {
+	var kept []string
+	for _, f := range strings.Fields(goflags) {
+		if f != "-race" && f != "--race" && f != "-race=true" {
+			kept = append(kept, f)
+		}
+	}
+	return strings.Join(kept, " ")
+}
+
+// databaseName returns "t_<test name>_<16 hex digits>", at most 59 characters of [a-z0-9_], which
+// FerretDB and MongoDB both accept.
+func databaseName(testName string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(testName) {
+		if b.Len() == 40 {
+			break
+		}
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	suffix := make([]byte, 8)
+	_, _ = rand.Read(suffix) // never fails
+	return "t_" + b.String() + "_" + hex.EncodeToString(suffix)
+}

@@ -1,0 +1,142 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// ErrLost is the cancellation cause of work whose lease was lost: taken over by another worker, reaped, or
+// not renewed within the lock timeout.
+var ErrLost = errors.New("lease lost")
+
+// RenewFunc renews every lease held under tokens with one fenced write and returns the tokens that were
+// lost.
+type RenewFunc func(ctx context.Context, tokens []string) (lost []string, err error)
+
+// Keeper renews the leases this process holds every third of the lock timeout (the seed's heartbeat) and
+// cancels the work of a lease that was lost. It is safe for concurrent use.
+type Keeper struct {
+	renew       RenewFunc
+	lockTimeout time.Duration
+	local       func() time.Time
+	log         zerolog.Logger
+
+	mu   sync.Mutex
+	held map[string]*held
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type held struct {
+	cancel  context.CancelCauseFunc
+	renewed time.Time // local time of the last successful renewal (or of the claim)
+}
+
+// NewKeeper returns a Keeper; local is the local clock (nil = time.Now).
+func NewKeeper(renew RenewFunc, lockTimeout time.Duration, local func() time.Time, log zerolog.Logger) *Keeper {
+	if local == nil {
+		local = time.Now
+	}
+	return &Keeper{renew: renew, lockTimeout: lockTimeout, local: local, held: map[string]*held{},
+		log: log.With().Str("component", "heartbeat").Logger()}
+}
+
+// Interval returns the heartbeat period: a third of the lock timeout, at least 10 ms (the reference's rule).
+func (k *Keeper) Interval() time.Duration { return max(k.lockTimeout/3, 10*time.Millisecond) }
+
+// Hold starts renewing the lease under token; cancel is called with ErrLost if it is lost.
+func (k *Keeper) Hold(token string, cancel context.CancelCauseFunc) {
+	k.mu.Lock()
+	k.held[token] = &held{cancel: cancel, renewed: k.local()}
+	k.mu.Unlock()
+}
+
+// Release stops renewing token (its work finished).
+func (k *Keeper) Release(token string) {
+	k.mu.Lock()
+	delete(k.held, token)
+	k.mu.Unlock()
+}
+
+// Start runs the heartbeat loop in a goroutine and returns at once.
+func (k *Keeper) Start(ctx context.Context) error {
+	ctx, k.cancel = context.WithCancel(ctx)
+	k.done = make(chan struct{})
+	go k.loop(ctx)
+	return nil
+}
+
+// Stop ends the heartbeat loop and blocks until it returned. It is safe twice and before Start.
+func (k *Keeper) Stop() {
+	if k.cancel == nil {
+		return
+	}
+	k.cancel()
+	<-k.done
+}
+
+func (k *Keeper) loop(ctx context.Context) {
+	defer close(k.done)
+	t := time.NewTicker(k.Interval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			k.beat(ctx)
+		}
+	}
+}
+
+func (k *Keeper) beat(ctx context.Context) {
+	k.mu.Lock()
+	tokens := make([]string, 0, len(k.held))
+	for t := range k.held {
+		tokens = append(tokens, t)
+	}
+	k.mu.Unlock()
+	if len(tokens) == 0 {
+		return
+	}
+	start := k.local()
+	rctx, cancel := context.WithTimeout(ctx, k.Interval())
+	lost, err := k.renew(rctx, tokens)
+	cancel()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			k.log.Warn().Err(err).Int("leases", len(tokens)).Msg("heartbeat failed")
+		}
+		// Not renewed: a lease whose last renewal is older than the lock timeout may already be reaped.
+		for t, h := range k.held {
+			if k.local().Sub(h.renewed) >= k.lockTimeout {
+				h.cancel(ErrLost)
+				delete(k.held, t)
+			}
+		}
+		return
+	}
+	isLost := map[string]bool{}
+	for _, t := range lost {
+		isLost[t] = true
+	}
+	for _, t := range tokens {
+		h, ok := k.held[t]
+		if !ok {
+			continue
+		}
+		if isLost[t] {
+			h.cancel(ErrLost)
+			delete(k.held, t)
+			continue
+		}
+		h.renewed = start
+	}
+}

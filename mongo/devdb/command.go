@@ -1,0 +1,69 @@
+package devdb
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Defaults of the devdb subcommand's flags.
+const (
+	DefaultCommandListen  = "127.0.0.1:27017"
+	DefaultCommandDataDir = "./pulse-data"
+)
+
+// commandStartTimeout bounds how long RunCommand waits for the database to answer.
+const commandStartTimeout = 2 * time.Minute
+
+// ReadyPrefix starts the one line RunCommand prints to stdout once the database accepts
+// connections; the proxy's URI follows it, as in "devdb: mongodb://127.0.0.1:27017/".
+const ReadyPrefix = "devdb: "
+
+// RunCommand implements `pulse devdb [--listen host:port] [--data-dir dir] [--postgresql-url url]`:
+// it starts a Server, prints ReadyPrefix and the server's URI as one line to stdout, then blocks until
+// ctx is done and stops the server. FerretDB's and the proxy's warnings go to stderr.
+//
+// It returns nil after a clean shutdown (also when ctx ends during the start), flag.ErrHelp for -h, and an error for bad flags, a failed
+// start or a failed stop.
+func RunCommand(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("devdb", flag.ContinueOnError)
+	listen := fs.String("listen", DefaultCommandListen, "`host:port` the MongoDB wire-protocol proxy listens on (port 0 picks a free port)")
+	dataDir := fs.String("data-dir", DefaultCommandDataDir, "`directory` of the SQLite databases, created if missing")
+	pgURL := fs.String("postgresql-url", "", "PostgreSQL connection `url`; when set, FerretDB stores data there instead of in --data-dir")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("devdb: unexpected arguments %q", fs.Args())
+	}
+
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	startCtx, cancel := context.WithTimeout(ctx, commandStartTimeout)
+	defer cancel()
+	srv, err := Start(startCtx, Config{
+		DataDir:       *dataDir,
+		PostgreSQLURL: *pgURL,
+		Listen:        *listen,
+		Logger:        logger,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted while starting: a clean shutdown
+		}
+		return err
+	}
+	if _, err := fmt.Fprintln(stdout, ReadyPrefix+srv.URI()); err != nil {
+		return errors.Join(fmt.Errorf("devdb: write uri: %w", err), srv.Stop())
+	}
+
+	<-ctx.Done()
+	if err := srv.Stop(); err != nil {
+		return fmt.Errorf("devdb: stop: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,211 @@
+// Package devdb runs a development and test database: an embedded FerretDB (SQLite or PostgreSQL
+// handler) behind a linearizing proxy.
+//
+// Invariants: clients only ever reach FerretDB through the proxy, and the proxy runs the operations
+// on one database one at a time. FerretDB v1 runs a read-modify-write (findOneAndUpdate, a fenced
+// updateOne) as a separate read and write, so without the proxy two concurrent claims can both win;
+// with it every operation is atomic, as on MongoDB.
+package devdb
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/FerretDB/FerretDB/ferretdb"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// DefaultListen is the proxy address used when Config.Listen is empty: a free port on the loopback
+// interface.
+const DefaultListen = "127.0.0.1:0"
+
+// readyPoll is how long Start waits between attempts to ping the database through the proxy.
+const readyPoll = 20 * time.Millisecond
+
+// Config configures Start.
+type Config struct {
+	// DataDir is the directory of the SQLite databases, created (with parents) if missing. It is
+	// required unless PostgreSQLURL is set, and ignored when it is.
+	DataDir string
+	// PostgreSQLURL, when set, makes FerretDB use its postgresql handler with this connection string
+	// (for example "postgres://127.0.0.1:5432/ferretdb") instead of SQLite. Default: empty.
+	PostgreSQLURL string
+	// Listen is the host:port the proxy listens on. Default DefaultListen (a free loopback port).
+	Listen string
+	// Logger receives the proxy's logs and FerretDB's logs at warn level and above. Default: nil,
+	// which discards them.
+	Logger *slog.Logger
+}
+
+// Server is a running FerretDB with the linearizing proxy in front of it. Its methods are safe for
+// concurrent use.
+type Server struct {
+	proxy   *Proxy
+	uri     string
+	cancel  context.CancelFunc
+	runDone chan struct{}
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start starts FerretDB on a free loopback port and the proxy on cfg.Listen, and returns once a ping
+// through the proxy succeeds. ctx bounds the start only; the server runs until Stop. It returns an
+// error if the configuration is invalid, the data directory cannot be created, FerretDB or the proxy
+// cannot start, or ctx ends before the database answers.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	fcfg := &ferretdb.Config{
+		Listener: ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
+		Logger:   slog.New(minLevelHandler{min: slog.LevelWarn, next: logger.Handler()}).With("component", "ferretdb"),
+	}
+	if cfg.PostgreSQLURL != "" {
+		fcfg.Handler, fcfg.PostgreSQLURL = "postgresql", cfg.PostgreSQLURL
+	} else {
+		if cfg.DataDir == "" {
+			return nil, errors.New("devdb: DataDir is empty and PostgreSQLURL is not set")
+		}
+		dir, err := filepath.Abs(cfg.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("devdb: data dir %q: %w", cfg.DataDir, err)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("devdb: create data dir: %w", err)
+		}
+		fcfg.Handler = "sqlite"
+		fcfg.SQLiteURL = (&url.URL{Scheme: "file", Path: filepath.ToSlash(dir) + "/"}).String()
+	}
+
+	f, err := ferretdb.New(fcfg)
+	if err != nil {
+		return nil, fmt.Errorf("devdb: start ferretdb: %w", err)
+	}
+	upstream, err := url.Parse(f.MongoDBURI())
+	if err != nil {
+		return nil, fmt.Errorf("devdb: ferretdb uri: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	s := &Server{cancel: cancel, runDone: make(chan struct{})}
+	go func() {
+		defer close(s.runDone)
+		_ = f.Run(runCtx) // always nil; it returns once runCtx is canceled and everything is closed
+	}()
+
+	s.proxy, err = ListenProxy(cmp.Or(cfg.Listen, DefaultListen), upstream.Host, logger.With("component", "devdb-proxy"))
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("devdb: %w", err), s.Stop())
+	}
+	s.uri = (&url.URL{Scheme: "mongodb", Host: s.proxy.Addr().String(), Path: "/"}).String()
+
+	if err := waitReady(ctx, s.proxy.Addr().String()); err != nil {
+		return nil, errors.Join(fmt.Errorf("devdb: wait for database: %w", err), s.Stop())
+	}
+	return s, nil
+}
+
+// URI returns the connection string of the proxy, for example "mongodb://127.0.0.1:40123/". Clients
+// must use it rather than FerretDB's own address.
+func (s *Server) URI() string { return s.uri }
+
+// Stop closes the proxy and all its connections, then stops FerretDB, and blocks until both are
+// closed. It is safe to call more than once; later calls return the first call's error.
+func (s *Server) Stop() error {
+	s.stopOnce.Do(func() {
+		if s.proxy != nil {
+			s.stopErr = s.proxy.Close()
+		}
+		s.cancel()
+		<-s.runDone
+	})
+	return s.stopErr
+}
+
+// waitReady pings the database through the proxy at addr until it answers ok, polling every
+// readyPoll. It returns the last failure once ctx ends.
+func waitReady(ctx context.Context, addr string) error {
+	for {
+		err := ping(ctx, addr)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last attempt: %w)", context.Cause(ctx), err)
+		case <-time.After(readyPoll):
+		}
+	}
+}
+
+// ping sends {ping: 1, $db: "admin"} as an OP_MSG to addr and checks that the reply has ok: 1.
+func ping(ctx context.Context, addr string) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	}
+
+	body, err := bson.Marshal(bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}})
+	if err != nil {
+		return err
+	}
+	req := make([]byte, headerSize+4+1, headerSize+4+1+len(body))
+	binary.LittleEndian.PutUint32(req[4:], 1)      // requestID
+	binary.LittleEndian.PutUint32(req[12:], opMsg) // opCode; responseTo, flagBits and kind stay 0
+	req = append(req, body...)
+	binary.LittleEndian.PutUint32(req[0:], uint32(len(req)))
+	if _, err := conn.Write(req); err != nil {
+		return err
+	}
+
+	reply, err := readMessage(conn)
+	if err != nil {
+		return err
+	}
+	if len(reply) < headerSize+4+1+5 || binary.LittleEndian.Uint32(reply[12:]) != opMsg || reply[headerSize+4] != 0 {
+		return errors.New("ping: unexpected reply")
+	}
+	doc := bson.Raw(reply[headerSize+4+1:])
+	if ok, _ := doc.Lookup("ok").AsFloat64OK(); ok != 1 {
+		return fmt.Errorf("ping: reply %s", doc)
+	}
+	return nil
+}
+
+// minLevelHandler passes to next only the records at min level or above.
+type minLevelHandler struct {
+	min  slog.Level
+	next slog.Handler
+}
+
+func (h minLevelHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.next.Enabled(ctx, l)
+}
+
+func (h minLevelHandler) Handle(ctx context.Context, r slog.Record) error {
+	return h.next.Handle(ctx, r)
+}
+
+func (h minLevelHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return minLevelHandler{min: h.min, next: h.next.WithAttrs(as)}
+}
+
+func (h minLevelHandler) WithGroup(name string) slog.Handler {
+	return minLevelHandler{min: h.min, next: h.next.WithGroup(name)}
+}

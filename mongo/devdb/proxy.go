@@ -1,0 +1,270 @@
+package devdb
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// MaxMessageSize is the largest wire-protocol message, in bytes, that the proxy forwards in either
+// direction (48 MiB). A larger message is a protocol error that closes the client connection.
+const MaxMessageSize = 48 << 20
+
+const (
+	headerSize     = 16   // bytes: messageLength, requestID, responseTo, opCode (int32 each)
+	opMsg          = 2013 // OP_MSG opcode
+	flagMoreToCome = 1 << 1
+	dialTimeout    = 10 * time.Second
+)
+
+// Proxy is a linearizing TCP proxy for the MongoDB wire protocol. For every client connection it opens
+// one upstream connection; it forwards each request and reads its one reply while holding the mutex
+// of the request's database (the $db field of an OP_MSG; "" for messages without one), so operations
+// on one database run one at a time upstream. That restores the single-document atomicity MongoDB
+// guarantees and FerretDB v1 lacks; databases stay independent, so parallel tests on their own
+// databases do not wait for each other.
+//
+// An OP_MSG request with the moreToCome flag gets no reply and none is awaited. Exhaust replies
+// (a reply with moreToCome) are not supported and close the connection. A Proxy is safe for
+// concurrent use.
+type Proxy struct {
+	ln       net.Listener
+	upstream string
+	logger   *slog.Logger
+
+	locksMu sync.Mutex
+	locks   map[string]*sync.Mutex // database name -> its mutex; entries are never removed
+
+	connsMu sync.Mutex
+	conns   map[net.Conn]struct{} // open client and upstream connections
+	closed  bool
+
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// ListenProxy listens on the TCP address listen ("127.0.0.1:0" picks a free port) and forwards every
+// accepted connection to the TCP address upstream. It returns once the listener is bound; connections
+// are accepted in the background until Close. A nil logger discards the proxy's logs. It returns the
+// listen error, if any.
+func ListenProxy(listen, upstream string, logger *slog.Logger) (*Proxy, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("proxy listen: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{
+		ln:       ln,
+		upstream: upstream,
+		logger:   logger,
+		locks:    make(map[string]*sync.Mutex),
+		conns:    make(map[net.Conn]struct{}),
+	}
+	p.wg.Add(1)
+	go p.acceptLoop()
+	return p, nil
+}
+
+// Addr returns the address the proxy listens on.
+func (p *Proxy) Addr() net.Addr { return p.ln.Addr() }
+
+// Close stops accepting connections, closes every client and upstream connection and blocks until
+// all of the proxy's goroutines have returned. It is safe to call more than once and returns the
+// listener's close error, if any, from the first call.
+func (p *Proxy) Close() error {
+	p.closeOnce.Do(func() {
+		p.connsMu.Lock()
+		p.closed = true
+		for c := range p.conns {
+			_ = c.Close()
+		}
+		p.connsMu.Unlock()
+		if err := p.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			p.closeErr = fmt.Errorf("close proxy listener: %w", err)
+		}
+		p.wg.Wait()
+	})
+	return p.closeErr
+}
+
+func (p *Proxy) acceptLoop() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.logger.Warn("proxy accept stopped", slog.Any("error", err))
+			}
+			return
+		}
+		if !p.track(client) {
+			return
+		}
+		p.wg.Add(1)
+		go p.serve(client)
+	}
+}
+
+// track registers c so that Close closes it. It closes c and reports false if the proxy is closed.
+func (p *Proxy) track(c net.Conn) bool {
+	p.connsMu.Lock()
+	defer p.connsMu.Unlock()
+	if p.closed {
+		_ = c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.connsMu.Lock()
+	delete(p.conns, c)
+	p.connsMu.Unlock()
+	_ = c.Close()
+}
+
+func (p *Proxy) serve(client net.Conn) {
+	defer p.wg.Done()
+	defer p.untrack(client)
+
+	upstream, err := net.DialTimeout("tcp", p.upstream, dialTimeout)
+	if err != nil {
+		p.logger.Warn("proxy upstream dial", slog.String("upstream", p.upstream), slog.Any("error", err))
+		return
+	}
+	if !p.track(upstream) {
+		return
+	}
+	defer p.untrack(upstream)
+
+	err = p.relay(client, upstream)
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		p.logger.Warn("proxy connection closed", slog.String("client", client.RemoteAddr().String()), slog.Any("error", err))
+	}
+}
+
+// relay forwards requests from client to upstream and replies back until either side fails or closes.
+// It returns nil when the client closes its connection between messages.
+func (p *Proxy) relay(client, upstream net.Conn) error {
+	for {
+		req, err := readMessage(client)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read request: %w", err)
+		}
+		reply, err := p.roundTrip(upstream, req)
+		if err != nil {
+			return err
+		}
+		if reply == nil {
+			continue
+		}
+		if _, err := client.Write(reply); err != nil {
+			return fmt.Errorf("write reply: %w", err)
+		}
+	}
+}
+
+// roundTrip writes req upstream and reads its reply while holding the mutex of req's database.
+// It returns a nil reply for an OP_MSG with moreToCome.
+func (p *Proxy) roundTrip(upstream net.Conn, req []byte) ([]byte, error) {
+	db, noReply := inspect(req)
+	mu := p.lock(db)
+	mu.Lock()
+	defer mu.Unlock()
+
+	if _, err := upstream.Write(req); err != nil {
+		return nil, fmt.Errorf("write request: %w", err)
+	}
+	if noReply {
+		return nil, nil
+	}
+	reply, err := readMessage(upstream)
+	if err != nil {
+		return nil, fmt.Errorf("read reply: %w", err)
+	}
+	if _, moreToCome := inspect(reply); moreToCome {
+		return nil, errors.New("exhaust reply (moreToCome) is not supported")
+	}
+	return reply, nil
+}
+
+// lock returns the mutex of database db, creating it on first use.
+func (p *Proxy) lock(db string) *sync.Mutex {
+	p.locksMu.Lock()
+	defer p.locksMu.Unlock()
+	mu, ok := p.locks[db]
+	if !ok {
+		mu = new(sync.Mutex)
+		p.locks[db] = mu
+	}
+	return mu
+}
+
+// readMessage reads one whole wire-protocol message, header included. It returns io.EOF if r is
+// closed before the first byte and an error for a length below the header size or above
+// MaxMessageSize.
+func readMessage(r io.Reader) ([]byte, error) {
+	var prefix [4]byte
+	if _, err := io.ReadFull(r, prefix[:]); err != nil {
+		return nil, err
+	}
+	n := int64(int32(binary.LittleEndian.Uint32(prefix[:])))
+	if n < headerSize || n > MaxMessageSize {
+		return nil, fmt.Errorf("message length %d outside [%d, %d] bytes", n, headerSize, MaxMessageSize)
+	}
+	msg := make([]byte, n)
+	copy(msg, prefix[:])
+	if _, err := io.ReadFull(r, msg[4:]); err != nil {
+		return nil, fmt.Errorf("message body: %w", io.ErrUnexpectedEOF)
+	}
+	return msg, nil
+}
+
+// inspect returns the $db of an OP_MSG (from its kind-0 body section; "" when absent, unparsable or
+// not an OP_MSG) and whether its moreToCome flag is set.
+func inspect(msg []byte) (db string, moreToCome bool) {
+	if len(msg) < headerSize+4 || binary.LittleEndian.Uint32(msg[12:16]) != opMsg {
+		return "", false
+	}
+	flags := binary.LittleEndian.Uint32(msg[16:20])
+	moreToCome = flags&flagMoreToCome != 0
+	end := len(msg)
+	if flags&1 != 0 { // checksumPresent: a CRC-32C trails the sections
+		end -= 4
+	}
+	for i := headerSize + 4; i < end; {
+		kind := msg[i]
+		i++
+		if i+4 > end {
+			break
+		}
+		size := int(int32(binary.LittleEndian.Uint32(msg[i : i+4])))
+		if size < 5 || i+size > end {
+			break
+		}
+		if kind == 0 {
+			v, err := bson.Raw(msg[i : i+size]).LookupErr("$db")
+			if err != nil {
+				return "", moreToCome
+			}
+			db, _ = v.StringValueOK()
+			return db, moreToCome
+		}
+		i += size // a kind-1 section's size covers its identifier and documents
+	}
+	return "", moreToCome
+}

@@ -1,0 +1,126 @@
+package mongo
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// eventDoc is a document of <prefix>.events. Data is the event's JSON text, kept as a string so numbers,
+// unicode escapes and key order come back byte-equal.
+type eventDoc struct {
+	ID        string            `bson:"_id"`
+	Topic     string            `bson:"topic"`
+	Data      string            `bson:"data"`
+	Headers   map[string]string `bson:"headers,omitempty"`
+	CreatedAt time.Time         `bson:"createdAt"`
+	// Fanout is true until deliveries and first attempts exist for every subscribed consumer group.
+	Fanout bool `bson:"fanout,omitempty"`
+	// Staged marks events of an array publish that is not yet committed; they are invisible.
+	Staged    bool       `bson:"staged,omitempty"`
+	ExpiresAt *time.Time `bson:"expiresAt,omitempty"`
+}
+
+func (d *eventDoc) event() *pulsetype.Event {
+	return &pulsetype.Event{ID: d.ID, Topic: d.Topic, Data: json.RawMessage(d.Data), Headers: d.Headers, CreatedAt: d.CreatedAt}
+}
+
+// subscriptionDoc is a document of <prefix>.subscriptions: one per consumer group, _id = the group.
+type subscriptionDoc struct {
+	ID                     string            `bson:"_id"`
+	URL                    string            `bson:"url"`
+	Topics                 []string          `bson:"topics"`
+	Delivery               string            `bson:"delivery"`
+	Ordered                bool              `bson:"ordered"`
+	OffsetReset            string            `bson:"offsetReset"`
+	MaxRetries             int               `bson:"maxRetries"`
+	RetryDelayMs           int64             `bson:"retryDelayMs"`
+	RetryBackoffMultiplier float64           `bson:"retryBackoffMultiplier"`
+	MaxRetryDelayMs        int64             `bson:"maxRetryDelayMs"`
+	TimeoutMs              int64             `bson:"timeoutMs"`
+	MaxConcurrency         int               `bson:"maxConcurrency"`
+	Headers                map[string]string `bson:"headers,omitempty"`
+	Secret                 string            `bson:"secret,omitempty"`
+	InsecureSkipVerify     bool              `bson:"insecureSkipVerify,omitempty"`
+	CreatedAt              time.Time         `bson:"createdAt"`
+	UpdatedAt              time.Time         `bson:"updatedAt"`
+}
+
+func ms(d *pulsetype.Duration) int64 { return time.Duration(*d).Milliseconds() }
+
+func durPtr(msec int64) *pulsetype.Duration {
+	d := pulsetype.Duration(time.Duration(msec) * time.Millisecond)
+	return &d
+}
+
+func (d *subscriptionDoc) endpoint() *pulsetype.Endpoint {
+	maxRetries, mult, conc := d.MaxRetries, d.RetryBackoffMultiplier, d.MaxConcurrency
+	return &pulsetype.Endpoint{
+		ConsumerGroup: d.ID, URL: d.URL, Topics: d.Topics, Delivery: d.Delivery, Ordered: d.Ordered,
+		OffsetReset: d.OffsetReset, MaxRetries: &maxRetries, RetryDelay: durPtr(d.RetryDelayMs),
+		RetryBackoffMultiplier: &mult, MaxRetryDelay: durPtr(d.MaxRetryDelayMs), Timeout: durPtr(d.TimeoutMs),
+		MaxConcurrency: &conc, Headers: d.Headers, Secret: d.Secret, InsecureSkipVerify: d.InsecureSkipVerify,
+		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
+	}
+}
+
+// deliveryDoc is a document of <prefix>.deliveries: one per (consumer group, event).
+type deliveryDoc struct {
+	ID             string               `bson:"_id"`
+	EventID        string               `bson:"eventId"`
+	ConsumerGroup  string               `bson:"consumerGroup"`
+	Topic          string               `bson:"topic"`
+	EventCreatedAt time.Time            `bson:"eventCreatedAt"`
+	Status         pulsetype.Status     `bson:"status"`
+	CreatedAt      time.Time            `bson:"createdAt"`
+	UpdatedAt      time.Time            `bson:"updatedAt"`
+	EndedAt        *time.Time           `bson:"endedAt,omitempty"`
+	ExpiresAt      *time.Time           `bson:"expiresAt,omitempty"`
+	FinalAttempt   int                  `bson:"finalAttempt,omitempty"`
+	Error          *pulsetype.ErrorInfo `bson:"error,omitempty"`
+}
+
+func (d *deliveryDoc) delivery() *pulsetype.Delivery {
+	return &pulsetype.Delivery{
+		ID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic, Status: d.Status,
+		EventCreatedAt: d.EventCreatedAt, CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, EndedAt: d.EndedAt,
+		FinalAttempt: d.FinalAttempt, Error: d.Error,
+	}
+}
+
+// attemptDoc is a document of <prefix>.history: one per attempt of a delivery.
+type attemptDoc struct {
+	ID            string               `bson:"_id"`
+	DeliveryID    string               `bson:"deliveryId"`
+	EventID       string               `bson:"eventId"`
+	ConsumerGroup string               `bson:"consumerGroup"`
+	Topic         string               `bson:"topic"`
+	Attempt       int                  `bson:"attempt"`
+	Status        pulsetype.Status     `bson:"status"`
+	CreatedAt     time.Time            `bson:"createdAt"`
+	NextAttemptAt time.Time            `bson:"nextAttemptAt"`
+	StartedAt     *time.Time           `bson:"startedAt,omitempty"`
+	LockOwner     string               `bson:"lockOwner,omitempty"`
+	LockToken     string               `bson:"lockToken,omitempty"`
+	LockedAt      *time.Time           `bson:"lockedAt,omitempty"`
+	LockedUntil   *time.Time           `bson:"lockedUntil,omitempty"`
+	HeartbeatAt   *time.Time           `bson:"heartbeatAt,omitempty"`
+	EndedAt       *time.Time           `bson:"endedAt,omitempty"`
+	DurationMs    int64                `bson:"durationMs,omitempty"`
+	HTTPStatus    int                  `bson:"httpStatus,omitempty"`
+	ResponseBody  string               `bson:"responseBody,omitempty"`
+	Terminal      bool                 `bson:"terminal,omitempty"`
+	Error         *pulsetype.ErrorInfo `bson:"error,omitempty"`
+	ExpiresAt     *time.Time           `bson:"expiresAt,omitempty"`
+}
+
+func (d *attemptDoc) attempt() *pulsetype.Attempt {
+	return &pulsetype.Attempt{
+		ID: d.ID, DeliveryID: d.DeliveryID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
+		Number: d.Attempt, Status: d.Status, HTTPStatus: d.HTTPStatus, DurationMs: d.DurationMs, Error: d.Error,
+		ResponseBody: d.ResponseBody, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
+		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LockOwner: d.LockOwner, LockToken: d.LockToken,
+		LockedUntil: d.LockedUntil, Terminal: d.Terminal,
+	}
+}

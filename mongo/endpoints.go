@@ -1,0 +1,94 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// PutEndpoint creates or replaces the endpoint of e.ConsumerGroup (e must be normalized) and returns it as
+// stored. created is true when the consumer group was new. Concurrent registrations of one group by several
+// replicas leave one subscription document (its _id is the group).
+func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored *pulsetype.Endpoint, created bool, err error) {
+	now := s.now()
+	set := bson.M{
+		"url": e.URL, "topics": e.Topics, "delivery": e.Delivery, "ordered": e.Ordered,
+		"offsetReset": e.OffsetReset, "maxRetries": *e.MaxRetries, "retryDelayMs": ms(e.RetryDelay),
+		"retryBackoffMultiplier": *e.RetryBackoffMultiplier, "maxRetryDelayMs": ms(e.MaxRetryDelay),
+		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency, "headers": e.Headers,
+		"secret": e.Secret, "insecureSkipVerify": e.InsecureSkipVerify, "updatedAt": now,
+	}
+	update := bson.M{"$set": set, "$setOnInsert": bson.M{"createdAt": now}}
+	for try := 0; ; try++ {
+		res, err := s.subscriptions.UpdateOne(ctx, bson.M{"_id": e.ConsumerGroup}, update, options.UpdateOne().SetUpsert(true))
+		if mongo.IsDuplicateKeyError(err) && try < 3 {
+			continue // two upserts raced on a new _id: the loser retries as an update
+		}
+		if err != nil {
+			return nil, false, wrap("put endpoint", err)
+		}
+		stored, err := s.GetEndpoint(ctx, e.ConsumerGroup)
+		return stored, res.UpsertedCount > 0, err
+	}
+}
+
+// GetEndpoint returns the endpoint of a consumer group, or pulsetype.ErrNotFound.
+func (s *Store) GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error) {
+	var doc subscriptionDoc
+	err := s.subscriptions.FindOne(ctx, bson.M{"_id": group}).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, pulsetype.ErrNotFound
+	}
+	if err != nil {
+		return nil, wrap("get endpoint", err)
+	}
+	return doc.endpoint(), nil
+}
+
+// ListEndpoints returns every endpoint, ordered by consumer group.
+func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error) {
+	cur, err := s.subscriptions.Find(ctx, bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		return nil, wrap("list endpoints", err)
+	}
+	var docs []subscriptionDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, wrap("list endpoints", err)
+	}
+	out := make([]*pulsetype.Endpoint, len(docs))
+	for i := range docs {
+		out[i] = docs[i].endpoint()
+	}
+	return out, nil
+}
+
+// DeleteEndpoint removes a consumer group's endpoint; pending deliveries of the group end with an error when
+// they come up. It returns pulsetype.ErrNotFound when the group has no endpoint.
+func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
+	res, err := s.subscriptions.DeleteOne(ctx, bson.M{"_id": group})
+	if err != nil {
+		return wrap("delete endpoint", err)
+	}
+	if res.DeletedCount == 0 {
+		return pulsetype.ErrNotFound
+	}
+	return nil
+}
+
+func (s *Store) subscriptionsFor(ctx context.Context, topics []string) ([]subscriptionDoc, error) {
+	cur, err := s.subscriptions.Find(ctx, bson.M{"topics": bson.M{"$in": topics}},
+		options.Find().SetProjection(bson.M{"_id": 1, "topics": 1, "offsetReset": 1, "createdAt": 1}))
+	if err != nil {
+		return nil, wrap("find subscriptions", err)
+	}
+	var docs []subscriptionDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, wrap("find subscriptions", err)
+	}
+	return docs, nil
+}

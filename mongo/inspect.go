@@ -1,0 +1,93 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// GetDelivery returns a delivery and its attempts in attempt order, each pending one with its lock state. It
+// returns pulsetype.ErrNotFound when the delivery does not exist or has expired.
+func (s *Store) GetDelivery(ctx context.Context, id string) (*pulsetype.Delivery, []*pulsetype.Attempt, error) {
+	var doc deliveryDoc
+	err := s.deliveries.FindOne(ctx, bson.M{"_id": id}).Decode(&doc)
+	now := s.now()
+	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && expired(doc.ExpiresAt, now)) {
+		return nil, nil, pulsetype.ErrNotFound
+	}
+	if err != nil {
+		return nil, nil, wrap("get delivery", err)
+	}
+	byDelivery, err := s.AttemptsOf(ctx, []string{id})
+	if err != nil {
+		return nil, nil, err
+	}
+	attempts := byDelivery[id]
+	for _, a := range attempts {
+		a.LockState = a.LockStateAt(now)
+	}
+	return doc.delivery(), attempts, nil
+}
+
+// AttemptsOf returns the attempts of each delivery, in attempt order, keyed by delivery id (served by the
+// unique index on deliveryId + attempt).
+func (s *Store) AttemptsOf(ctx context.Context, deliveryIDs []string) (map[string][]*pulsetype.Attempt, error) {
+	cur, err := s.history.Find(ctx, bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
+		options.Find().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}))
+	if err != nil {
+		return nil, wrap("find attempts", err)
+	}
+	var docs []attemptDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, wrap("find attempts", err)
+	}
+	out := make(map[string][]*pulsetype.Attempt, len(deliveryIDs))
+	for i := range docs {
+		out[docs[i].DeliveryID] = append(out[docs[i].DeliveryID], docs[i].attempt())
+	}
+	return out, nil
+}
+
+// DeliveriesOfEvent returns the unexpired deliveries of an event, by consumer group.
+func (s *Store) DeliveriesOfEvent(ctx context.Context, eventID string) ([]*pulsetype.Delivery, error) {
+	cur, err := s.deliveries.Find(ctx, bson.M{"eventId": eventID},
+		options.Find().SetSort(bson.D{{Key: "consumerGroup", Value: 1}}))
+	if err != nil {
+		return nil, wrap("find deliveries", err)
+	}
+	return s.decodeDeliveries(ctx, cur)
+}
+
+// PendingDeliveries returns up to limit pending deliveries with an id greater than afterID, in id order: the
+// reconciler's scan (served by pulse_deliveries_status_id).
+func (s *Store) PendingDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, error) {
+	cur, err := s.deliveries.Find(ctx, bson.M{"status": pulsetype.StatusPending, "_id": bson.M{"$gt": afterID}},
+		options.Find().SetSort(bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}).SetLimit(int64(limit)))
+	if err != nil {
+		return nil, wrap("scan pending deliveries", err)
+	}
+	return s.decodeDeliveries(ctx, cur)
+}
+
+func (s *Store) decodeDeliveries(ctx context.Context, cur *mongo.Cursor) ([]*pulsetype.Delivery, error) {
+	var docs []deliveryDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, wrap("decode deliveries", err)
+	}
+	now := s.now()
+	out := make([]*pulsetype.Delivery, 0, len(docs))
+	for i := range docs {
+		if !expired(docs[i].ExpiresAt, now) {
+			out = append(out, docs[i].delivery())
+		}
+	}
+	return out, nil
+}
+
+func expired(at *time.Time, now time.Time) bool { return at != nil && !at.After(now) }

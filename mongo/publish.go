@@ -1,0 +1,237 @@
+package mongo
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// deliveryNamespace makes delivery ids deterministic: UUIDv5 of (consumer group, event id). Two replicas
+// fanning out the same event compute the same id, so their first attempts land on one delivery.
+var deliveryNamespace = uuid.MustParse("6f1c3c1e-5b7a-4b5e-9a63-6d2f0b8c0a11")
+
+// DeliveryID returns the id of the delivery of eventID to consumerGroup.
+func DeliveryID(consumerGroup, eventID string) string {
+	return uuid.NewSHA1(deliveryNamespace, []byte(consumerGroup+"\x00"+eventID)).String()
+}
+
+// Publish stores events durably; they are durable when it returns. Each event must carry its id (client-chosen
+// or a fresh UUIDv7). Either all events are stored or none: an array is inserted staged (invisible) and then
+// committed with one update; a crash in between leaves staged events that the sweeper removes. It returns
+// pulsetype.ErrIDConflict when an id is already used with other content (nothing is stored then). Stored
+// events carry fanout=true until FanOut created their deliveries. CreatedAt and expiresAt are set here.
+func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
+	now := s.now()
+	out := make([]pulsetype.Published, len(events))
+	for i, e := range events {
+		e.CreatedAt = now
+		out[i].Event = e
+	}
+	if len(events) == 1 {
+		_, err := s.events.InsertOne(ctx, s.newEventDoc(events[0], false))
+		if err == nil {
+			return out, nil
+		}
+		if !mongo.IsDuplicateKeyError(err) {
+			return nil, wrap("insert event", err)
+		}
+	}
+	ids := make([]string, len(events))
+	for i, e := range events {
+		ids[i] = e.ID
+	}
+	existing, err := s.findEvents(ctx, ids, true)
+	if err != nil {
+		return nil, err
+	}
+	var fresh []any
+	var commit []string
+	for i, e := range events {
+		ex, ok := existing[e.ID]
+		if ok && !sameContent(ex, e) {
+			return nil, pulsetype.ErrIDConflict
+		}
+		switch {
+		case ok && ex.Staged: // left by a publish that crashed before its commit: commit it now
+			commit = append(commit, e.ID)
+		case ok:
+			out[i] = pulsetype.Published{Event: ex.event(), Existing: true}
+		default:
+			fresh = append(fresh, s.newEventDoc(e, true))
+			commit = append(commit, e.ID)
+		}
+	}
+	if len(fresh) > 0 {
+		if _, err := s.events.InsertMany(ctx, fresh); err != nil {
+			_, _ = s.events.DeleteMany(context.WithoutCancel(ctx), bson.M{"_id": bson.M{"$in": commit}, "staged": true})
+			if mongo.IsDuplicateKeyError(err) {
+				return nil, pulsetype.ErrIDConflict // a concurrent publish of the same id won the race
+			}
+			return nil, wrap("insert events", err)
+		}
+	}
+	if len(commit) > 0 {
+		_, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": commit}, "staged": true},
+			bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}})
+		if err != nil {
+			return nil, wrap("commit events", err)
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) newEventDoc(e *pulsetype.Event, staged bool) *eventDoc {
+	return &eventDoc{
+		ID: e.ID, Topic: e.Topic, Data: string(e.Data), Headers: e.Headers, CreatedAt: e.CreatedAt,
+		Fanout: !staged, Staged: staged, ExpiresAt: expiry(e.CreatedAt, s.opts.EventRetention),
+	}
+}
+
+func sameContent(d *eventDoc, e *pulsetype.Event) bool {
+	return d.Topic == e.Topic && bytes.Equal([]byte(d.Data), e.Data) && maps.Equal(d.Headers, e.Headers)
+}
+
+// findEvents returns the stored events with these ids, by id. withStaged includes uncommitted ones.
+func (s *Store) findEvents(ctx context.Context, ids []string, withStaged bool) (map[string]*eventDoc, error) {
+	filter := bson.M{"_id": bson.M{"$in": ids}}
+	if !withStaged {
+		filter["staged"] = bson.M{"$ne": true}
+	}
+	cur, err := s.events.Find(ctx, filter)
+	if err != nil {
+		return nil, wrap("find events", err)
+	}
+	var docs []*eventDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, wrap("find events", err)
+	}
+	out := make(map[string]*eventDoc, len(docs))
+	now := s.now()
+	for _, d := range docs {
+		if !withStaged && d.ExpiresAt != nil && !d.ExpiresAt.After(now) {
+			continue // expired: gone even before the TTL monitor or sweeper deletes it
+		}
+		out[d.ID] = d
+	}
+	return out, nil
+}
+
+// GetEvent returns a visible, unexpired event, or pulsetype.ErrNotFound.
+func (s *Store) GetEvent(ctx context.Context, id string) (*pulsetype.Event, error) {
+	m, err := s.findEvents(ctx, []string{id}, false)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := m[id]
+	if !ok {
+		return nil, pulsetype.ErrNotFound
+	}
+	return d.event(), nil
+}
+
+// FanOut creates, for each event, the delivery and its first attempt for every consumer group subscribed to
+// the event's topic, then clears the event's fanout mark. It is idempotent: duplicate-key errors mean
+// another replica (or an earlier try) already did it, and a crash before the mark is cleared is repaired by
+// FanOutStale. It returns how many first attempts it inserted.
+func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) (int, error) {
+	if len(events) == 0 {
+		return 0, nil
+	}
+	topics := map[string]bool{}
+	ids := make([]string, 0, len(events))
+	for _, e := range events {
+		topics[e.Topic] = true
+		ids = append(ids, e.ID)
+	}
+	subs, err := s.subscriptionsFor(ctx, keys(topics))
+	if err != nil {
+		return 0, err
+	}
+	now := s.now()
+	var deliveries, attempts []any
+	for _, e := range events {
+		for _, sub := range subs {
+			if !slices.Contains(sub.Topics, e.Topic) {
+				continue
+			}
+			d := &deliveryDoc{
+				ID: DeliveryID(sub.ID, e.ID), EventID: e.ID, ConsumerGroup: sub.ID, Topic: e.Topic,
+				EventCreatedAt: e.CreatedAt, Status: pulsetype.StatusPending, CreatedAt: now, UpdatedAt: now,
+			}
+			deliveries = append(deliveries, d)
+			attempts = append(attempts, newAttemptDoc(d.ID, e.ID, sub.ID, e.Topic, 1, now, now))
+		}
+	}
+	inserted := 0
+	if len(deliveries) > 0 {
+		unordered := options.InsertMany().SetOrdered(false)
+		if _, err := s.deliveries.InsertMany(ctx, deliveries, unordered); err != nil && !onlyDuplicates(err) {
+			return 0, wrap("insert deliveries", err)
+		}
+		res, err := s.history.InsertMany(ctx, attempts, unordered)
+		if err != nil && !onlyDuplicates(err) {
+			return 0, wrap("insert first attempts", err)
+		}
+		if res != nil {
+			inserted = len(res.InsertedIDs)
+		}
+	}
+	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "fanout": true}, bson.M{"$unset": bson.M{"fanout": ""}}); err != nil {
+		return inserted, wrap("clear fanout mark", err)
+	}
+	return inserted, nil
+}
+
+// FanOutStale runs FanOut for up to limit events still marked for fan-out and created more than age ago:
+// events whose publisher died before fanning them out (the seed's "discovery interrupted" state). It
+// returns how many first attempts it inserted.
+func (s *Store) FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error) {
+	cutoff := s.now().Add(-age)
+	cur, err := s.events.Find(ctx, bson.M{"fanout": true, "createdAt": bson.M{"$lt": cutoff}},
+		options.Find().SetSort(bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}).SetLimit(int64(limit)))
+	if err != nil {
+		return 0, wrap("find events to fan out", err)
+	}
+	var docs []*eventDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return 0, wrap("find events to fan out", err)
+	}
+	events := make([]*pulsetype.Event, len(docs))
+	for i, d := range docs {
+		events[i] = d.event()
+	}
+	return s.FanOut(ctx, events)
+}
+
+// onlyDuplicates reports whether err is a bulk write error made only of duplicate-key errors ("already
+// done").
+func onlyDuplicates(err error) bool {
+	var bwe mongo.BulkWriteException
+	if !errors.As(err, &bwe) || bwe.WriteConcernError != nil || len(bwe.WriteErrors) == 0 {
+		return false
+	}
+	for _, we := range bwe.WriteErrors {
+		if we.Code != 11000 && we.Code != 11001 && we.Code != 12582 {
+			return false
+		}
+	}
+	return true
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

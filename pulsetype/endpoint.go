@@ -1,0 +1,232 @@
+package pulsetype
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Delivery modes of an endpoint (the seed's guarantees).
+const (
+	AtLeastOnce = "at-least-once"
+	AtMostOnce  = "at-most-once"
+)
+
+// Offset resets: which events a newly registered consumer group receives.
+const (
+	OffsetLatest   = "latest"   // events published after registration
+	OffsetEarliest = "earliest" // every event still retained
+)
+
+// Endpoint defaults (../shared/design/http-contract.md).
+const (
+	DefaultMaxRetries             = 8
+	DefaultRetryDelay             = time.Second
+	DefaultRetryBackoffMultiplier = 2.0
+	DefaultMaxRetryDelay          = time.Hour
+	DefaultTimeout                = 30 * time.Second
+	DefaultMaxConcurrency         = 16
+)
+
+// MaxTopicsPerEndpoint bounds the topics one consumer group subscribes to.
+const MaxTopicsPerEndpoint = 100
+
+var (
+	topicPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
+	groupPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
+)
+
+// ValidTopic reports whether s matches ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$ (the contract's topic rule).
+func ValidTopic(s string) bool { return topicPattern.MatchString(s) }
+
+// ValidConsumerGroup reports whether s is a usable consumer group name: 1–100 characters of
+// [A-Za-z0-9._-], starting with a letter or digit.
+func ValidConsumerGroup(s string) bool { return groupPattern.MatchString(s) }
+
+// Duration is a time.Duration that reads and writes JSON as a Go duration string ("1s", "1h30m").
+type Duration time.Duration
+
+// MarshalJSON writes the duration as a string such as "1s".
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a Go duration string; a bare number is taken as milliseconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		var ms float64
+		if err2 := json.Unmarshal(b, &ms); err2 != nil {
+			return fmt.Errorf("want a duration such as \"1s\"")
+		}
+		*d = Duration(time.Duration(ms * float64(time.Millisecond)))
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as \"1s\", got %q", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Endpoint is a consumer group's webhook registration: where its events go and how they are retried.
+// Pointer fields are optional in the API body; Normalize fills their defaults.
+type Endpoint struct {
+	ConsumerGroup          string            `json:"consumerGroup"`
+	URL                    string            `json:"url"`
+	Topics                 []string          `json:"topics"`
+	Delivery               string            `json:"delivery"`
+	Ordered                bool              `json:"ordered"`
+	OffsetReset            string            `json:"offsetReset"`
+	MaxRetries             *int              `json:"maxRetries,omitempty"`
+	RetryDelay             *Duration         `json:"retryDelay,omitempty"`
+	RetryBackoffMultiplier *float64          `json:"retryBackoffMultiplier,omitempty"`
+	MaxRetryDelay          *Duration         `json:"maxRetryDelay,omitempty"`
+	Timeout                *Duration         `json:"timeout,omitempty"`
+	MaxConcurrency         *int              `json:"maxConcurrency,omitempty"`
+	Headers                map[string]string `json:"headers,omitempty"`
+	Secret                 string            `json:"secret,omitempty"`
+	InsecureSkipVerify     bool              `json:"insecureSkipVerify,omitempty"`
+	CreatedAt              time.Time         `json:"createdAt"`
+	UpdatedAt              time.Time         `json:"updatedAt"`
+}
+
+// FieldError names the field of an endpoint or event that is invalid and why.
+type FieldError struct {
+	Field   string
+	Message string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Message }
+
+// Normalize fills defaults and validates the endpoint. It returns a *FieldError naming the first bad field.
+func (e *Endpoint) Normalize() error {
+	if !ValidConsumerGroup(e.ConsumerGroup) {
+		return &FieldError{"consumerGroup", "must be 1-100 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"}
+	}
+	u, err := url.Parse(e.URL)
+	if e.URL == "" {
+		return &FieldError{"url", "is required"}
+	}
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || u.User != nil {
+		return &FieldError{"url", fmt.Sprintf("must be an absolute http or https URL with a host and no credentials, got %q", e.URL)}
+	}
+	if len(e.Topics) == 0 {
+		return &FieldError{"topics", "must list at least one topic"}
+	}
+	if len(e.Topics) > MaxTopicsPerEndpoint {
+		return &FieldError{"topics", fmt.Sprintf("at most %d topics", MaxTopicsPerEndpoint)}
+	}
+	seen := map[string]bool{}
+	for _, t := range e.Topics {
+		if !ValidTopic(t) {
+			return &FieldError{"topics", fmt.Sprintf("%q does not match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", t)}
+		}
+		if seen[t] {
+			return &FieldError{"topics", fmt.Sprintf("%q is listed twice", t)}
+		}
+		seen[t] = true
+	}
+	e.Delivery = strings.ToLower(e.Delivery)
+	switch e.Delivery {
+	case "":
+		e.Delivery = AtLeastOnce
+	case AtLeastOnce, AtMostOnce:
+	default:
+		return &FieldError{"delivery", fmt.Sprintf("must be %q or %q, got %q", AtLeastOnce, AtMostOnce, e.Delivery)}
+	}
+	switch e.OffsetReset {
+	case "":
+		e.OffsetReset = OffsetLatest
+	case OffsetLatest, OffsetEarliest:
+	default:
+		return &FieldError{"offsetReset", fmt.Sprintf("must be %q or %q, got %q", OffsetLatest, OffsetEarliest, e.OffsetReset)}
+	}
+	if e.MaxRetries == nil {
+		n := DefaultMaxRetries
+		if e.Delivery == AtMostOnce {
+			n = 0
+		}
+		e.MaxRetries = &n
+	}
+	if *e.MaxRetries < 0 || *e.MaxRetries > 100 {
+		return &FieldError{"maxRetries", "must be between 0 and 100"}
+	}
+	if e.Delivery == AtMostOnce && *e.MaxRetries != 0 {
+		return &FieldError{"maxRetries", "must be 0 with at-most-once delivery"}
+	}
+	if err := fillDuration(&e.RetryDelay, DefaultRetryDelay, "retryDelay", 0, 24*time.Hour); err != nil {
+		return err
+	}
+	if err := fillDuration(&e.MaxRetryDelay, DefaultMaxRetryDelay, "maxRetryDelay", 0, 7*24*time.Hour); err != nil {
+		return err
+	}
+	if err := fillDuration(&e.Timeout, DefaultTimeout, "timeout", time.Millisecond, time.Hour); err != nil {
+		return err
+	}
+	if e.RetryBackoffMultiplier == nil {
+		m := DefaultRetryBackoffMultiplier
+		e.RetryBackoffMultiplier = &m
+	}
+	if *e.RetryBackoffMultiplier < 1 || *e.RetryBackoffMultiplier > 100 {
+		return &FieldError{"retryBackoffMultiplier", "must be between 1 and 100"}
+	}
+	if e.MaxConcurrency == nil {
+		n := DefaultMaxConcurrency
+		e.MaxConcurrency = &n
+	}
+	if *e.MaxConcurrency < 1 || *e.MaxConcurrency > 1000 {
+		return &FieldError{"maxConcurrency", "must be between 1 and 1000"}
+	}
+	for k := range e.Headers {
+		if k == "" || strings.ContainsAny(k, " :\r\n") {
+			return &FieldError{"headers", fmt.Sprintf("%q is not a valid header name", k)}
+		}
+		if strings.ContainsAny(e.Headers[k], "\r\n") {
+			return &FieldError{"headers", fmt.Sprintf("value of %q contains a line break", k)}
+		}
+	}
+	if e.Secret != "" && !strings.HasPrefix(e.Secret, "whsec_") {
+		return &FieldError{"secret", "must start with whsec_ (Standard Webhooks)"}
+	}
+	return nil
+}
+
+func fillDuration(p **Duration, def time.Duration, field string, min, max time.Duration) error {
+	if *p == nil {
+		d := Duration(def)
+		*p = &d
+	}
+	if v := time.Duration(**p); v < min || v > max {
+		return &FieldError{field, fmt.Sprintf("must be between %s and %s", min, max)}
+	}
+	return nil
+}
+
+// Redacted returns a copy whose secret shows only its prefix and last 4 characters ("whsec_…abcd").
+func (e Endpoint) Redacted() Endpoint {
+	if len(e.Secret) > 10 {
+		e.Secret = "whsec_…" + e.Secret[len(e.Secret)-4:]
+	} else if e.Secret != "" {
+		e.Secret = "whsec_…"
+	}
+	return e
+}
+
+// Policy returns the endpoint's retry policy. Call it on a normalized endpoint.
+func (e *Endpoint) Policy() RetryPolicy {
+	return RetryPolicy{
+		AtMostOnce: e.Delivery == AtMostOnce,
+		MaxRetries: *e.MaxRetries,
+		Delay:      time.Duration(*e.RetryDelay),
+		Multiplier: *e.RetryBackoffMultiplier,
+		MaxDelay:   time.Duration(*e.MaxRetryDelay),
+	}
+}
+
+var eventIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// ValidEventID reports whether a client-chosen event id is 1–128 characters of [A-Za-z0-9._:-].
+func ValidEventID(s string) bool { return eventIDPattern.MatchString(s) }

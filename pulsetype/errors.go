@@ -1,0 +1,16 @@
+package pulsetype
+
+import "errors"
+
+// Sentinel errors returned by the storage implementation; callers branch on them with errors.Is.
+var (
+	// ErrNotFound: the event, delivery or endpoint does not exist (or has expired).
+	ErrNotFound = errors.New("not found")
+	// ErrIDConflict: an event with the same client-chosen id exists with other content.
+	ErrIDConflict = errors.New("event id already used with other content")
+	// ErrLeaseLost: the fenced write matched nothing because another worker took the attempt over (its lock
+	// token changed) or the attempt is no longer pending.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrNotTerminal: a retry was asked for a delivery that is still pending.
+	ErrNotTerminal = errors.New("delivery is not terminal")
+)

@@ -1,0 +1,42 @@
+package pulsetype
+
+import (
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// RetryPolicy decides whether a failed attempt gets a successor and when. Defaults and the delay formula
+// (delay × multiplier^(attempt−1)) come from the reference (../shared/design/pulse-reference.md).
+type RetryPolicy struct {
+	AtMostOnce bool
+	MaxRetries int           // retries after the first attempt
+	Delay      time.Duration // delay before attempt 2
+	Multiplier float64       // growth per attempt, ≥ 1
+	MaxDelay   time.Duration // cap of any delay, Retry-After included
+}
+
+// Jitter is the randomization factor applied to every backoff delay (±20%).
+const Jitter = 0.2
+
+// Next returns whether attempt number (1-based), failed with code, gets a successor, and the delay before it.
+// It returns retry=false when the failure is terminal: a terminal response, at-most-once, event_expired, or
+// retries used up. The delay is the exponential backoff of cenkalti/backoff with ±20% jitter, capped by
+// MaxDelay, then raised (never lowered) to retryAfter, and capped by MaxDelay again.
+func (p RetryPolicy) Next(number int, code string, terminal bool, retryAfter time.Duration) (retry bool, delay time.Duration) {
+	if terminal || p.AtMostOnce || code == CodeEventExpired || number > p.MaxRetries {
+		return false, 0
+	}
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(max(p.Delay, time.Millisecond)),
+		backoff.WithMultiplier(max(p.Multiplier, 1)),
+		backoff.WithMaxInterval(max(p.MaxDelay, time.Millisecond)),
+		backoff.WithRandomizationFactor(Jitter),
+		backoff.WithMaxElapsedTime(0),
+	)
+	for range number {
+		delay = b.NextBackOff()
+	}
+	delay = min(max(delay, retryAfter), p.MaxDelay)
+	return true, delay
+}

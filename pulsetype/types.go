@@ -1,0 +1,159 @@
+package pulsetype
+
+import (
+	"bytes"
+	"encoding/json"
+	"time"
+)
+
+// Status is the state of a delivery or of one attempt.
+type Status string
+
+// Statuses of deliveries and attempts. Success and Error are terminal.
+const (
+	StatusPending Status = "pending"
+	StatusSuccess Status = "success"
+	StatusError   Status = "error"
+)
+
+// Error codes written to an attempt's history (the seed's table).
+const (
+	CodeHandlerError = "handler_error" // the webhook answered with a failure, or could not be reached
+	CodeWorkerLost   = "worker_lost"   // the attempt's lease expired before it completed
+	CodeEventExpired = "event_expired" // retention removed the event before the attempt ran
+)
+
+// Lock states of a pending attempt, as shown by the inspection API.
+const (
+	LockQueued  = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
+	LockActive  = "active"  // leased and the lease has not expired: a worker is running it
+	LockExpired = "expired" // leased but the lease expired: the worker stopped renewing
+)
+
+// Event is one published event. Data holds the JSON exactly as the application sent it (compacted), so the
+// webhook body carries it byte-equal.
+type Event struct {
+	ID        string            `json:"id"`
+	Topic     string            `json:"topic"`
+	Data      json.RawMessage   `json:"data"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	CreatedAt time.Time         `json:"createdAt"`
+}
+
+// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}. It is the same
+// bytes on every attempt because every field comes from the stored event, and data is copied verbatim (no
+// re-encoding, no HTML escaping).
+func (e *Event) Envelope() []byte {
+	str := func(s string) []byte {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(s)
+		return bytes.TrimRight(b.Bytes(), "\n")
+	}
+	headers := []byte("{}")
+	if len(e.Headers) > 0 {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(e.Headers) // map keys are sorted: stable bytes
+		headers = bytes.TrimRight(b.Bytes(), "\n")
+	}
+	data := e.Data
+	if len(data) == 0 {
+		data = json.RawMessage("null")
+	}
+	out := make([]byte, 0, len(data)+len(headers)+128)
+	out = append(out, `{"id":`...)
+	out = append(out, str(e.ID)...)
+	out = append(out, `,"topic":`...)
+	out = append(out, str(e.Topic)...)
+	out = append(out, `,"createdAt":`...)
+	out = append(out, str(e.CreatedAt.UTC().Format(time.RFC3339Nano))...)
+	out = append(out, `,"data":`...)
+	out = append(out, data...)
+	out = append(out, `,"headers":`...)
+	out = append(out, headers...)
+	return append(out, '}')
+}
+
+// ErrorInfo is the code and human message of a failed attempt or terminal delivery.
+type ErrorInfo struct {
+	Code    string `json:"code" bson:"code"`
+	Message string `json:"message" bson:"message"`
+}
+
+// Delivery is the durable record of one event for one consumer group.
+type Delivery struct {
+	ID             string     `json:"id"`
+	EventID        string     `json:"eventId"`
+	ConsumerGroup  string     `json:"consumerGroup"`
+	Topic          string     `json:"topic"`
+	Status         Status     `json:"status"`
+	EventCreatedAt time.Time  `json:"eventCreatedAt"`
+	CreatedAt      time.Time  `json:"createdAt"`
+	UpdatedAt      time.Time  `json:"updatedAt"`
+	EndedAt        *time.Time `json:"endedAt,omitempty"`
+	FinalAttempt   int        `json:"finalAttempt,omitempty"`
+	Error          *ErrorInfo `json:"error,omitempty"`
+}
+
+// Attempt is one history document: one try of a delivery. Lease fields are set while a worker holds it.
+type Attempt struct {
+	ID            string     `json:"-"`
+	DeliveryID    string     `json:"-"`
+	EventID       string     `json:"-"`
+	ConsumerGroup string     `json:"-"`
+	Topic         string     `json:"-"`
+	Number        int        `json:"attempt"`
+	Status        Status     `json:"status"`
+	LockState     string     `json:"lockState,omitempty"`
+	HTTPStatus    int        `json:"httpStatus,omitempty"`
+	DurationMs    int64      `json:"durationMs,omitempty"`
+	Error         *ErrorInfo `json:"error,omitempty"`
+	ResponseBody  string     `json:"responseBody,omitempty"`
+	CreatedAt     time.Time  `json:"createdAt"`
+	NextAttemptAt time.Time  `json:"nextAttemptAt"`
+	StartedAt     *time.Time `json:"startedAt,omitempty"`
+	EndedAt       *time.Time `json:"endedAt,omitempty"`
+	LockOwner     string     `json:"-"`
+	LockToken     string     `json:"-"`
+	LockedUntil   *time.Time `json:"-"`
+	// Terminal is true when the failure ended the delivery regardless of retries left (a terminal HTTP status).
+	Terminal bool `json:"-"`
+}
+
+// LockStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
+func (a *Attempt) LockStateAt(now time.Time) string {
+	switch {
+	case a.Status != StatusPending:
+		return ""
+	case a.LockedUntil == nil:
+		return LockQueued
+	case a.LockedUntil.After(now):
+		return LockActive
+	default:
+		return LockExpired
+	}
+}
+
+// AttemptResult is what a finished attempt records: its outcome and the evidence.
+type AttemptResult struct {
+	Status       Status // StatusSuccess or StatusError
+	HTTPStatus   int    // 0 when there was no response
+	Duration     time.Duration
+	ResponseBody string     // at most 4 KiB
+	Error        *ErrorInfo // nil on success
+	// Terminal makes the delivery end now even if retries remain (a terminal HTTP status, at-most-once).
+	Terminal bool
+	// RetryAfter is the receiver's Retry-After; it raises the next delay, never lowers it.
+	RetryAfter time.Duration
+}
+
+// Published is the outcome of publishing one event.
+type Published struct {
+	Event *Event
+	// Existing is true when an event with this client-chosen id and the same content was already stored (an
+	// idempotent re-publish): nothing new was written for it.
+	Existing bool
+}

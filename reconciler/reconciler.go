@@ -1,0 +1,200 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// Store is the storage the reconciler needs; package mongo implements it.
+type Store interface {
+	FollowUpStore
+	ReapOne(ctx context.Context) (*pulsetype.Attempt, error)
+	PendingDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, error)
+	AttemptsOf(ctx context.Context, deliveryIDs []string) (map[string][]*pulsetype.Attempt, error)
+	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
+	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
+}
+
+// Observer is told about each recovery; metrics and tests hook in here. Nil methods are fine to skip.
+type Observer interface {
+	WorkerLost(group string)
+	Reconciled(kind string)
+}
+
+// Kinds of repairs, as reported to Observer.Reconciled and in logs.
+const (
+	KindMissingFirstAttempt = "missing_first_attempt"
+	KindUnfinishedSuccess   = "unfinished_success"
+	KindMissingRetry        = "missing_retry"
+	KindUnfinishedError     = "unfinished_error"
+	KindInterruptedFanOut   = "interrupted_fanout"
+)
+
+// BatchSize is how many pending deliveries one repair pass examines.
+const BatchSize = 100
+
+// Reconciler reaps expired leases and repairs partial states. It is safe for concurrent use; each method
+// does a bounded amount of work and returns.
+type Reconciler struct {
+	store       Store
+	lockTimeout time.Duration
+	observer    Observer
+	log         zerolog.Logger
+
+	mu     sync.Mutex
+	cursor string // last delivery id examined by the repair scan; wraps to "" at the end
+}
+
+// New returns a Reconciler. lockTimeout is also the age after which a still-marked event counts as an
+// interrupted fan-out. observer may be nil.
+func New(store Store, lockTimeout time.Duration, observer Observer, log zerolog.Logger) *Reconciler {
+	return &Reconciler{store: store, lockTimeout: lockTimeout, observer: observer, log: log.With().Str("component", "reconciler").Logger()}
+}
+
+// policy returns the consumer group's retry policy; a group without endpoint gets no retries.
+func (r *Reconciler) policy(ctx context.Context, group string) (pulsetype.RetryPolicy, error) {
+	ep, err := r.store.GetEndpoint(ctx, group)
+	if errors.Is(err, pulsetype.ErrNotFound) {
+		return pulsetype.RetryPolicy{}, nil
+	}
+	if err != nil {
+		return pulsetype.RetryPolicy{}, err
+	}
+	return ep.Policy(), nil
+}
+
+// ReapOne turns one expired attempt into error/worker_lost and follows up: at-least-once creates exactly
+// the next numbered attempt, at-most-once (or no retries left) ends the delivery. It returns whether it
+// reaped one.
+func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
+	a, err := r.store.ReapOne(ctx)
+	if err != nil || a == nil {
+		return false, err
+	}
+	policy, err := r.policy(ctx, a.ConsumerGroup)
+	if err != nil {
+		return true, err
+	}
+	step, err := FollowUp(ctx, r.store, a, pulsetype.StatusError, a.Error, false, 0, policy)
+	if err != nil {
+		return true, fmt.Errorf("follow up reaped attempt: %w", err)
+	}
+	if r.observer != nil {
+		r.observer.WorkerLost(a.ConsumerGroup)
+	}
+	r.log.Error().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).Str("delivery_id", a.DeliveryID).
+		Int("attempt", a.Number).Str("error_code", pulsetype.CodeWorkerLost).Str("lock_owner", a.LockOwner).
+		Bool("retry", step.Retry).Msg("lease expired: attempt recorded as worker_lost")
+	return true, nil
+}
+
+// Repair examines the next BatchSize pending deliveries and repairs each partial state it finds, then fans
+// out events whose fan-out was interrupted more than one lock timeout ago. It returns how many repairs it
+// made. Repeated calls walk all pending deliveries and start over.
+func (r *Reconciler) Repair(ctx context.Context) (int, error) {
+	repaired, err := r.repairDeliveries(ctx)
+	if err != nil {
+		return repaired, err
+	}
+	n, err := r.store.FanOutStale(ctx, r.lockTimeout, BatchSize)
+	if err != nil {
+		return repaired, fmt.Errorf("fan out stale events: %w", err)
+	}
+	if n > 0 {
+		r.report(KindInterruptedFanOut, nil, n)
+	}
+	return repaired + n, nil
+}
+
+func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
+	r.mu.Lock()
+	after := r.cursor
+	r.mu.Unlock()
+	deliveries, err := r.store.PendingDeliveries(ctx, after, BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	next := ""
+	if len(deliveries) == BatchSize {
+		next = deliveries[len(deliveries)-1].ID
+	}
+	r.mu.Lock()
+	r.cursor = next
+	r.mu.Unlock()
+	if len(deliveries) == 0 {
+		return 0, nil
+	}
+	ids := make([]string, len(deliveries))
+	for i, d := range deliveries {
+		ids[i] = d.ID
+	}
+	attempts, err := r.store.AttemptsOf(ctx, ids)
+	if err != nil {
+		return 0, err
+	}
+	repaired := 0
+	for _, d := range deliveries {
+		did, err := r.repairOne(ctx, d, attempts[d.ID])
+		if err != nil {
+			return repaired, err
+		}
+		if did {
+			repaired++
+		}
+	}
+	return repaired, nil
+}
+
+// repairOne repairs one pending delivery given its attempts in order.
+func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attempts []*pulsetype.Attempt) (bool, error) {
+	if len(attempts) == 0 {
+		created, err := r.store.CreateAttempt(ctx, d.ID, d.EventID, d.ConsumerGroup, d.Topic, 1, 0)
+		if created {
+			r.report(KindMissingFirstAttempt, d, 1)
+		}
+		return created, err
+	}
+	last := attempts[len(attempts)-1]
+	if last.Status == pulsetype.StatusPending {
+		return false, nil
+	}
+	policy, err := r.policy(ctx, d.ConsumerGroup)
+	if err != nil {
+		return false, err
+	}
+	step, err := FollowUp(ctx, r.store, last, last.Status, last.Error, last.Terminal, 0, policy)
+	if err != nil || !step.Created {
+		return false, err
+	}
+	kind := KindUnfinishedSuccess
+	switch {
+	case last.Status == pulsetype.StatusError && step.Retry:
+		kind = KindMissingRetry
+	case last.Status == pulsetype.StatusError:
+		kind = KindUnfinishedError
+	}
+	r.report(kind, d, 1)
+	return true, nil
+}
+
+func (r *Reconciler) report(kind string, d *pulsetype.Delivery, n int) {
+	if r.observer != nil {
+		for range n {
+			r.observer.Reconciled(kind)
+		}
+	}
+	ev := r.log.Warn().Str("kind", kind)
+	if d != nil {
+		ev = ev.Str("consumer_group", d.ConsumerGroup).Str("event_id", d.EventID).Str("delivery_id", d.ID)
+	} else {
+		ev = ev.Int("count", n)
+	}
+	ev.Msg("recovered partial state")
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/rs/zerolog"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+
+	"github.com/pulse-sidecar/pulse/config"
+	"github.com/pulse-sidecar/pulse/dispatcher"
+	"github.com/pulse-sidecar/pulse/httpapi"
+	"github.com/pulse-sidecar/pulse/lease"
+	"github.com/pulse-sidecar/pulse/mongo"
+	"github.com/pulse-sidecar/pulse/mongo/devdb"
+	"github.com/pulse-sidecar/pulse/reconciler"
+	"github.com/pulse-sidecar/pulse/webhook"
+)
+
+// Periods of the background chores.
+const (
+	clockSyncInterval = 30 * time.Second
+	sweepInterval     = time.Minute
+)
+
+// serve runs the sidecar until ctx is done, then shuts down in order: publishes answer 503, the HTTP
+// listener closes, the dispatcher stops claiming and lets in-flight POSTs finish within PULSE_SHUTDOWN_TIMEOUT,
+// then the database is disconnected.
+func serve(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("serve takes no arguments (configuration comes from PULSE_* variables), got %q", args)
+	}
+	cfg, err := config.Load(getenv)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stdout)
+	uri := cfg.MongoDBURI
+	if uri == "" {
+		db, err := devdb.Start(ctx, devdb.Config{DataDir: cfg.DataDir, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return fmt.Errorf("start the embedded development database in %s: %w", cfg.DataDir, err)
+		}
+		defer db.Stop()
+		uri = db.URI()
+		log.Warn().Str("data_dir", cfg.DataDir).Msg("PULSE_MONGODB_URI is empty: using the embedded development database (FerretDB on SQLite), for development only")
+	}
+	dbName := cfg.Database
+	if dbName == "" {
+		cs, err := connstring.Parse(uri)
+		if err != nil {
+			return fmt.Errorf("PULSE_MONGODB_URI is invalid: %w", err)
+		}
+		dbName = cs.Database
+	}
+	if dbName == "" {
+		dbName = config.DefaultDatabase
+	}
+	client, err := mongodrv.Connect(options.Client().ApplyURI(uri).SetAppName("pulse-sidecar"))
+	if err != nil {
+		return fmt.Errorf("PULSE_MONGODB_URI is invalid: %w", err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = client.Disconnect(ctx)
+	}()
+
+	local := time.Now
+	if cfg.TestClockSkew != 0 {
+		local = func() time.Time { return time.Now().Add(cfg.TestClockSkew) }
+		log.Warn().Dur("skew_ms", cfg.TestClockSkew).Msg("PULSE_TEST_CLOCK_SKEW shifts this process's clock (testing only)")
+	}
+	clock := lease.NewClock(local)
+	serverTime := func(ctx context.Context) (time.Time, error) { return serverLocalTime(ctx, client) }
+	startCtx, cancelStart := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelStart()
+	if err := clock.Sync(startCtx, serverTime); err != nil {
+		return fmt.Errorf("reach the database: %w", err)
+	}
+	store := mongo.New(client, mongo.Options{
+		Database: dbName, CollectionPrefix: cfg.CollectionPrefix, LockTimeout: cfg.LockTimeout,
+		EventRetention: cfg.EventRetention, HistoryRetention: cfg.HistoryRetention, Now: clock.Now, Logger: log,
+	})
+	caps, err := store.EnsureSchema(startCtx)
+	if err != nil {
+		return err
+	}
+	if !caps.TTL {
+		log.Warn().Msg("the database has no TTL indexes: a sweeper deletes expired documents every minute instead")
+	}
+	if cfg.ChangeStreams == config.ChangeStreamsRequired && !caps.ChangeStreams {
+		return errors.New("PULSE_CHANGE_STREAMS=required but the database is not a replica set or sharded cluster, so it has no change streams")
+	}
+
+	denies, _ := config.ParseCIDRs(cfg.DenyCIDRs)
+	allows, _ := config.ParseCIDRs(cfg.AllowCIDRs)
+	sender := webhook.New(webhook.Options{UserAgent: "pulse-sidecar/" + version, DenyCIDRs: denies, AllowCIDRs: allows, Logger: log})
+	defer sender.CloseIdleConnections()
+	owner := uuid.Must(uuid.NewV7()).String()
+	keeper := lease.NewKeeper(store.Renew, cfg.LockTimeout, local, log)
+	recon := reconciler.New(store, cfg.LockTimeout, nil, log)
+	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
+		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, ShutdownTimeout: cfg.ShutdownTimeout, Logger: log,
+	})
+	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log})
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("PULSE_LISTEN=%q: %w", cfg.Listen, err)
+	}
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	_ = keeper.Start(bg)
+	defer keeper.Stop()
+	_ = disp.Start(bg)
+	defer disp.Stop()
+	go chores(bg, log, clock, serverTime, store)
+
+	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info().Str("addr", ln.Addr().String()).Str("database", dbName).Str("owner", owner).
+		Bool("change_streams", caps.ChangeStreams).Str("version", version).Msg("listening")
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve HTTP: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info().Msg("shutting down: publishes now answer 503, in-flight deliveries get the grace period")
+	api.Drain()
+	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	_ = srv.Shutdown(shutCtx)
+	disp.Stop()
+	keeper.Stop()
+	log.Info().Msg("stopped")
+	return nil
+}
+
+// chores keeps the lease clock in step with the database and sweeps expired documents.
+func chores(ctx context.Context, log zerolog.Logger, clock *lease.Clock, serverTime func(context.Context) (time.Time, error), store *mongo.Store) {
+	syncT := time.NewTicker(clockSyncInterval)
+	sweepT := time.NewTicker(sweepInterval)
+	defer syncT.Stop()
+	defer sweepT.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-syncT.C:
+			if err := clock.Sync(ctx, serverTime); err != nil && ctx.Err() == nil {
+				log.Warn().Err(err).Msg("clock sync with the database failed")
+			}
+		case <-sweepT.C:
+			if n, err := store.Sweep(ctx); err != nil && ctx.Err() == nil {
+				log.Warn().Err(err).Msg("retention sweep failed")
+			} else if n > 0 {
+				log.Debug().Int64("deleted", n).Msg("retention sweep")
+			}
+		}
+	}
+}
+
+// serverLocalTime asks the server for its clock (hello.localTime, which MongoDB and FerretDB both return).
+func serverLocalTime(ctx context.Context, client *mongodrv.Client) (time.Time, error) {
+	var hello struct {
+		LocalTime time.Time `bson:"localTime"`
+	}
+	if err := client.Database("admin").RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&hello); err != nil {
+		return time.Time{}, err
+	}
+	if hello.LocalTime.IsZero() {
+		return time.Time{}, errors.New("hello returned no localTime")
+	}
+	return hello.LocalTime, nil
+}
+
+func newLogger(cfg *config.Config, stdout io.Writer) zerolog.Logger {
+	level, _ := zerolog.ParseLevel(cfg.LogLevel)
+	var w io.Writer = stdout
+	if cfg.LogFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: stdout, TimeFormat: time.RFC3339}
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}

@@ -1,0 +1,130 @@
+package webhook
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"syscall"
+)
+
+// alwaysBlocked lists the destinations refused even when DenyCIDRs is empty: link-local ranges, which is where
+// cloud providers serve instance metadata and credentials. Only AllowCIDRs can reopen them.
+var alwaysBlocked = []struct {
+	prefix netip.Prefix
+	reason string
+}{
+	{netip.MustParsePrefix("169.254.169.254/32"), "link-local (cloud metadata)"},
+	{netip.MustParsePrefix("fd00:ec2::254/128"), "a cloud metadata address"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+}
+
+// blockedError reports a dial refused by the guard. It travels up through net.OpError and url.Error, and
+// Send turns it into a terminal Result whose Message is its text.
+type blockedError struct {
+	addr   netip.Addr // the address that was about to be dialed, unmapped, without zone
+	reason string     // why, e.g. "link-local (cloud metadata)" or "in denied range 10.0.0.0/8"
+}
+
+func (e *blockedError) Error() string {
+	if !e.addr.IsValid() {
+		return "blocked: " + e.reason
+	}
+	return fmt.Sprintf("blocked: %s is %s", e.addr, e.reason)
+}
+
+// guard decides, for each address about to be dialed, whether the connection may proceed.
+// It is immutable after construction and safe for concurrent use.
+type guard struct {
+	deny  []netip.Prefix
+	allow []netip.Prefix
+}
+
+func newGuard(deny, allow []netip.Prefix) *guard {
+	return &guard{deny: normalizePrefixes(deny), allow: normalizePrefixes(allow)}
+}
+
+// check returns nil when addr may be dialed and a *blockedError otherwise. AllowCIDRs wins over both the
+// built-in link-local/metadata list and DenyCIDRs; everything not refused (loopback, private ranges, public
+// addresses) is allowed.
+func (g *guard) check(addr netip.Addr) error {
+	addr = addr.Unmap().WithZone("") // Prefix.Contains never matches a zoned or 4-in-6 address
+	for _, p := range g.allow {
+		if p.Contains(addr) {
+			return nil
+		}
+	}
+	for _, b := range alwaysBlocked {
+		if b.prefix.Contains(addr) {
+			return &blockedError{addr: addr, reason: b.reason}
+		}
+	}
+	for _, p := range g.deny {
+		if p.Contains(addr) {
+			return &blockedError{addr: addr, reason: "in denied range " + p.String()}
+		}
+	}
+	return nil
+}
+
+// control is a net.Dialer.Control function. It runs after name resolution and before connect(2), with the
+// literal IP about to be dialed, so a DNS answer that changes between a check and the dial cannot bypass it.
+func (g *guard) control(network, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		// Fail closed: an address the guard cannot read is an address it cannot vouch for.
+		return &blockedError{reason: fmt.Sprintf("cannot check dialed address %q (%s)", address, network)}
+	}
+	return g.check(ap.Addr())
+}
+
+// ParseCIDRs parses a comma-separated list of CIDR prefixes such as "10.0.0.0/8, fd00::/8". A bare address is
+// taken as a single-host prefix (/32 or /128), blanks around entries are ignored, and an empty string yields
+// an empty list. Prefixes are masked ("10.1.2.3/8" becomes "10.0.0.0/8") and IPv4-mapped IPv6 prefixes are
+// turned into their IPv4 form, matching how dialed addresses are checked. It returns an error naming the first
+// entry that is not a prefix or an address; it is meant for configuration validation.
+func ParseCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for entry := range strings.SplitSeq(s, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		var p netip.Prefix
+		if strings.Contains(entry, "/") {
+			var err error
+			if p, err = netip.ParsePrefix(entry); err != nil {
+				return nil, fmt.Errorf("parse CIDR %q: want an address/prefix-length such as 10.0.0.0/8", entry)
+			}
+		} else {
+			a, err := netip.ParseAddr(entry)
+			if err != nil || a.Zone() != "" {
+				return nil, fmt.Errorf("parse CIDR %q: want an address/prefix-length such as 10.0.0.0/8", entry)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, normalizePrefix(p))
+	}
+	return out, nil
+}
+
+func normalizePrefixes(ps []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(ps))
+	for _, p := range ps {
+		if p.IsValid() {
+			out = append(out, normalizePrefix(p))
+		}
+	}
+	return out
+}
+
+// normalizePrefix masks p and rewrites an IPv4-mapped IPv6 prefix (::ffff:a.b.c.d/96+n) as a.b.c.d/n, because
+// check compares unmapped addresses and an IPv6 prefix never contains an IPv4 address.
+func normalizePrefix(p netip.Prefix) netip.Prefix {
+	if a := p.Addr(); a.Is4In6() {
+		if p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+	}
+	return p.Masked()
+}
