@@ -11,7 +11,7 @@
 ARG GO_VERSION=1.26
 
 # ---- shared build base: module cache warmed from go.mod/go.sum, then the sources ----
-FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS base
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS base
 WORKDIR /src
 ENV CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 COPY go.mod go.sum ./

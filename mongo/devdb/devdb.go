@@ -29,8 +29,16 @@ import (
 // interface.
 const DefaultListen = "127.0.0.1:0"
 
-// readyPoll is how long Start waits between attempts to ping the database through the proxy.
-const readyPoll = 20 * time.Millisecond
+const (
+	// readyPoll is how long Start waits between attempts to ping the database through the proxy.
+	readyPoll = 20 * time.Millisecond
+	// pingTimeout bounds one such attempt.
+	pingTimeout = 5 * time.Second
+)
+
+// ferretNewMu serializes ferretdb.New, which writes FerretDB's global version information
+// (version.Get().Package) and so races with itself when servers start concurrently.
+var ferretNewMu sync.Mutex
 
 // Config configures Start.
 type Config struct {
@@ -89,13 +97,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		fcfg.SQLiteURL = (&url.URL{Scheme: "file", Path: filepath.ToSlash(dir) + "/"}).String()
 	}
 
+	ferretNewMu.Lock()
 	f, err := ferretdb.New(fcfg)
+	ferretNewMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("devdb: start ferretdb: %w", err)
-	}
-	upstream, err := url.Parse(f.MongoDBURI())
-	if err != nil {
-		return nil, fmt.Errorf("devdb: ferretdb uri: %w", err)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s := &Server{cancel: cancel, runDone: make(chan struct{})}
@@ -103,6 +109,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		defer close(s.runDone)
 		_ = f.Run(runCtx) // always nil; it returns once runCtx is canceled and everything is closed
 	}()
+	upstream, err := url.Parse(f.MongoDBURI()) // FerretDB's own listener, bound by New
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("devdb: ferretdb uri: %w", err), s.Stop())
+	}
 
 	s.proxy, err = ListenProxy(cmp.Or(cfg.Listen, DefaultListen), upstream.Host, logger.With("component", "devdb-proxy"))
 	if err != nil {
@@ -134,10 +144,12 @@ func (s *Server) Stop() error {
 }
 
 // waitReady pings the database through the proxy at addr until it answers ok, polling every
-// readyPoll. It returns the last failure once ctx ends.
+// readyPoll, each attempt bounded by pingTimeout. It returns the last failure once ctx ends.
 func waitReady(ctx context.Context, addr string) error {
 	for {
-		err := ping(ctx, addr)
+		attemptCtx, cancel := context.WithTimeout(ctx, pingTimeout)
+		err := ping(attemptCtx, addr)
+		cancel()
 		if err == nil {
 			return nil
 		}
@@ -158,7 +170,7 @@ func ping(ctx context.Context, addr string) error {
 	}
 	defer conn.Close()
 	if deadline, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(deadline)
+		_ = conn.SetDeadline(deadline) // waitReady always sets one
 	}
 
 	body, err := bson.Marshal(bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}})

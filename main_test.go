@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// A published event reaches the consumer group's webhook once, with the envelope and the idempotency headers,
+// and long before the poll interval: a publish to this process wakes its dispatcher.
+func TestPublishDeliversOnceWithIdempotencyKey(t *testing.T) {
+	b := setup(t)
+	env := b.fastEnv()
+	env["PULSE_POLL_INTERVAL"] = "1m" // delivery must not wait for a poll
+	s := b.start(env)
+	rcv := newReceiver(t, 200)
+	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL + "/hook", "topics": []string{"payment.captured"}})
+
+	id := s.publish(t, "payment.captured", map[string]any{"paymentId": "p1"})
+	d := s.waitDelivery(t, id, "billing", 20*time.Second)
+
+	got := rcv.received()
+	if len(got) != 1 {
+		t.Fatalf("receiver got %d POSTs, want 1", len(got))
+	}
+	h := got[0].Header
+	for k, want := range map[string]string{
+		"Idempotency-Key": id, "Webhook-Id": id, "Pulse-Attempt": "1", "Pulse-Topic": "payment.captured",
+		"Pulse-Consumer-Group": "billing", "Pulse-Delivery-Id": d.ID, "Content-Type": "application/json",
+	} {
+		if h.Get(k) != want {
+			t.Errorf("header %s = %q, want %q", k, h.Get(k), want)
+		}
+	}
+	var env2 struct {
+		ID, Topic, CreatedAt string
+		Data                 json.RawMessage
+	}
+	if err := json.Unmarshal(got[0].Body, &env2); err != nil {
+		t.Fatalf("body is not JSON: %s", got[0].Body)
+	}
+	if env2.ID != id || env2.Topic != "payment.captured" || string(env2.Data) != `{"paymentId":"p1"}` || env2.CreatedAt == "" {
+		t.Errorf("envelope = %s", got[0].Body)
+	}
+	if d.Status != "success" || len(d.Attempts) != 1 || d.Attempts[0].Status != "success" {
+		t.Errorf("delivery = %+v", d)
+	}
+}
+
+// 500, 500, 200: three byte-identical POSTs with backoff, and the history shows each attempt.
+func TestRetriesUntilSuccess(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 500, 500, 200)
+	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"payment.captured"}, "retryDelay": "100ms"})
+
+	var pub struct{ ID string }
+	raw := `{"topic":"payment.captured","data":{"paymentId":"p1","amount":12.50,"big":12345678901234567890,"note":"crème <b> \u00e9"}}`
+	if code := do(t, "POST", s.URL+"/v1/events", raw, &pub); code != 202 {
+		t.Fatalf("publish = %d", code)
+	}
+	id := pub.ID
+	d := s.waitDelivery(t, id, "billing", 30*time.Second)
+
+	got := rcv.received()
+	if len(got) != 3 {
+		t.Fatalf("receiver got %d POSTs, want 3", len(got))
+	}
+	for i, g := range got {
+		if !bytes.Equal(g.Body, got[0].Body) {
+			t.Errorf("POST %d body differs:\n%s\n%s", i+1, g.Body, got[0].Body)
+		}
+		if g.Header.Get("Pulse-Attempt") != string(rune('1'+i)) || g.Header.Get("Idempotency-Key") != id {
+			t.Errorf("POST %d headers: attempt %q key %q", i+1, g.Header.Get("Pulse-Attempt"), g.Header.Get("Idempotency-Key"))
+		}
+	}
+	if gap1, gap2 := got[1].At.Sub(got[0].At), got[2].At.Sub(got[1].At); gap1 < 70*time.Millisecond || gap2 < 140*time.Millisecond {
+		t.Errorf("retries came without backoff: gaps %s, %s (retryDelay 100ms ×2, ±20%% jitter)", gap1, gap2)
+	}
+	if !strings.Contains(string(got[0].Body), `"data":{"paymentId":"p1","amount":12.50,"big":12345678901234567890,"note":"crème <b> \u00e9"}`) {
+		t.Errorf("data not carried verbatim: %s", got[0].Body)
+	}
+	if d.Status != "success" || len(d.Attempts) != 3 {
+		t.Fatalf("delivery = %+v", d)
+	}
+	for i, want := range []string{"error", "error", "success"} {
+		a := d.Attempts[i]
+		if a.Attempt != i+1 || a.Status != want {
+			t.Errorf("attempt %d = %+v, want status %s", i+1, a, want)
+		}
+		if want == "error" && (a.Error == nil || a.Error.Code != "handler_error" || a.HTTPStatus != 500) {
+			t.Errorf("attempt %d error = %+v, status %d", i+1, a.Error, a.HTTPStatus)
+		}
+	}
+}
+
+// A terminal status (422) ends the delivery after exactly one POST.
+func TestTerminalStatusEndsDelivery(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 422)
+	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"payment.captured"}, "retryDelay": "10ms"})
+
+	id := s.publish(t, "payment.captured", 1)
+	d := s.waitDelivery(t, id, "billing", 20*time.Second)
+	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].HTTPStatus != 422 {
+		t.Fatalf("delivery = %+v", d)
+	}
+	if n := len(rcv.received()); n != 1 {
+		t.Fatalf("receiver got %d POSTs, want 1", n)
+	}
+	if n := b.count("history", bson.M{"deliveryId": d.ID}); n != 1 {
+		t.Fatalf("%d attempts stored, want 1", n)
+	}
+}
+
+// A receiver that accepts and never answers fails at the endpoint timeout and is retried, while another
+// consumer group's deliveries keep arriving.
+func TestHangingReceiverHoldsUpNoOtherEndpoint(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	release := make(chan struct{})
+	hang := newReceiver(t, 200)
+	hang.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	ok := newReceiver(t, 200)
+	s.registerEndpoint(t, "slow", map[string]any{"url": hang.URL, "topics": []string{"t"}, "timeout": "300ms", "retryDelay": "50ms", "maxRetries": 1})
+	s.registerEndpoint(t, "fast", map[string]any{"url": ok.URL, "topics": []string{"t"}})
+
+	var ids []string
+	for range 5 {
+		ids = append(ids, s.publish(t, "t", "x"))
+	}
+	for _, id := range ids {
+		if d := s.waitDelivery(t, id, "fast", 20*time.Second); d.Status != "success" {
+			t.Fatalf("fast delivery = %+v", d)
+		}
+	}
+	d := s.waitDelivery(t, ids[0], "slow", 30*time.Second)
+	if d.Status != "error" || len(d.Attempts) != 2 {
+		t.Fatalf("slow delivery = %+v, want error after 2 attempts", d)
+	}
+	if e := d.Attempts[0].Error; e == nil || !strings.Contains(e.Message, "timeout") {
+		t.Fatalf("attempt 1 error = %+v, want a timeout", e)
+	}
+}
+
+// A 301 is not followed: the attempt fails (retryable) saying so, and the redirect target is never called.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	target := newReceiver(t, 200)
+	rcv := newReceiver(t, 301)
+	rcv.headers = map[string]string{"Location": target.URL + "/elsewhere"}
+	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 1, "retryDelay": "10ms"})
+
+	d := s.waitDelivery(t, s.publish(t, "t", "x"), "g", 20*time.Second)
+	if d.Status != "error" || len(d.Attempts) != 2 {
+		t.Fatalf("delivery = %+v, want 2 attempts (301 is retryable) then error", d)
+	}
+	if e := d.Attempts[0].Error; e == nil || !strings.Contains(e.Message, "not followed") || d.Attempts[0].HTTPStatus != 301 {
+		t.Fatalf("attempt 1 = %+v", d.Attempts[0])
+	}
+	if n := len(target.received()); n != 0 {
+		t.Fatalf("redirect target got %d requests", n)
+	}
+}
+
+// 429 with Retry-After (seconds, or an HTTP date) delays the next attempt at least that long, not the 10ms
+// backoff.
+func TestRetryAfterIsHonoured(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		value func() string
+		least time.Duration
+	}{
+		{"seconds", func() string { return "2" }, 2 * time.Second},
+		{"http-date", func() string { return time.Now().Add(3 * time.Second).UTC().Format(http.TimeFormat) }, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			s := b.start(b.fastEnv())
+			rcv := newReceiver(t, 429, 200)
+			rcv.headers = map[string]string{"Retry-After": tc.value()}
+			s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
+			d := s.waitDelivery(t, s.publish(t, "t", "x"), "g", 30*time.Second)
+			got := rcv.received()
+			if d.Status != "success" || len(got) != 2 {
+				t.Fatalf("delivery = %+v, %d POSTs", d, len(got))
+			}
+			if gap := got[1].At.Sub(got[0].At); gap < tc.least-50*time.Millisecond {
+				t.Fatalf("second POST came %s after the first, want ≥ %s", gap, tc.least)
+			}
+			if next := d.Attempts[1].NextAttemptAt.Sub(*d.Attempts[0].EndedAt); next < tc.least-time.Second {
+				t.Fatalf("attempt 2 scheduled %s after attempt 1 ended", next)
+			}
+		})
+	}
+}
+
+// Publishing the same client-chosen id twice stores one event (200 with the stored event the second time);
+// the same id with other data answers 409.
+func TestIdempotentPublish(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	body := `{"id":"order-42","topic":"order.placed","data":{"n":1}}`
+	var first, second map[string]any
+	if code := do(t, "POST", s.URL+"/v1/events", body, &first); code != 202 {
+		t.Fatalf("first publish = %d", code)
+	}
+	if code := do(t, "POST", s.URL+"/v1/events", body, &second); code != 200 {
+		t.Fatalf("second publish = %d, want 200", code)
+	}
+	if first["id"] != "order-42" || second["id"] != "order-42" || first["createdAt"] != second["createdAt"] {
+		t.Fatalf("answers differ: %v vs %v", first, second)
+	}
+	var e map[string]map[string]string
+	if code := do(t, "POST", s.URL+"/v1/events", `{"id":"order-42","topic":"order.placed","data":{"n":2}}`, &e); code != 409 || e["error"]["code"] != "id_conflict" {
+		t.Fatalf("conflicting publish = %d %v", code, e)
+	}
+	if n := b.count("events", bson.M{}); n != 1 {
+		t.Fatalf("%d events stored, want 1", n)
+	}
+}
+
+// Bad input answers 4xx with a JSON error naming the problem, and stores nothing.
+func TestRejectedPublishStoresNothing(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	big := `{"topic":"t","data":"` + strings.Repeat("x", 1<<20) + `"}`
+	arr := "[" + strings.Repeat(`{"topic":"t","data":1},`, 1000) + `{"topic":"t","data":1}]`
+	for _, tc := range []struct {
+		name, body, code string
+		status           int
+	}{
+		{"over 1 MiB", big, "body_too_large", 413},
+		{"truncated JSON", `{"topic":"t","data":{"a":`, "invalid_json", 400},
+		{"topic with a space", `{"topic":"payment captured","data":1}`, "invalid_topic", 400},
+		{"missing topic", `{"data":1}`, "invalid_topic", 400},
+		{"missing data", `{"topic":"t"}`, "missing_data", 400},
+		{"not an object", `"hello"`, "invalid_json", 400},
+		{"array of non-objects", `[1,2]`, "invalid_event", 400},
+		{"array over 1000", arr, "batch_too_large", 400},
+		{"duplicate ids in array", `[{"id":"a","topic":"t","data":1},{"id":"a","topic":"t","data":2}]`, "duplicate_id", 400},
+		{"bad event in array", `[{"topic":"t","data":1},{"topic":"","data":2}]`, "invalid_topic", 400},
+		{"unknown field", `{"topic":"t","data":1,"dta":2}`, "invalid_event", 400},
+		{"invalid UTF-8", "{\"topic\":\"t\",\"data\":\"\xff\"}", "invalid_json", 400},
+	} {
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		status := do(t, "POST", s.URL+"/v1/events", tc.body, &e)
+		if status != tc.status || e.Error.Code != tc.code || e.Error.Message == "" {
+			t.Errorf("%s: got %d %+v, want %d %s", tc.name, status, e.Error, tc.status, tc.code)
+		}
+	}
+	if n := b.count("events", bson.M{}); n != 0 {
+		t.Fatalf("%d events stored after rejected publishes", n)
+	}
+}
+
+// An array publish is all or nothing and answers with one entry per event.
+func TestArrayPublish(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 200)
+	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"a", "b"}})
+	var out []struct{ ID, Topic string }
+	if code := do(t, "POST", s.URL+"/v1/events", `[{"topic":"a","data":1},{"topic":"b","data":2},{"topic":"c","data":3}]`, &out); code != 202 || len(out) != 3 {
+		t.Fatalf("array publish = %d %v", code, out)
+	}
+	waitFor(t, 20*time.Second, "two POSTs", func() bool { return len(rcv.received()) == 2 })
+	if n := b.count("events", bson.M{"staged": true}); n != 0 {
+		t.Fatalf("%d events left staged", n)
+	}
+}
