@@ -109,7 +109,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	defer sender.CloseIdleConnections()
 	owner := uuid.Must(uuid.NewV7()).String()
 	keeper := lease.NewKeeper(store.Renew, cfg.LockTimeout, local, log)
-	recon := reconciler.New(store, cfg.LockTimeout, nil, log)
+	recon := reconciler.New(store, owner, cfg.LockTimeout, nil, log)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
 		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, ShutdownTimeout: cfg.ShutdownTimeout, Logger: log,
 	})

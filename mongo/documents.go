@@ -45,6 +45,17 @@ type subscriptionDoc struct {
 	InsecureSkipVerify     bool              `bson:"insecureSkipVerify,omitempty"`
 	CreatedAt              time.Time         `bson:"createdAt"`
 	UpdatedAt              time.Time         `bson:"updatedAt"`
+	// Backfill is set while an earliest-offset group still has to receive the events retained before it was
+	// registered; the discovery lease (fenced by its token) lets one replica at a time advance its cursor.
+	Backfill *backfillState `bson:"backfill,omitempty"`
+}
+
+// backfillState is the discovery cursor and lease of an earliest-offset consumer group.
+type backfillState struct {
+	Cursor      string     `bson:"cursor"` // last event id delivered by the backfill
+	LockOwner   string     `bson:"lockOwner,omitempty"`
+	LockToken   string     `bson:"lockToken,omitempty"`
+	LockedUntil *time.Time `bson:"lockedUntil,omitempty"`
 }
 
 func ms(d *pulsetype.Duration) int64 { return time.Duration(*d).Milliseconds() }

@@ -3,6 +3,7 @@ package mongo
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -23,7 +24,21 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency, "headers": e.Headers,
 		"secret": e.Secret, "insecureSkipVerify": e.InsecureSkipVerify, "updatedAt": now,
 	}
-	update := bson.M{"$set": set, "$setOnInsert": bson.M{"createdAt": now}}
+	setOnInsert := bson.M{"createdAt": now}
+	if e.OffsetReset == pulsetype.OffsetEarliest {
+		// A new earliest-offset group receives every retained event: the backfill walks them once. An existing
+		// group that adds topics walks again (deliveries that exist already are duplicate-key no-ops).
+		prev, err := s.GetEndpoint(ctx, e.ConsumerGroup)
+		switch {
+		case errors.Is(err, pulsetype.ErrNotFound):
+			setOnInsert["backfill"] = backfillState{}
+		case err != nil:
+			return nil, false, err
+		case addsTopics(prev.Topics, e.Topics):
+			set["backfill"] = backfillState{}
+		}
+	}
+	update := bson.M{"$set": set, "$setOnInsert": setOnInsert}
 	for try := 0; ; try++ {
 		res, err := s.subscriptions.UpdateOne(ctx, bson.M{"_id": e.ConsumerGroup}, update, options.UpdateOne().SetUpsert(true))
 		if mongo.IsDuplicateKeyError(err) && try < 3 {
@@ -91,4 +106,13 @@ func (s *Store) subscriptionsFor(ctx context.Context, topics []string) ([]subscr
 		return nil, wrap("find subscriptions", err)
 	}
 	return docs, nil
+}
+
+func addsTopics(old, new []string) bool {
+	for _, t := range new {
+		if !slices.Contains(old, t) {
+			return true
+		}
+	}
+	return false
 }

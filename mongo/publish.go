@@ -157,6 +157,20 @@ func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) (int, err
 	if err != nil {
 		return 0, err
 	}
+	inserted, err := s.insertDeliveries(ctx, events, subs)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "fanout": true}, bson.M{"$unset": bson.M{"fanout": ""}}); err != nil {
+		return inserted, wrap("clear fanout mark", err)
+	}
+	return inserted, nil
+}
+
+// insertDeliveries creates the delivery and first attempt of each event for each subscription of its topic,
+// with one insertMany per collection; duplicates (already created) are no-ops. It returns how many first
+// attempts it inserted.
+func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event, subs []subscriptionDoc) (int, error) {
 	now := s.now()
 	var deliveries, attempts []any
 	for _, e := range events {
@@ -172,24 +186,21 @@ func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) (int, err
 			attempts = append(attempts, newAttemptDoc(d.ID, e.ID, sub.ID, e.Topic, 1, now, now))
 		}
 	}
-	inserted := 0
-	if len(deliveries) > 0 {
-		unordered := options.InsertMany().SetOrdered(false)
-		if _, err := s.deliveries.InsertMany(ctx, deliveries, unordered); err != nil && !onlyDuplicates(err) {
-			return 0, wrap("insert deliveries", err)
-		}
-		res, err := s.history.InsertMany(ctx, attempts, unordered)
-		if err != nil && !onlyDuplicates(err) {
-			return 0, wrap("insert first attempts", err)
-		}
-		if res != nil {
-			inserted = len(res.InsertedIDs)
-		}
+	if len(deliveries) == 0 {
+		return 0, nil
 	}
-	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "fanout": true}, bson.M{"$unset": bson.M{"fanout": ""}}); err != nil {
-		return inserted, wrap("clear fanout mark", err)
+	unordered := options.InsertMany().SetOrdered(false)
+	if _, err := s.deliveries.InsertMany(ctx, deliveries, unordered); err != nil && !onlyDuplicates(err) {
+		return 0, wrap("insert deliveries", err)
 	}
-	return inserted, nil
+	res, err := s.history.InsertMany(ctx, attempts, unordered)
+	if err != nil && !onlyDuplicates(err) {
+		return 0, wrap("insert first attempts", err)
+	}
+	if res == nil {
+		return 0, nil
+	}
+	return len(res.InsertedIDs), nil
 }
 
 // FanOutStale runs FanOut for up to limit events still marked for fan-out and created more than age ago:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -113,7 +114,7 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 			_, err = coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: spec.keys, Options: options.Index().SetName(spec.name)})
 		}
 		if err != nil {
-			if mongo.IsDuplicateKeyError(err) {
+			if spec.unique && isUniqueViolation(err) {
 				return caps, &UniqueViolationError{Collection: coll.Name(), Index: spec.name, Detail: err.Error()}
 			}
 			return caps, fmt.Errorf("create index %q on %q: %w", spec.name, coll.Name(), err)
@@ -217,4 +218,15 @@ func (s *Store) supportsChangeStreams(ctx context.Context) bool {
 		return false
 	}
 	return hello.SetName != "" || hello.Msg == "isdbgrid"
+}
+
+// isUniqueViolation reports whether creating a unique index failed because existing documents have
+// duplicate keys: MongoDB answers a duplicate-key error (11000); FerretDB wraps SQLite's or PostgreSQL's
+// constraint error in an InternalError.
+func isUniqueViolation(err error) bool {
+	if mongo.IsDuplicateKeyError(err) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "UNIQUE constraint failed") || strings.Contains(msg, "duplicate key")
 }

@@ -19,6 +19,7 @@ type Store interface {
 	PendingDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, error)
 	AttemptsOf(ctx context.Context, deliveryIDs []string) (map[string][]*pulsetype.Attempt, error)
 	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
+	Backfill(ctx context.Context, owner string, batch int) (int, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
 }
 
@@ -44,6 +45,7 @@ const BatchSize = 100
 // does a bounded amount of work and returns.
 type Reconciler struct {
 	store       Store
+	owner       string
 	lockTimeout time.Duration
 	observer    Observer
 	log         zerolog.Logger
@@ -52,10 +54,10 @@ type Reconciler struct {
 	cursor string // last delivery id examined by the repair scan; wraps to "" at the end
 }
 
-// New returns a Reconciler. lockTimeout is also the age after which a still-marked event counts as an
-// interrupted fan-out. observer may be nil.
-func New(store Store, lockTimeout time.Duration, observer Observer, log zerolog.Logger) *Reconciler {
-	return &Reconciler{store: store, lockTimeout: lockTimeout, observer: observer, log: log.With().Str("component", "reconciler").Logger()}
+// New returns a Reconciler. owner is this process's lock owner id (for discovery leases); lockTimeout is also
+// the age after which a still-marked event counts as an interrupted fan-out. observer may be nil.
+func New(store Store, owner string, lockTimeout time.Duration, observer Observer, log zerolog.Logger) *Reconciler {
+	return &Reconciler{store: store, owner: owner, lockTimeout: lockTimeout, observer: observer, log: log.With().Str("component", "reconciler").Logger()}
 }
 
 // policy returns the consumer group's retry policy; a group without endpoint gets no retries.
@@ -95,9 +97,10 @@ func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// Repair examines the next BatchSize pending deliveries and repairs each partial state it finds, then fans
-// out events whose fan-out was interrupted more than one lock timeout ago. It returns how many repairs it
-// made. Repeated calls walk all pending deliveries and start over.
+// Repair examines the next BatchSize pending deliveries and repairs each partial state it finds, fans out
+// events whose fan-out was interrupted more than one lock timeout ago, and advances the backfill of an
+// earliest-offset consumer group. It returns how many repairs and backfilled deliveries it made. Repeated
+// calls walk all pending deliveries and start over.
 func (r *Reconciler) Repair(ctx context.Context) (int, error) {
 	repaired, err := r.repairDeliveries(ctx)
 	if err != nil {
@@ -110,7 +113,11 @@ func (r *Reconciler) Repair(ctx context.Context) (int, error) {
 	if n > 0 {
 		r.report(KindInterruptedFanOut, nil, n)
 	}
-	return repaired + n, nil
+	backfilled, err := r.store.Backfill(ctx, r.owner, BatchSize)
+	if err != nil && !errors.Is(err, pulsetype.ErrLeaseLost) {
+		return repaired + n, fmt.Errorf("backfill: %w", err)
+	}
+	return repaired + n + backfilled, nil
 }
 
 func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {

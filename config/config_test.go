@@ -1,0 +1,185 @@
+package config_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pulse-sidecar/pulse/config"
+)
+
+// getenv returns a fake environment holding only vars.
+func getenv(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+func TestLoadDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load(getenv(nil))
+	if err != nil {
+		t.Fatalf("Load(empty environment) = %v, want nil", err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"MongoDBURI", cfg.MongoDBURI, ""},
+		{"CollectionPrefix", cfg.CollectionPrefix, config.DefaultCollectionPrefix},
+		{"DataDir", cfg.DataDir, config.DefaultDataDir},
+		{"Listen", cfg.Listen, config.DefaultListen},
+		{"APIToken", cfg.APIToken, ""},
+		{"LockTimeout", cfg.LockTimeout, config.DefaultLockTimeout},
+		{"PollInterval", cfg.PollInterval, config.DefaultPollInterval},
+		{"ChangeStreams", cfg.ChangeStreams, config.ChangeStreamsAuto},
+		{"EventRetention", cfg.EventRetention, config.DefaultRetention},
+		{"HistoryRetention", cfg.HistoryRetention, config.DefaultRetention},
+		{"ShutdownTimeout", cfg.ShutdownTimeout, config.DefaultShutdownTimeout},
+		{"LogLevel", cfg.LogLevel, "info"},
+		{"LogFormat", cfg.LogFormat, "json"},
+		{"MaxBodyBytes", cfg.MaxBodyBytes, int64(config.DefaultMaxBodyBytes)},
+		{"Workers", cfg.Workers, config.DefaultWorkers},
+		{"DenyCIDRs", cfg.DenyCIDRs, ""},
+		{"AllowCIDRs", cfg.AllowCIDRs, ""},
+		{"TestClockSkew", cfg.TestClockSkew, time.Duration(0)},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("default %s = %v (%T), want %v (%T)", c.name, c.got, c.got, c.want, c.want)
+		}
+	}
+}
+
+func TestLoadReadsValues(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load(getenv(map[string]string{
+		"PULSE_MONGODB_URI":       "mongodb://db:27017/events",
+		"PULSE_DATABASE":          "events",
+		"PULSE_COLLECTION_PREFIX": "px",
+		"PULSE_LISTEN":            "localhost:9090",
+		"PULSE_LOCK_TIMEOUT":      "600ms",
+		"PULSE_POLL_INTERVAL":     "50ms",
+		"PULSE_CHANGE_STREAMS":    "disabled",
+		"PULSE_EVENT_RETENTION":   "0",
+		"PULSE_HISTORY_RETENTION": "1h",
+		"PULSE_LOG_FORMAT":        "console",
+		"PULSE_LOG_LEVEL":         "debug",
+		"PULSE_WORKERS":           "8",
+		"PULSE_MAX_BODY_BYTES":    "2048",
+		"PULSE_DENY_CIDRS":        "10.0.0.0/8, fd00::/8",
+		"PULSE_ALLOW_CIDRS":       "10.1.2.0/24",
+	}))
+	if err != nil {
+		t.Fatalf("Load = %v, want nil", err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"MongoDBURI", cfg.MongoDBURI, "mongodb://db:27017/events"},
+		{"Database", cfg.Database, "events"},
+		{"CollectionPrefix", cfg.CollectionPrefix, "px"},
+		{"Listen", cfg.Listen, "localhost:9090"},
+		{"LockTimeout", cfg.LockTimeout, 600 * time.Millisecond},
+		{"PollInterval", cfg.PollInterval, 50 * time.Millisecond},
+		{"ChangeStreams", cfg.ChangeStreams, config.ChangeStreamsDisabled},
+		{"EventRetention (0 keeps forever)", cfg.EventRetention, time.Duration(0)},
+		{"HistoryRetention", cfg.HistoryRetention, time.Hour},
+		{"LogFormat", cfg.LogFormat, "console"},
+		{"LogLevel", cfg.LogLevel, "debug"},
+		{"Workers", cfg.Workers, 8},
+		{"MaxBodyBytes", cfg.MaxBodyBytes, int64(2048)},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	deny, err := config.ParseCIDRs(cfg.DenyCIDRs)
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
+	if err != nil || len(deny) != 2 || deny[0] != want[0] || deny[1] != want[1] {
+		t.Errorf("ParseCIDRs(%q) = %v, %v; want %v", cfg.DenyCIDRs, deny, err, want)
+	}
+}
+
+func TestLoadRejectsBadValues(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ key, value string }{
+		{"PULSE_LOCK_TIMEOUT", "abc"},
+		{"PULSE_LOCK_TIMEOUT", "10ms"},
+		{"PULSE_LOCK_TIMEOUT", "2h"},
+		{"PULSE_POLL_INTERVAL", "1ms"},
+		{"PULSE_CHANGE_STREAMS", "maybe"},
+		{"PULSE_LOG_FORMAT", "xml"},
+		{"PULSE_LOG_LEVEL", "verbose"},
+		{"PULSE_DENY_CIDRS", "10.0.0.0/33"},
+		{"PULSE_DENY_CIDRS", "10.0.0.0/8,nonsense"},
+		{"PULSE_ALLOW_CIDRS", "300.1.1.1/32"},
+		{"PULSE_EVENT_RETENTION", "-1s"},
+		{"PULSE_HISTORY_RETENTION", "-5m"},
+		{"PULSE_HISTORY_RETENTION", "forever"},
+		{"PULSE_SHUTDOWN_TIMEOUT", "2h"},
+		{"PULSE_WORKERS", "0"},
+		{"PULSE_WORKERS", "many"},
+		{"PULSE_MAX_BODY_BYTES", "1k"},
+		{"PULSE_MAX_BODY_BYTES", "100"},
+		{"PULSE_LISTEN", "nope"},
+		{"PULSE_LISTEN", "8080"},
+		{"PULSE_COLLECTION_PREFIX", "a b"},
+		{"PULSE_COLLECTION_PREFIX", "pre$fix"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key+"="+tt.value, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := config.Load(getenv(map[string]string{tt.key: tt.value}))
+			if err == nil {
+				t.Fatalf("Load(%s=%q) = %+v, nil; want an error", tt.key, tt.value, cfg)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tt.key) {
+				t.Errorf("error %q does not name the variable %s", msg, tt.key)
+			}
+			if !strings.Contains(msg, tt.value) {
+				t.Errorf("error %q does not show the bad value %q", msg, tt.value)
+			}
+			if strings.ContainsAny(msg, "\r\n") {
+				t.Errorf("error %q is more than one line", msg)
+			}
+			if cfg != nil {
+				t.Errorf("Load returned a config with its error: %+v", cfg)
+			}
+		})
+	}
+}
+
+func TestParseCIDRs(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in      string
+		want    []string
+		wantErr bool
+	}{
+		{in: "", want: nil},
+		{in: " , ", want: nil},
+		{in: "10.1.2.3/8", want: []string{"10.0.0.0/8"}},
+		{in: "192.168.0.0/16,fe80::/10", want: []string{"192.168.0.0/16", "fe80::/10"}},
+		{in: "10.0.0.1", wantErr: true},
+		{in: "10.0.0.0/33", wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := config.ParseCIDRs(tt.in)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("ParseCIDRs(%q) error = %v, wantErr %v", tt.in, err, tt.wantErr)
+			continue
+		}
+		if len(got) != len(tt.want) {
+			t.Errorf("ParseCIDRs(%q) = %v, want %v", tt.in, got, tt.want)
+			continue
+		}
+		for i := range got {
+			if got[i].String() != tt.want[i] {
+				t.Errorf("ParseCIDRs(%q)[%d] = %s, want %s", tt.in, i, got[i], tt.want[i])
+			}
+		}
+	}
+}

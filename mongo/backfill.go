@@ -1,0 +1,71 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+
+	"github.com/google/uuid"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// Backfill advances the backfill of one earliest-offset consumer group by up to batch events: it takes the
+// group's discovery lease (a findOneAndUpdate that succeeds only when no other replica holds a live one),
+// creates the deliveries and first attempts of the next retained events after the cursor in id order
+// (duplicates are no-ops), then advances the cursor with a write fenced by the lease token, or ends the
+// backfill when the batch was the last. Several replicas starting at once converge: one holds the lease, and
+// the unique indexes absorb any overlap. It returns how many first attempts it inserted.
+func (s *Store) Backfill(ctx context.Context, owner string, batch int) (int, error) {
+	now := s.now()
+	token := uuid.Must(uuid.NewV7()).String()
+	var sub subscriptionDoc
+	err := s.subscriptions.FindOneAndUpdate(ctx,
+		bson.M{"backfill": bson.M{"$exists": true}, "$or": bson.A{
+			bson.M{"backfill.lockedUntil": nil}, bson.M{"backfill.lockedUntil": bson.M{"$lt": now}},
+		}},
+		bson.M{"$set": bson.M{"backfill.lockOwner": owner, "backfill.lockToken": token, "backfill.lockedUntil": now.Add(s.opts.LockTimeout)}},
+		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&sub)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, wrap("take discovery lease", err)
+	}
+	cur, err := s.events.Find(ctx, bson.M{"topic": bson.M{"$in": sub.Topics}, "_id": bson.M{"$gt": sub.Backfill.Cursor}, "staged": bson.M{"$ne": true}},
+		options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(int64(batch)))
+	if err != nil {
+		return 0, wrap("read events to backfill", err)
+	}
+	var docs []*eventDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return 0, wrap("read events to backfill", err)
+	}
+	events := make([]*pulsetype.Event, 0, len(docs))
+	for _, d := range docs {
+		if !expired(d.ExpiresAt, now) {
+			events = append(events, d.event())
+		}
+	}
+	inserted, err := s.insertDeliveries(ctx, events, []subscriptionDoc{sub})
+	if err != nil {
+		return 0, err
+	}
+	fence := bson.M{"_id": sub.ID, "backfill.lockToken": token}
+	var update bson.M
+	if len(docs) < batch {
+		update = bson.M{"$unset": bson.M{"backfill": ""}} // done: later events arrive through fan-out
+	} else {
+		update = bson.M{"$set": bson.M{"backfill.cursor": docs[len(docs)-1].ID}, "$unset": bson.M{"backfill.lockedUntil": "", "backfill.lockToken": ""}}
+	}
+	res, err := s.subscriptions.UpdateOne(ctx, fence, update)
+	if err != nil {
+		return inserted, wrap("advance backfill cursor", err)
+	}
+	if res.MatchedCount == 0 {
+		return inserted, pulsetype.ErrLeaseLost
+	}
+	return inserted, nil
+}

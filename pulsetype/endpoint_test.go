@@ -1,0 +1,211 @@
+package pulsetype_test
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// validEndpoint returns a fresh endpoint that normalizes without error; mod changes it for one case.
+func validEndpoint(mod func(e *pulsetype.Endpoint)) *pulsetype.Endpoint {
+	e := &pulsetype.Endpoint{
+		ConsumerGroup: "billing",
+		URL:           "http://127.0.0.1:9000/hook",
+		Topics:        []string{"payment.captured"},
+	}
+	if mod != nil {
+		mod(e)
+	}
+	return e
+}
+
+func intPtr(n int) *int                               { return &n }
+func floatPtr(f float64) *float64                     { return &f }
+func durationPtr(d time.Duration) *pulsetype.Duration { v := pulsetype.Duration(d); return &v }
+
+func TestEndpointNormalizeFillsDefaults(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name           string
+		mod            func(e *pulsetype.Endpoint)
+		wantDelivery   string
+		wantMaxRetries int
+	}{
+		{name: "at-least-once by default", wantDelivery: pulsetype.AtLeastOnce, wantMaxRetries: pulsetype.DefaultMaxRetries},
+		{name: "at-most-once gets no retries", mod: func(e *pulsetype.Endpoint) { e.Delivery = pulsetype.AtMostOnce },
+			wantDelivery: pulsetype.AtMostOnce, wantMaxRetries: 0},
+		{name: "delivery mode is case-insensitive", mod: func(e *pulsetype.Endpoint) { e.Delivery = "AT-MOST-ONCE" },
+			wantDelivery: pulsetype.AtMostOnce, wantMaxRetries: 0},
+		{name: "at-most-once with explicit maxRetries 0", mod: func(e *pulsetype.Endpoint) {
+			e.Delivery, e.MaxRetries = pulsetype.AtMostOnce, intPtr(0)
+		}, wantDelivery: pulsetype.AtMostOnce, wantMaxRetries: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := validEndpoint(tt.mod)
+			if err := e.Normalize(); err != nil {
+				t.Fatalf("Normalize() = %v, want nil", err)
+			}
+			if e.Delivery != tt.wantDelivery {
+				t.Errorf("Delivery = %q, want %q", e.Delivery, tt.wantDelivery)
+			}
+			if e.OffsetReset != pulsetype.OffsetLatest {
+				t.Errorf("OffsetReset = %q, want %q", e.OffsetReset, pulsetype.OffsetLatest)
+			}
+			if e.MaxRetries == nil || *e.MaxRetries != tt.wantMaxRetries {
+				t.Errorf("MaxRetries = %v, want %d", e.MaxRetries, tt.wantMaxRetries)
+			}
+			durations := []struct {
+				name string
+				got  *pulsetype.Duration
+				want time.Duration
+			}{
+				{"RetryDelay", e.RetryDelay, pulsetype.DefaultRetryDelay},
+				{"MaxRetryDelay", e.MaxRetryDelay, pulsetype.DefaultMaxRetryDelay},
+				{"Timeout", e.Timeout, pulsetype.DefaultTimeout},
+			}
+			for _, d := range durations {
+				if d.got == nil || time.Duration(*d.got) != d.want {
+					t.Errorf("%s = %v, want %s", d.name, d.got, d.want)
+				}
+			}
+			if e.RetryBackoffMultiplier == nil || *e.RetryBackoffMultiplier != pulsetype.DefaultRetryBackoffMultiplier {
+				t.Errorf("RetryBackoffMultiplier = %v, want %v", e.RetryBackoffMultiplier, pulsetype.DefaultRetryBackoffMultiplier)
+			}
+			if e.MaxConcurrency == nil || *e.MaxConcurrency != pulsetype.DefaultMaxConcurrency {
+				t.Errorf("MaxConcurrency = %v, want %d", e.MaxConcurrency, pulsetype.DefaultMaxConcurrency)
+			}
+			p := e.Policy()
+			if p.AtMostOnce != (tt.wantDelivery == pulsetype.AtMostOnce) || p.MaxRetries != tt.wantMaxRetries ||
+				p.Delay != pulsetype.DefaultRetryDelay || p.MaxDelay != pulsetype.DefaultMaxRetryDelay ||
+				p.Multiplier != pulsetype.DefaultRetryBackoffMultiplier {
+				t.Errorf("Policy() = %+v, does not reflect the normalized endpoint", p)
+			}
+		})
+	}
+}
+
+func TestEndpointNormalizeKeepsExplicitValues(t *testing.T) {
+	t.Parallel()
+	e := validEndpoint(func(e *pulsetype.Endpoint) {
+		e.OffsetReset = pulsetype.OffsetEarliest
+		e.MaxRetries = intPtr(3)
+		e.RetryDelay = durationPtr(250 * time.Millisecond)
+		e.RetryBackoffMultiplier = floatPtr(1.5)
+		e.MaxRetryDelay = durationPtr(time.Minute)
+		e.Timeout = durationPtr(5 * time.Second)
+		e.MaxConcurrency = intPtr(4)
+		e.Secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+		e.Headers = map[string]string{"X-Team": "payments"}
+	})
+	if err := e.Normalize(); err != nil {
+		t.Fatalf("Normalize() = %v, want nil", err)
+	}
+	if e.OffsetReset != pulsetype.OffsetEarliest || *e.MaxRetries != 3 || time.Duration(*e.RetryDelay) != 250*time.Millisecond ||
+		*e.RetryBackoffMultiplier != 1.5 || time.Duration(*e.MaxRetryDelay) != time.Minute ||
+		time.Duration(*e.Timeout) != 5*time.Second || *e.MaxConcurrency != 4 {
+		t.Errorf("Normalize changed explicit values: %+v", e)
+	}
+}
+
+func TestEndpointNormalizeRejects(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		mod       func(e *pulsetype.Endpoint)
+		wantField string
+	}{
+		{"at-most-once with retries", func(e *pulsetype.Endpoint) { e.Delivery, e.MaxRetries = pulsetype.AtMostOnce, intPtr(3) }, "maxRetries"},
+		{"url scheme ftp", func(e *pulsetype.Endpoint) { e.URL = "ftp://example.com/hook" }, "url"},
+		{"url without host", func(e *pulsetype.Endpoint) { e.URL = "http:///hook" }, "url"},
+		{"url with only a port", func(e *pulsetype.Endpoint) { e.URL = "http://:8080/hook" }, "url"},
+		{"url relative", func(e *pulsetype.Endpoint) { e.URL = "/hook" }, "url"},
+		{"url with credentials", func(e *pulsetype.Endpoint) { e.URL = "https://user:pw@example.com/hook" }, "url"},
+		{"url empty", func(e *pulsetype.Endpoint) { e.URL = "" }, "url"},
+		{"topics empty", func(e *pulsetype.Endpoint) { e.Topics = nil }, "topics"},
+		{"topic with a space", func(e *pulsetype.Endpoint) { e.Topics = []string{"payment captured"} }, "topics"},
+		{"topic starting with a dot", func(e *pulsetype.Endpoint) { e.Topics = []string{".payment"} }, "topics"},
+		{"topic listed twice", func(e *pulsetype.Endpoint) { e.Topics = []string{"a", "a"} }, "topics"},
+		{"secret without whsec_", func(e *pulsetype.Endpoint) { e.Secret = "s3cr3t" }, "secret"},
+		{"consumer group empty", func(e *pulsetype.Endpoint) { e.ConsumerGroup = "" }, "consumerGroup"},
+		{"consumer group with a slash", func(e *pulsetype.Endpoint) { e.ConsumerGroup = "a/b" }, "consumerGroup"},
+		{"delivery unknown", func(e *pulsetype.Endpoint) { e.Delivery = "exactly-once" }, "delivery"},
+		{"offsetReset unknown", func(e *pulsetype.Endpoint) { e.OffsetReset = "middle" }, "offsetReset"},
+		{"maxRetries negative", func(e *pulsetype.Endpoint) { e.MaxRetries = intPtr(-1) }, "maxRetries"},
+		{"maxRetries above 100", func(e *pulsetype.Endpoint) { e.MaxRetries = intPtr(101) }, "maxRetries"},
+		{"retryDelay negative", func(e *pulsetype.Endpoint) { e.RetryDelay = durationPtr(-time.Second) }, "retryDelay"},
+		{"timeout zero", func(e *pulsetype.Endpoint) { e.Timeout = durationPtr(0) }, "timeout"},
+		{"multiplier below 1", func(e *pulsetype.Endpoint) { e.RetryBackoffMultiplier = floatPtr(0.5) }, "retryBackoffMultiplier"},
+		{"maxConcurrency zero", func(e *pulsetype.Endpoint) { e.MaxConcurrency = intPtr(0) }, "maxConcurrency"},
+		{"header name with a colon", func(e *pulsetype.Endpoint) { e.Headers = map[string]string{"X-A:": "v"} }, "headers"},
+		{"header value with a newline", func(e *pulsetype.Endpoint) { e.Headers = map[string]string{"X-A": "v\r\nX-B: w"} }, "headers"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := validEndpoint(tt.mod).Normalize()
+			var fe *pulsetype.FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("Normalize() = %v, want a *FieldError for %q", err, tt.wantField)
+			}
+			if fe.Field != tt.wantField {
+				t.Errorf("FieldError.Field = %q (%v), want %q", fe.Field, err, tt.wantField)
+			}
+			if fe.Message == "" {
+				t.Errorf("FieldError.Message is empty")
+			}
+		})
+	}
+}
+
+func TestEndpointRedacted(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ secret, want string }{
+		{"", ""},
+		{"whsec_ab", "whsec_…"},
+		{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_…LaSw"},
+	}
+	for _, tt := range tests {
+		e := pulsetype.Endpoint{Secret: tt.secret}
+		if got := e.Redacted().Secret; got != tt.want {
+			t.Errorf("Redacted() of %q = %q, want %q", tt.secret, got, tt.want)
+		}
+		if e.Secret != tt.secret {
+			t.Errorf("Redacted() changed the original secret to %q", e.Secret)
+		}
+	}
+}
+
+func TestDurationJSON(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in      string
+		want    time.Duration
+		wantErr bool
+	}{
+		{in: `"1s"`, want: time.Second},
+		{in: `"1h30m"`, want: 90 * time.Minute},
+		{in: `1500`, want: 1500 * time.Millisecond},
+		{in: `"soon"`, wantErr: true},
+		{in: `true`, wantErr: true},
+	}
+	for _, tt := range tests {
+		var d pulsetype.Duration
+		err := json.Unmarshal([]byte(tt.in), &d)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("Unmarshal(%s) error = %v, wantErr %v", tt.in, err, tt.wantErr)
+			continue
+		}
+		if !tt.wantErr && time.Duration(d) != tt.want {
+			t.Errorf("Unmarshal(%s) = %s, want %s", tt.in, time.Duration(d), tt.want)
+		}
+	}
+	b, err := json.Marshal(pulsetype.Duration(90 * time.Second))
+	if err != nil || string(b) != `"1m30s"` {
+		t.Errorf("Marshal(90s) = %s, %v; want \"1m30s\"", b, err)
+	}
+}
