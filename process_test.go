@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 	"time"
 
@@ -17,25 +19,65 @@ type proc struct {
 	cmd  *exec.Cmd
 	logs *syncBuffer
 	done chan struct{}
+
+	killOnce sync.Once
 }
 
 // startProcess starts `pulse` with env (and nothing else of the test's environment but PATH and HOME) and
 // returns once it listens. It is killed in t.Cleanup if still running.
 func (b *bundle) startProcess(env map[string]string) *proc {
 	b.t.Helper()
-	cmd := exec.Command(testdb.Binary(b.t))
+	p, err := launch(testdb.Binary(b.t), env)
+	if p != nil {
+		b.t.Cleanup(p.kill)
+	}
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return p
+}
+
+// startProcesses starts n sidecar processes at once and returns when all listen.
+func (b *bundle) startProcesses(n int, env map[string]string) []*proc {
+	b.t.Helper()
+	bin := testdb.Binary(b.t)
+	procs := make([]*proc, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			procs[i], errs[i] = launch(bin, env)
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if procs[i] != nil {
+			b.t.Cleanup(procs[i].kill)
+		}
+		if errs[i] != nil {
+			b.t.Fatal(errs[i])
+		}
+	}
+	return procs
+}
+
+// launch starts one sidecar process and waits until it listens (60 s at most).
+func launch(bin string, env map[string]string) (*proc, error) {
+	cmd := exec.Command(bin)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		b.t.Fatal(err)
+		return nil, err
 	}
 	p := &proc{cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.logs
 	if err := cmd.Start(); err != nil {
-		b.t.Fatal(err)
+		return nil, err
 	}
 	addr := make(chan string, 1)
 	go func() {
@@ -50,23 +92,23 @@ func (b *bundle) startProcess(env map[string]string) *proc {
 		_ = cmd.Wait()
 		close(p.done)
 	}()
-	b.t.Cleanup(func() { p.kill() })
 	select {
 	case a := <-addr:
 		p.URL = "http://" + a
-		return p
+		return p, nil
 	case <-p.done:
-		b.t.Fatalf("sidecar process exited at start:\n%s", p.logs.String())
+		return p, fmt.Errorf("sidecar process exited at start:\n%s", p.logs.String())
 	case <-time.After(60 * time.Second):
-		b.t.Fatalf("sidecar process did not listen within 60s:\n%s", p.logs.String())
+		return p, fmt.Errorf("sidecar process did not listen within 60s:\n%s", p.logs.String())
 	}
-	return nil
 }
 
 // kill sends SIGKILL and waits until the process is gone.
 func (p *proc) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
+	p.killOnce.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+	})
 }
 
 // sidecar returns a client view of the process for the HTTP helpers.

@@ -111,7 +111,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	keeper := lease.NewKeeper(store.Renew, cfg.LockTimeout, local, log)
 	recon := reconciler.New(store, owner, cfg.LockTimeout, nil, log)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
-		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, ShutdownTimeout: cfg.ShutdownTimeout, Logger: log,
+		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, ShutdownTimeout: cfg.ShutdownTimeout, Logger: log,
 	})
 	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log})
 

@@ -45,7 +45,8 @@ type Observer interface {
 type Options struct {
 	Owner           string        // this process's lock owner id (UUIDv7)
 	Workers         int           // POSTs in flight at most, across consumer groups
-	PollInterval    time.Duration // longest sleep without a wake-up
+	PollInterval    time.Duration // longest sleep without a wake-up; also the reaper's period
+	RepairInterval  time.Duration // period of the partial-state repair scan (default: PollInterval)
 	ShutdownTimeout time.Duration // grace for in-flight POSTs in Stop
 	Observer        Observer
 	Logger          zerolog.Logger
@@ -84,6 +85,7 @@ type cachedEndpoint struct {
 // New returns a Dispatcher. keeper renews the leases of running attempts.
 func New(store Store, sender Sender, recoverer Recoverer, keeper *lease.Keeper, opts Options) *Dispatcher {
 	opts.Workers = max(opts.Workers, 1)
+	opts.RepairInterval = max(opts.RepairInterval, opts.PollInterval)
 	return &Dispatcher{
 		store: store, sender: sender, recoverer: recoverer, keeper: keeper, opts: opts,
 		log:  opts.Logger.With().Str("component", "dispatcher").Logger(),
@@ -145,9 +147,9 @@ func (d *Dispatcher) loop(ctx context.Context) {
 	defer close(d.loopDone)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	var lastRepair time.Time
+	var lastReap, lastRepair time.Time
 	for {
-		worked := d.turn(ctx, &lastRepair)
+		worked := d.turn(ctx, &lastReap, &lastRepair)
 		if ctx.Err() != nil {
 			return
 		}
@@ -164,8 +166,10 @@ func (d *Dispatcher) loop(ctx context.Context) {
 	}
 }
 
-// turn runs one pass of the loop and reports whether it did any work.
-func (d *Dispatcher) turn(ctx context.Context, lastRepair *time.Time) bool {
+// turn runs one pass of the loop and reports whether recovery did work that may have more to do. The
+// recovery steps run on their own periods (reap every poll interval, repair every repair interval, sooner
+// while they find work), so a busy loop does not pay for them on every claim.
+func (d *Dispatcher) turn(ctx context.Context, lastReap, lastRepair *time.Time) bool {
 	worked := false
 	d.mu.Lock()
 	events := d.queued
@@ -176,18 +180,25 @@ func (d *Dispatcher) turn(ctx context.Context, lastRepair *time.Time) bool {
 			d.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")
 		}
 	}
-	if reaped, err := d.recoverer.ReapOne(ctx); err != nil {
-		d.logErr(ctx, err, "reap")
-	} else if reaped {
-		worked = true
-	}
-	if time.Since(*lastRepair) >= d.opts.PollInterval {
-		*lastRepair = time.Now()
-		if n, err := d.recoverer.Repair(ctx); err != nil {
-			d.logErr(ctx, err, "repair")
-		} else if n > 0 {
-			worked = true
+	if time.Since(*lastReap) >= d.opts.PollInterval {
+		reaped, err := d.recoverer.ReapOne(ctx)
+		if err != nil {
+			d.logErr(ctx, err, "reap")
 		}
+		if !reaped {
+			*lastReap = time.Now()
+		}
+		worked = worked || reaped
+	}
+	if time.Since(*lastRepair) >= d.opts.RepairInterval {
+		n, err := d.recoverer.Repair(ctx)
+		if err != nil {
+			d.logErr(ctx, err, "repair")
+		}
+		if n == 0 {
+			*lastRepair = time.Now()
+		}
+		worked = worked || n > 0
 	}
 	for ctx.Err() == nil {
 		exclude, free := d.capacity()

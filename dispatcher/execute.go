@@ -13,6 +13,10 @@ import (
 	"github.com/pulse-sidecar/pulse/webhook"
 )
 
+// endpointCacheTTL is how long an endpoint read from the database is reused; a change made through this
+// process drops it at once (EndpointChanged), one made through another replica is seen within this time.
+const endpointCacheTTL = time.Second
+
 // writeTimeout bounds each database write that records an attempt's result.
 const writeTimeout = 10 * time.Second
 
@@ -158,7 +162,7 @@ func (d *Dispatcher) endpoint(ctx context.Context, group string) (*pulsetype.End
 	d.mu.Lock()
 	c, ok := d.eps[group]
 	d.mu.Unlock()
-	if ok && time.Since(c.fetched) < d.opts.PollInterval {
+	if ok && time.Since(c.fetched) < endpointCacheTTL {
 		return c.ep, nil
 	}
 	ep, err := d.store.GetEndpoint(ctx, group)

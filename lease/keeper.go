@@ -105,7 +105,9 @@ func (k *Keeper) beat(ctx context.Context) {
 		return
 	}
 	start := k.local()
-	rctx, cancel := context.WithTimeout(ctx, k.Interval())
+	// A renewal may take until the lease would expire anyway: giving up earlier under load would abandon
+	// leases the database still grants.
+	rctx, cancel := context.WithTimeout(ctx, max(k.Interval(), k.lockTimeout*2/3))
 	lost, err := k.renew(rctx, tokens)
 	cancel()
 	k.mu.Lock()

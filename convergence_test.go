@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	pmongo "github.com/pulse-sidecar/pulse/mongo"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// postsByKey counts a receiver's POSTs per Idempotency-Key.
+func postsByKey(r *receiver) map[string]int {
+	out := map[string]int{}
+	for _, g := range r.received() {
+		out[g.Header.Get("Idempotency-Key")]++
+	}
+	return out
+}
+
+// waitDeliveries waits until n deliveries are in status, polling the database.
+func (b *bundle) waitDeliveries(status string, n int64, timeout time.Duration) {
+	b.t.Helper()
+	waitFor(b.t, timeout, fmt.Sprintf("%d deliveries in status %s", n, status), func() bool {
+		return b.count("deliveries", bson.M{"status": status}) >= n
+	})
+}
+
+// Convergence: 6 replicas (separate processes, separate clients) share one database; 500 events are
+// published through all of them; each of 2 consumer groups gets every event exactly once when nothing
+// crashes, and nothing stays pending.
+func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("convergence run skipped with -short")
+	}
+	const replicas, events = 6, 500
+	b := setup(t)
+	env := b.fastEnv()
+	env["PULSE_LOCK_TIMEOUT"] = "5s" // no lease may expire in a healthy run
+	env["PULSE_POLL_INTERVAL"] = "200ms"
+	procs := b.startProcesses(replicas, env)
+	rcvA, rcvB := newReceiver(t, 200), newReceiver(t, 200)
+	procs[0].sidecar().registerEndpoint(t, "ledger", map[string]any{"url": rcvA.URL, "topics": []string{"t"}})
+	procs[1].sidecar().registerEndpoint(t, "mailer", map[string]any{"url": rcvB.URL, "topics": []string{"t"}})
+
+	start := time.Now()
+	ids := make(chan string, events)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < events; i += 8 {
+				ids <- procs[i%replicas].sidecar().publish(t, "t", map[string]int{"i": i})
+			}
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	b.waitDeliveries("success", 2*events, 5*time.Minute)
+	elapsed := time.Since(start)
+
+	for name, r := range map[string]*receiver{"ledger": rcvA, "mailer": rcvB} {
+		byKey := postsByKey(r)
+		dups := 0
+		for _, n := range byKey {
+			dups += n - 1
+		}
+		t.Logf("%s: %d POSTs for %d events, %d duplicates", name, len(r.received()), len(byKey), dups)
+		if len(byKey) != events || dups != 0 {
+			t.Errorf("%s got %d distinct events and %d duplicates, want %d and 0", name, len(byKey), dups, events)
+		}
+	}
+	for id := range ids {
+		if postsByKey(rcvA)[id] != 1 {
+			t.Fatalf("event %s was POSTed %d times to ledger", id, postsByKey(rcvA)[id])
+		}
+	}
+	if n := b.count("deliveries", bson.M{"status": bson.M{"$ne": "success"}}); n != 0 {
+		t.Fatalf("%d deliveries not successful", n)
+	}
+	if n := b.count("history", bson.M{}); n != 2*events {
+		t.Fatalf("%d attempts stored, want %d (one each)", n, 2*events)
+	}
+	t.Logf("convergence: %d deliveries by %d replicas in %s (%.0f deliveries/s)", 2*events, replicas, elapsed.Round(time.Millisecond), float64(2*events)/elapsed.Seconds())
+}
+
+// Stampede: 12 replicas start at once on a new earliest-offset subscription over 100 retained events;
+// every event is delivered once.
+func TestStampedeOnEarliestSubscriptionDeliversEachEventOnce(t *testing.T) {
+	const replicas, events = 12, 100
+	b := setup(t)
+	ctx := context.Background()
+	store := pmongo.New(b.client, pmongo.Options{Database: b.dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	if _, err := store.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	batch := make([]*pulsetype.Event, events)
+	for i := range batch {
+		batch[i] = &pulsetype.Event{ID: fmt.Sprintf("old-%03d", i), Topic: "t", Data: []byte(fmt.Sprint(i))}
+	}
+	if _, err := store.Publish(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.FanOut(ctx, batch); err != nil { // no subscriber yet: nothing to deliver
+		t.Fatal(err)
+	}
+	rcv := newReceiver(t, 200)
+	ep := &pulsetype.Endpoint{ConsumerGroup: "late", URL: rcv.URL, Topics: []string{"t"}, OffsetReset: pulsetype.OffsetEarliest}
+	if err := ep.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := store.PutEndpoint(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+
+	env := b.fastEnv()
+	env["PULSE_POLL_INTERVAL"] = "250ms" // 12 idle replicas polling every 50ms saturate the SQLite test database
+	env["PULSE_LOCK_TIMEOUT"] = "3s"
+	procs := b.startProcesses(replicas, env)
+	defer func() {
+		if t.Failed() {
+			t.Logf("deliveries: %d, success: %d; logs of replica 0:\n%s", b.count("deliveries", bson.M{}),
+				b.count("deliveries", bson.M{"status": "success"}), procs[0].logs.String())
+		}
+	}()
+	b.waitDeliveries("success", events, 3*time.Minute)
+	byKey := postsByKey(rcv)
+	if len(byKey) != events || len(rcv.received()) != events {
+		t.Fatalf("receiver got %d POSTs for %d events, want %d each once", len(rcv.received()), len(byKey), events)
+	}
+	if n := b.count("deliveries", bson.M{}); n != events {
+		t.Fatalf("%d deliveries, want %d", n, events)
+	}
+}
