@@ -17,7 +17,7 @@ import (
 // Store is the storage the dispatcher needs; package mongo implements it.
 type Store interface {
 	reconciler.FollowUpStore
-	Claim(ctx context.Context, owner string, exclude []string) (*pulsetype.Attempt, error)
+	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)
 	FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error
 	GetEvent(ctx context.Context, id string) (*pulsetype.Event, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
@@ -202,18 +202,19 @@ func (d *Dispatcher) turn(ctx context.Context, lastReap, lastRepair *time.Time) 
 	}
 	for ctx.Err() == nil {
 		exclude, free := d.capacity()
-		if !free {
+		if free == 0 {
 			break
 		}
-		a, err := d.store.Claim(ctx, d.opts.Owner, exclude)
+		batch, err := d.store.ClaimBatch(ctx, d.opts.Owner, exclude, min(free, maxClaimBatch))
 		if err != nil {
 			d.logErr(ctx, err, "claim")
+		}
+		for _, a := range batch {
+			d.launch(a)
+		}
+		if len(batch) == 0 || err != nil {
 			break
 		}
-		if a == nil {
-			break
-		}
-		d.launch(a)
 	}
 	return worked
 }
@@ -225,21 +226,27 @@ func (d *Dispatcher) logErr(ctx context.Context, err error, step string) {
 	d.log.Error().Err(err).Str("step", step).Msg("worker loop step failed")
 }
 
-// capacity returns the consumer groups at their concurrency limit and whether a worker slot is free.
-func (d *Dispatcher) capacity() (exclude []string, free bool) {
+// maxClaimBatch bounds the attempts leased in one claim round trip.
+const maxClaimBatch = 16
+
+// capacity returns the consumer groups at their concurrency limit and how many worker slots are free.
+func (d *Dispatcher) capacity() (exclude []string, free int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.total >= d.opts.Workers {
-		return nil, false
+		return nil, 0
 	}
-	for group, n := range d.inflight {
+	free = min(d.opts.Workers-d.total, maxClaimBatch)
+	for group, c := range d.eps {
 		limit := pulsetype.DefaultMaxConcurrency
-		if c, ok := d.eps[group]; ok && c.ep != nil {
+		if c.ep != nil {
 			limit = *c.ep.MaxConcurrency
 		}
-		if n >= limit {
+		if room := limit - d.inflight[group]; room <= 0 {
 			exclude = append(exclude, group)
+		} else {
+			free = min(free, room) // a batch never takes a group past its limit
 		}
 	}
-	return exclude, true
+	return exclude, free
 }

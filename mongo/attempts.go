@@ -20,31 +20,46 @@ func newAttemptDoc(deliveryID, eventID, group, topic string, n int, now, nextAt 
 	}
 }
 
-// Claim leases the most overdue claimable attempt (pending, no lease, nextAttemptAt ≤ now) of a consumer group
-// not in exclude, in one atomic findOneAndUpdate that writes lockOwner, a fresh UUIDv7 lockToken, lockedAt,
-// lockedUntil (now + lock timeout), heartbeatAt and startedAt. It returns (nil, nil) when nothing is due.
-func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pulsetype.Attempt, error) {
+// ClaimBatch leases up to limit claimable attempts (pending, no lease, nextAttemptAt ≤ now) of consumer
+// groups not in exclude, most overdue first. It reads the candidates with one query, then leases each with an
+// atomic findOneAndUpdate by _id that succeeds only while the attempt is still unleased (so concurrent
+// replicas never lease one attempt twice), writing lockOwner, a fresh UUIDv7 lockToken, lockedAt,
+// lockedUntil (now + lock timeout), heartbeatAt and startedAt. It returns the attempts it leased, possibly
+// none.
+func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error) {
 	now := s.now()
-	until := now.Add(s.opts.LockTimeout)
 	filter := bson.M{"status": pulsetype.StatusPending, "lockedUntil": nil, "nextAttemptAt": bson.M{"$lte": now}}
 	if len(exclude) > 0 {
 		filter["consumerGroup"] = bson.M{"$nin": exclude}
 	}
-	update := bson.M{"$set": bson.M{
-		"lockOwner": owner, "lockToken": uuid.Must(uuid.NewV7()).String(), "lockedAt": now,
-		"lockedUntil": until, "heartbeatAt": now, "startedAt": now,
-	}}
-	opts := options.FindOneAndUpdate().SetReturnDocument(options.After).
-		SetSort(bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}})
-	var doc attemptDoc
-	err := s.history.FindOneAndUpdate(ctx, filter, update, opts).Decode(&doc)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil
-	}
+	cur, err := s.history.Find(ctx, filter, options.Find().
+		SetSort(bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
+		SetLimit(int64(limit)).SetProjection(bson.M{"_id": 1}))
 	if err != nil {
-		return nil, wrap("claim attempt", err)
+		return nil, wrap("find claimable attempts", err)
 	}
-	return doc.attempt(), nil
+	var candidates []attemptDoc
+	if err := cur.All(ctx, &candidates); err != nil {
+		return nil, wrap("find claimable attempts", err)
+	}
+	var out []*pulsetype.Attempt
+	for _, c := range candidates {
+		update := bson.M{"$set": bson.M{
+			"lockOwner": owner, "lockToken": uuid.Must(uuid.NewV7()).String(), "lockedAt": now,
+			"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now, "startedAt": now,
+		}}
+		var doc attemptDoc
+		err := s.history.FindOneAndUpdate(ctx, bson.M{"_id": c.ID, "status": pulsetype.StatusPending, "lockedUntil": nil}, update,
+			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			continue // another replica leased it first
+		}
+		if err != nil {
+			return out, wrap("claim attempt", err)
+		}
+		out = append(out, doc.attempt())
+	}
+	return out, nil
 }
 
 // Renew extends the leases held under tokens to now + lock timeout and stamps heartbeatAt, with one write
@@ -172,4 +187,14 @@ func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	a := doc.attempt()
 	a.Status, a.Error, a.EndedAt = pulsetype.StatusError, e, &now
 	return a, nil
+}
+
+// Claim leases the single most overdue claimable attempt (ClaimBatch with limit 1); it returns (nil, nil)
+// when nothing is due.
+func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pulsetype.Attempt, error) {
+	out, err := s.ClaimBatch(ctx, owner, exclude, 1)
+	if len(out) == 0 {
+		return nil, err
+	}
+	return out[0], err
 }

@@ -126,15 +126,16 @@ func (s *Store) findEvents(ctx context.Context, ids []string, withStaged bool) (
 	return out, nil
 }
 
-// GetEvent returns a visible, unexpired event, or pulsetype.ErrNotFound.
+// GetEvent returns a visible, unexpired event, or pulsetype.ErrNotFound. It filters on _id alone, the one
+// filter every FerretDB handler pushes down to its storage.
 func (s *Store) GetEvent(ctx context.Context, id string) (*pulsetype.Event, error) {
-	m, err := s.findEvents(ctx, []string{id}, false)
-	if err != nil {
-		return nil, err
-	}
-	d, ok := m[id]
-	if !ok {
+	var d eventDoc
+	err := s.events.FindOne(ctx, bson.M{"_id": id}).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && (d.Staged || expired(d.ExpiresAt, s.now()))) {
 		return nil, pulsetype.ErrNotFound
+	}
+	if err != nil {
+		return nil, wrap("get event", err)
 	}
 	return d.event(), nil
 }
