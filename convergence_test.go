@@ -70,7 +70,7 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 	}
 	wg.Wait()
 	close(ids)
-	b.waitDeliveries("success", 2*events, 5*time.Minute)
+	b.waitDeliveries("success", int64(2*events), 5*time.Minute)
 	elapsed := time.Since(start)
 
 	for name, r := range map[string]*receiver{"ledger": rcvA, "mailer": rcvB} {
@@ -92,7 +92,7 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 	if n := b.count("deliveries", bson.M{"status": bson.M{"$ne": "success"}}); n != 0 {
 		t.Fatalf("%d deliveries not successful", n)
 	}
-	if n := b.count("history", bson.M{}); n != 2*events {
+	if n := b.count("history", bson.M{}); n != int64(2*events) {
 		t.Fatalf("%d attempts stored, want %d (one each)", n, 2*events)
 	}
 	t.Logf("convergence: %d deliveries by %d replicas in %s (%.0f deliveries/s)", 2*events, replicas, elapsed.Round(time.Millisecond), float64(2*events)/elapsed.Seconds())
