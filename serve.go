@@ -31,6 +31,8 @@ import (
 const (
 	clockSyncInterval = 30 * time.Second
 	sweepInterval     = time.Minute
+	// pendingSampleInterval is how often pulse_deliveries_pending is refreshed (one aggregation).
+	pendingSampleInterval = 15 * time.Second
 )
 
 // serve runs the sidecar until ctx is done, then shuts down in order: publishes answer 503, the HTTP
@@ -109,11 +111,19 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	defer sender.CloseIdleConnections()
 	owner := uuid.Must(uuid.NewV7()).String()
 	keeper := lease.NewKeeper(store.Renew, cfg.LockTimeout, local, log)
-	recon := reconciler.New(store, owner, cfg.LockTimeout, nil, log)
+	metrics := httpapi.NewMetrics()
+	recon := reconciler.New(store, owner, cfg.LockTimeout, metrics, log)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
-		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, ShutdownTimeout: cfg.ShutdownTimeout, Logger: log,
+		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log,
 	})
-	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Logger: log})
+	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
+
+	var endpointsHash [32]byte
+	if cfg.EndpointsFile != "" {
+		if endpointsHash, err = applyEndpointsFile(startCtx, cfg.EndpointsFile, store, func(string) {}); err != nil {
+			return err
+		}
+	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -126,6 +136,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	_ = disp.Start(bg)
 	defer disp.Stop()
 	go chores(bg, log, clock, serverTime, store)
+	if cfg.EndpointsFile != "" {
+		go watchEndpointsFile(bg, cfg.EndpointsFile, endpointsHash, store, disp.EndpointChanged, log)
+	}
+	go metrics.SamplePending(bg, pendingSampleInterval, store.PendingByGroup, log)
 
 	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
@@ -195,3 +209,7 @@ func newLogger(cfg *config.Config, stdout io.Writer) zerolog.Logger {
 	}
 	return zerolog.New(w).Level(level).With().Timestamp().Logger()
 }
+
+var _ httpapi.Store = (*mongo.Store)(nil)
+var _ dispatcher.Store = (*mongo.Store)(nil)
+var _ reconciler.Store = (*mongo.Store)(nil)

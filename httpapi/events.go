@@ -232,6 +232,9 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		if !p.Existing {
 			status = http.StatusAccepted
 			fresh = append(fresh, p.Event)
+			if s.opts.Metrics != nil {
+				s.opts.Metrics.Published(p.Event.Topic)
+			}
 		}
 	}
 	if len(fresh) > 0 {

@@ -28,6 +28,9 @@ type Store interface {
 	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
 	DeleteEndpoint(ctx context.Context, group string) error
 	Ping(ctx context.Context) error
+	ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error)
+	RetryDelivery(ctx context.Context, id string) (int, error)
+	ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error)
 }
 
 // Notifier is told what this process stored, so its dispatcher acts at once; *dispatcher.Dispatcher
@@ -35,6 +38,7 @@ type Store interface {
 type Notifier interface {
 	Published(events []*pulsetype.Event)
 	EndpointChanged(group string)
+	Wake()
 }
 
 // Options configure the API.
@@ -42,8 +46,8 @@ type Options struct {
 	APIToken     string // when set, /v1 requires "Authorization: Bearer <token>"
 	MaxBodyBytes int64  // publish body limit in bytes
 	Logger       zerolog.Logger
-	// Metrics, when set, is served at GET /metrics.
-	Metrics http.Handler
+	// Metrics, when set, is served at GET /metrics and counts publishes.
+	Metrics *Metrics
 }
 
 // Server is the HTTP API. Its handler is safe for concurrent use.
@@ -78,13 +82,16 @@ func (s *Server) Handler() http.Handler {
 	})
 	r.Get("/readyz", s.readyz)
 	if s.opts.Metrics != nil {
-		r.Method(http.MethodGet, "/metrics", s.opts.Metrics)
+		r.Method(http.MethodGet, "/metrics", s.opts.Metrics.Handler())
 	}
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.auth)
 		r.Post("/events", s.publish)
 		r.Get("/events/{id}", s.getEvent)
+		r.Get("/deliveries", s.listDeliveries)
 		r.Get("/deliveries/{id}", s.getDelivery)
+		r.Post("/deliveries/{id}/retry", s.retryDelivery)
+		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
 		r.Get("/endpoints", s.listEndpoints)
 		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
 		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)

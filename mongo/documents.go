@@ -90,13 +90,16 @@ type deliveryDoc struct {
 	ExpiresAt      *time.Time           `bson:"expiresAt,omitempty"`
 	FinalAttempt   int                  `bson:"finalAttempt,omitempty"`
 	Error          *pulsetype.ErrorInfo `bson:"error,omitempty"`
+	// ReopenedAttempt is the attempt a retry or replay asked for; set before that attempt is inserted, so a
+	// crash in between is repaired by creating it.
+	ReopenedAttempt int `bson:"reopenedAttempt,omitempty"`
 }
 
 func (d *deliveryDoc) delivery() *pulsetype.Delivery {
 	return &pulsetype.Delivery{
 		ID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic, Status: d.Status,
 		EventCreatedAt: d.EventCreatedAt, CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, EndedAt: d.EndedAt,
-		FinalAttempt: d.FinalAttempt, Error: d.Error,
+		FinalAttempt: d.FinalAttempt, Error: d.Error, ReopenedAttempt: d.ReopenedAttempt,
 	}
 }
 

@@ -91,3 +91,27 @@ func (s *Store) decodeDeliveries(ctx context.Context, cur *mongo.Cursor) ([]*pul
 }
 
 func expired(at *time.Time, now time.Time) bool { return at != nil && !at.After(now) }
+
+// PendingByGroup counts pending deliveries by consumer group, with one aggregation (served by
+// pulse_deliveries_status_id).
+func (s *Store) PendingByGroup(ctx context.Context) (map[string]int64, error) {
+	cur, err := s.deliveries.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.M{"status": pulsetype.StatusPending}}},
+		{{Key: "$group", Value: bson.M{"_id": "$consumerGroup", "n": bson.M{"$sum": 1}}}},
+	})
+	if err != nil {
+		return nil, wrap("count pending deliveries", err)
+	}
+	var rows []struct {
+		Group string `bson:"_id"`
+		N     int64  `bson:"n"`
+	}
+	if err := cur.All(ctx, &rows); err != nil {
+		return nil, wrap("count pending deliveries", err)
+	}
+	out := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		out[r.Group] = r.N
+	}
+	return out, nil
+}

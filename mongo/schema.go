@@ -29,6 +29,9 @@ var indexSpecs = []indexSpec{
 	{coll: "subscriptions", name: "pulse_subscriptions_topics", keys: bson.D{{Key: "topics", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_event_unique", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, unique: true},
 	{coll: "deliveries", name: "pulse_deliveries_status_id", keys: bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}},
+	// Serve GET /v1/deliveries newest first, with and without a consumer group.
+	{coll: "deliveries", name: "pulse_deliveries_created", keys: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
+	{coll: "deliveries", name: "pulse_deliveries_group_created", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
 	{coll: "deliveries", name: "pulse_deliveries_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
 	{coll: "history", name: "pulse_history_delivery_attempt_unique", keys: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}, unique: true},
 	// Serves both the claim ({status: pending, lockedUntil: null, nextAttemptAt ≤ now}) and the reaper

@@ -14,3 +14,6 @@ var (
 	// ErrNotTerminal: a retry was asked for a delivery that is still pending.
 	ErrNotTerminal = errors.New("delivery is not terminal")
 )
+
+// ErrBadCursor: a list cursor that the sidecar did not issue.
+var ErrBadCursor = errors.New("invalid cursor")

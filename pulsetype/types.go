@@ -96,6 +96,8 @@ type Delivery struct {
 	EndedAt        *time.Time `json:"endedAt,omitempty"`
 	FinalAttempt   int        `json:"finalAttempt,omitempty"`
 	Error          *ErrorInfo `json:"error,omitempty"`
+	// ReopenedAttempt is the attempt number a manual retry or replay asked for (0 if none).
+	ReopenedAttempt int `json:"-"`
 }
 
 // Attempt is one history document: one try of a delivery. Lease fields are set while a worker holds it.
@@ -156,4 +158,12 @@ type Published struct {
 	// Existing is true when an event with this client-chosen id and the same content was already stored (an
 	// idempotent re-publish): nothing new was written for it.
 	Existing bool
+}
+
+// DeliveryFilter selects a page of deliveries, newest first; empty fields match everything.
+type DeliveryFilter struct {
+	ConsumerGroup, Topic string
+	Status               Status
+	After                string // the next cursor of the previous page
+	Limit                int    // 1–500
 }

@@ -172,6 +172,13 @@ func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attem
 	if last.Status == pulsetype.StatusPending {
 		return false, nil
 	}
+	if d.ReopenedAttempt > last.Number { // a retry or replay reopened it and stopped before the attempt
+		created, err := r.store.CreateAttempt(ctx, d.ID, d.EventID, d.ConsumerGroup, d.Topic, d.ReopenedAttempt, 0)
+		if created {
+			r.report(KindMissingRetry, d, 1)
+		}
+		return created, err
+	}
 	policy, err := r.policy(ctx, d.ConsumerGroup)
 	if err != nil {
 		return false, err

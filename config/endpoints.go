@@ -1,0 +1,53 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// LoadEndpointsFile reads PULSE_ENDPOINTS_FILE: a YAML or JSON list of endpoints, each the body of
+// PUT /v1/endpoints/{consumerGroup} plus its "consumerGroup". It returns the endpoints normalized (defaults
+// filled), and an error naming the file and the first invalid entry (index, consumer group and field) when
+// any is invalid; then nothing should be applied. Unknown fields and duplicate consumer groups are errors.
+func LoadEndpointsFile(path string) ([]*pulsetype.Endpoint, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: %w", path, err)
+	}
+	js, err := yaml.YAMLToJSON(raw) // JSON is YAML too
+	if err != nil {
+		return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q is not valid YAML or JSON: %w", path, err)
+	}
+	if bytes.Equal(bytes.TrimSpace(js), []byte("null")) {
+		return nil, nil // an empty file registers nothing
+	}
+	var entries []json.RawMessage
+	if err := json.Unmarshal(js, &entries); err != nil {
+		return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q must be a list of endpoints: %w", path, err)
+	}
+	seen := map[string]int{}
+	out := make([]*pulsetype.Endpoint, 0, len(entries))
+	for i, e := range entries {
+		var ep pulsetype.Endpoint
+		dec := json.NewDecoder(bytes.NewReader(e))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&ep); err != nil {
+			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entry %d: %w", path, i, err)
+		}
+		if err := ep.Normalize(); err != nil {
+			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entry %d (consumerGroup %q): %w", path, i, ep.ConsumerGroup, err)
+		}
+		if j, dup := seen[ep.ConsumerGroup]; dup {
+			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entries %d and %d both register consumerGroup %q", path, j, i, ep.ConsumerGroup)
+		}
+		seen[ep.ConsumerGroup] = i
+		out = append(out, &ep)
+	}
+	return out, nil
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/config"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// endpointsFilePoll is how often PULSE_ENDPOINTS_FILE is checked for changes (a mounted ConfigMap is
+// replaced by a symlink swap, which content hashing sees and file watchers often miss).
+const endpointsFilePoll = 5 * time.Second
+
+type endpointPutter interface {
+	PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (*pulsetype.Endpoint, bool, error)
+}
+
+// applyEndpointsFile registers every endpoint of the file (replacing same-named consumer groups). It
+// returns the file's hash, or an error naming the invalid entry.
+func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, changed func(string)) ([32]byte, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return [32]byte{}, err
+	}
+	eps, err := config.LoadEndpointsFile(path)
+	if err != nil {
+		return [32]byte{}, err
+	}
+	for _, ep := range eps {
+		if _, _, err := store.PutEndpoint(ctx, ep); err != nil {
+			return [32]byte{}, err
+		}
+		changed(ep.ConsumerGroup)
+	}
+	return sha256.Sum256(raw), nil
+}
+
+// watchEndpointsFile re-applies the file whenever its content changes, until ctx is done. An invalid new
+// version is logged and skipped; the endpoints registered before stay.
+func watchEndpointsFile(ctx context.Context, path string, applied [32]byte, store endpointPutter, changed func(string), log zerolog.Logger) {
+	t := time.NewTicker(endpointsFilePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			log.Warn().Err(err).Str("file", path).Msg("endpoints file unreadable; keeping the endpoints registered")
+			continue
+		}
+		if sum := sha256.Sum256(raw); bytes.Equal(sum[:], applied[:]) {
+			continue
+		}
+		sum, err := applyEndpointsFile(ctx, path, store, changed)
+		if err != nil {
+			log.Error().Err(err).Str("file", path).Msg("endpoints file changed but is invalid; keeping the endpoints registered")
+			applied = sha256.Sum256(raw) // report once per version
+			continue
+		}
+		applied = sum
+		log.Info().Str("file", path).Msg("endpoints file re-applied")
+	}
+}

@@ -1,0 +1,113 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) {
+	q := pulsetype.DeliveryFilter{ConsumerGroup: r.URL.Query().Get("consumerGroup"), Topic: r.URL.Query().Get("topic"),
+		Status: pulsetype.Status(r.URL.Query().Get("status")), After: r.URL.Query().Get("after"), Limit: 50}
+	switch q.Status {
+	case "", pulsetype.StatusPending, pulsetype.StatusSuccess, pulsetype.StatusError:
+	default:
+		writeError(w, http.StatusBadRequest, "invalid_status", fmt.Sprintf("status must be pending, success or error, got %q", q.Status))
+		return
+	}
+	if l := r.URL.Query().Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 500 {
+			writeError(w, http.StatusBadRequest, "invalid_limit", "limit must be an integer between 1 and 500")
+			return
+		}
+		q.Limit = n
+	}
+	list, next, err := s.store.ListDeliveries(r.Context(), q)
+	if errors.Is(err, pulsetype.ErrBadCursor) {
+		writeError(w, http.StatusBadRequest, "invalid_cursor", "after must be the next cursor of a previous page")
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	if list == nil {
+		list = []*pulsetype.Delivery{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"deliveries": list, "next": next})
+}
+
+func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	n, err := s.store.RetryDelivery(r.Context(), id)
+	switch {
+	case errors.Is(err, pulsetype.ErrNotFound):
+		writeError(w, http.StatusNotFound, "delivery_not_found", fmt.Sprintf("no delivery %q (it may have expired)", id))
+	case errors.Is(err, pulsetype.ErrNotTerminal):
+		writeError(w, http.StatusConflict, "delivery_not_terminal", "the delivery is still pending; only a terminal delivery can be retried")
+	case err != nil:
+		s.internalError(w, r, err)
+	default:
+		s.notify.Wake() // the attempt is due now
+		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "attempt": n, "status": pulsetype.StatusPending})
+	}
+}
+
+type replayBody struct {
+	Status pulsetype.Status `json:"status"`
+	From   *time.Time       `json:"from"`
+	To     *time.Time       `json:"to"`
+}
+
+func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
+	group := chi.URLParam(r, "consumerGroup")
+	var b replayBody
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEndpointBody))
+	if err == nil && len(raw) > 0 {
+		err = json.Unmarshal(raw, &b)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_json", "the body must be {\"status\": \"error\"|\"success\", \"from\": RFC 3339, \"to\": RFC 3339}: "+err.Error())
+		return
+	}
+	if b.Status == "" {
+		b.Status = pulsetype.StatusError
+	}
+	if b.Status != pulsetype.StatusError && b.Status != pulsetype.StatusSuccess {
+		writeError(w, http.StatusBadRequest, "invalid_status", "status must be error or success (terminal deliveries)")
+		return
+	}
+	from, to := time.Time{}, time.Now().Add(24*time.Hour)
+	if b.From != nil {
+		from = *b.From
+	}
+	if b.To != nil {
+		to = *b.To
+	}
+	if !from.Before(to) {
+		writeError(w, http.StatusBadRequest, "invalid_window", "from must be before to")
+		return
+	}
+	if _, err := s.store.GetEndpoint(r.Context(), group); errors.Is(err, pulsetype.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
+		return
+	}
+	n, err := s.store.ReplayDeliveries(r.Context(), group, b.Status, from, to)
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	if n > 0 {
+		s.notify.Wake()
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"consumerGroup": group, "replayed": n})
+}

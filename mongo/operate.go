@@ -1,0 +1,137 @@
+package mongo
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// ListDeliveries returns one page of deliveries, newest first (createdAt, then id, descending), and the
+// cursor of the next page ("" on the last). Served by pulse_deliveries_created or
+// pulse_deliveries_group_created.
+func (s *Store) ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error) {
+	filter := bson.M{}
+	if f.ConsumerGroup != "" {
+		filter["consumerGroup"] = f.ConsumerGroup
+	}
+	if f.Topic != "" {
+		filter["topic"] = f.Topic
+	}
+	if f.Status != "" {
+		filter["status"] = f.Status
+	}
+	if f.After != "" {
+		at, id, err := decodeCursor(f.After)
+		if err != nil {
+			return nil, "", err
+		}
+		filter["$or"] = bson.A{bson.M{"createdAt": bson.M{"$lt": at}}, bson.M{"createdAt": at, "_id": bson.M{"$lt": id}}}
+	}
+	hint := "pulse_deliveries_created"
+	if f.ConsumerGroup != "" {
+		hint = "pulse_deliveries_group_created"
+	}
+	cur, err := s.deliveries.Find(ctx, filter, options.Find().
+		SetSort(bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}).SetLimit(int64(f.Limit+1)).SetHint(hint))
+	if err != nil {
+		return nil, "", wrap("list deliveries", err)
+	}
+	out, err := s.decodeDeliveries(ctx, cur)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) > f.Limit {
+		out = out[:f.Limit]
+		last := out[len(out)-1]
+		next = base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("%d|%s", last.CreatedAt.UnixMilli(), last.ID)))
+	}
+	return out, next, nil
+}
+
+func decodeCursor(c string) (time.Time, string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", pulsetype.ErrBadCursor
+	}
+	ms, id, ok := strings.Cut(string(raw), "|")
+	var n int64
+	if _, err := fmt.Sscan(ms, &n); !ok || err != nil {
+		return time.Time{}, "", pulsetype.ErrBadCursor
+	}
+	return time.UnixMilli(n).UTC(), id, nil
+}
+
+// RetryDelivery gives a terminal delivery its next numbered attempt, due now. It first reopens the delivery
+// (status pending, reopenedAttempt = n+1, its end, error and expiresAt removed) with an update filtered on
+// its terminal status, then inserts attempt n+1; a crash in between is repaired by the reconciler, which
+// creates the attempt reopenedAttempt names. It returns the new attempt number, pulsetype.ErrNotFound, or
+// pulsetype.ErrNotTerminal when the delivery is pending.
+func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
+	d, attempts, err := s.GetDelivery(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if d.Status == pulsetype.StatusPending {
+		return 0, pulsetype.ErrNotTerminal
+	}
+	next := 1
+	if len(attempts) > 0 {
+		next = attempts[len(attempts)-1].Number + 1
+	}
+	now := s.now()
+	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": id, "status": d.Status},
+		bson.M{"$set": bson.M{"status": pulsetype.StatusPending, "updatedAt": now, "reopenedAttempt": next},
+			"$unset": bson.M{"endedAt": "", "expiresAt": "", "error": "", "finalAttempt": ""}})
+	if err != nil {
+		return 0, wrap("reopen delivery", err)
+	}
+	if res.ModifiedCount == 0 {
+		return 0, pulsetype.ErrNotTerminal // reopened concurrently
+	}
+	if _, err := s.CreateAttempt(ctx, id, d.EventID, d.ConsumerGroup, d.Topic, next, 0); err != nil {
+		return 0, err
+	}
+	return next, nil
+}
+
+// ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of a consumer group in status whose
+// createdAt lies in [from, to), in batches of 100, and returns how many it reopened.
+func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error) {
+	filter := bson.M{"consumerGroup": group, "status": status, "createdAt": bson.M{"$gte": from, "$lt": to},
+		"$or": bson.A{bson.M{"expiresAt": nil}, bson.M{"expiresAt": bson.M{"$gt": s.now()}}}}
+	total := 0
+	for {
+		cur, err := s.deliveries.Find(ctx, filter, options.Find().SetLimit(100).SetProjection(bson.M{"_id": 1}).
+			SetHint("pulse_deliveries_group_created"))
+		if err != nil {
+			return total, wrap("find deliveries to replay", err)
+		}
+		var ids []deliveryDoc
+		if err := cur.All(ctx, &ids); err != nil {
+			return total, wrap("find deliveries to replay", err)
+		}
+		reopened := 0
+		for _, d := range ids {
+			_, err := s.RetryDelivery(ctx, d.ID)
+			switch {
+			case err == nil:
+				reopened++
+			case !errors.Is(err, pulsetype.ErrNotTerminal) && !errors.Is(err, pulsetype.ErrNotFound):
+				return total, err
+			}
+		}
+		total += reopened
+		if len(ids) < 100 || reopened == 0 {
+			return total, nil
+		}
+	}
+}
