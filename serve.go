@@ -35,9 +35,10 @@ const (
 	pendingSampleInterval = 15 * time.Second
 )
 
-// serve runs the sidecar until ctx is done, then shuts down in order: publishes answer 503, the HTTP
-// listener closes, the dispatcher stops claiming and lets in-flight POSTs finish within PULSE_SHUTDOWN_TIMEOUT,
-// then the database is disconnected.
+// serve runs the sidecar until ctx is done, then shuts down in order: publishes and /readyz answer 503 (the
+// API stays up so clients get an answer, not a refused connection), the dispatcher stops claiming and lets
+// in-flight POSTs finish and be recorded within PULSE_SHUTDOWN_TIMEOUT, the HTTP server closes, then the
+// database is disconnected.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("serve takes no arguments (configuration comes from PULSE_* variables), got %q", args)
@@ -152,13 +153,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return fmt.Errorf("serve HTTP: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info().Msg("shutting down: publishes now answer 503, in-flight deliveries get the grace period")
+	log.Info().Msg("shutting down: publishes and /readyz now answer 503, in-flight deliveries get the grace period")
 	api.Drain()
-	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	disp.Stop() // stops claiming, waits for in-flight POSTs (PULSE_SHUTDOWN_TIMEOUT) and records them
+	keeper.Stop()
+	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutCtx)
-	disp.Stop()
-	keeper.Stop()
 	log.Info().Msg("stopped")
 	return nil
 }
