@@ -137,6 +137,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	_ = disp.Start(bg)
 	defer disp.Stop()
 	go chores(bg, log, clock, serverTime, store)
+	switch {
+	case cfg.ChangeStreams == config.ChangeStreamsDisabled:
+	case caps.ChangeStreams:
+		go store.WatchEvents(bg, cfg.PollInterval, disp.Wake, log)
+	default:
+		log.Info().Msg("the database has no change streams (not a replica set): polling only")
+	}
 	if cfg.EndpointsFile != "" {
 		go watchEndpointsFile(bg, cfg.EndpointsFile, endpointsHash, store, disp.EndpointChanged, log)
 	}

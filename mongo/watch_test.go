@@ -1,0 +1,87 @@
+package mongo
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	drvevent "go.mongodb.org/mongo-driver/v2/event"
+	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// WatchEvents sends a $changeStream aggregate on the events collection (checked with the driver's command
+// monitor). Where the server has no change streams (FerretDB) the failure is reported and the stream
+// reopened after the retry interval; on a replica set (PULSE_TEST_MONGODB_URI) a publish wakes the watcher.
+func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
+	t.Parallel()
+	_, dbName := testdb.Database(t)
+	var mu sync.Mutex
+	var streams []bson.Raw
+	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
+		if e.CommandName == "aggregate" {
+			mu.Lock()
+			streams = append(streams, e.Command)
+			mu.Unlock()
+		}
+	}}
+	client, err := mongodrv.Connect(options.Client().ApplyURI(testdb.URI(t)).SetMonitor(monitor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	caps, err := s.EnsureSchema(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var woken atomic.Int64
+	done := make(chan struct{})
+	go func() { s.WatchEvents(ctx, 50*time.Millisecond, func() { woken.Add(1) }, zerolog.Nop()); close(done) }()
+
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(streams) }
+	deadline := time.Now().Add(10 * time.Second)
+	if caps.ChangeStreams {
+		for count() == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // poll
+		}
+		ev := &pulsetype.Event{ID: "e1", Topic: "t", Data: []byte("1")}
+		if _, err := s.Publish(context.Background(), []*pulsetype.Event{ev}); err != nil {
+			t.Fatal(err)
+		}
+		for woken.Load() == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // poll
+		}
+		if woken.Load() == 0 {
+			t.Fatal("a publish did not wake the change stream watcher")
+		}
+	} else {
+		for count() < 2 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // poll
+		}
+		if n := count(); n < 2 {
+			t.Fatalf("the failed stream was opened %d times, want it reopened", n)
+		}
+	}
+	mu.Lock()
+	first := streams[0]
+	mu.Unlock()
+	if coll, _ := first.Lookup("aggregate").StringValueOK(); coll != "pulse.events" {
+		t.Fatalf("aggregate on %q, want pulse.events: %s", coll, first)
+	}
+	stage, err := first.Lookup("pipeline").Array().IndexErr(0)
+	if err != nil || stage.Document().Lookup("$changeStream").Type != bson.TypeEmbeddedDocument {
+		t.Fatalf("first stage is not $changeStream: %s", first)
+	}
+	cancel()
+	<-done
+}
