@@ -49,7 +49,9 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 	}
 	b := setup(t)
 	env := b.fastEnv()
-	env["PULSE_LOCK_TIMEOUT"] = "5s" // no lease may expire in a healthy run
+	// No lease may expire in a healthy run: the test database serializes every operation, so under this load
+	// a renewal can wait seconds in its queue.
+	env["PULSE_LOCK_TIMEOUT"] = "10s"
 	env["PULSE_POLL_INTERVAL"] = "200ms"
 	procs := b.startProcesses(replicas, env)
 	rcvA, rcvB := newReceiver(t, 200), newReceiver(t, 200)
@@ -128,8 +130,9 @@ func TestStampedeOnEarliestSubscriptionDeliversEachEventOnce(t *testing.T) {
 	}
 
 	env := b.fastEnv()
-	env["PULSE_POLL_INTERVAL"] = "250ms" // 12 idle replicas polling every 50ms saturate the SQLite test database
-	env["PULSE_LOCK_TIMEOUT"] = "3s"
+	env["PULSE_POLL_INTERVAL"] = "500ms" // 12 idle replicas polling every 50ms saturate the test database
+	env["PULSE_WORKERS"] = "4"
+	env["PULSE_LOCK_TIMEOUT"] = "10s"
 	procs := b.startProcesses(replicas, env)
 	defer func() {
 		if t.Failed() {

@@ -100,7 +100,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	if !caps.TTL {
-		log.Warn().Msg("the database has no TTL indexes: a sweeper deletes expired documents every minute instead")
+		log.Info().Msg("the database has no TTL indexes: a sweeper deletes expired documents every minute instead")
 	}
 	if cfg.ChangeStreams == config.ChangeStreamsRequired && !caps.ChangeStreams {
 		return errors.New("PULSE_CHANGE_STREAMS=required but the database is not a replica set or sharded cluster, so it has no change streams")
@@ -115,7 +115,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	metrics := httpapi.NewMetrics()
 	recon := reconciler.New(store, owner, cfg.LockTimeout, metrics, log)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
-		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log,
+		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log,
 	})
 	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
 

@@ -115,6 +115,8 @@ func allowed(t reflect.Type) string {
 	switch t {
 	case reflect.TypeOf(time.Duration(0)):
 		return "a Go duration such as 30s, 500ms or 1h"
+	case reflect.TypeOf(int(0)), reflect.TypeOf(int64(0)):
+		return "an integer"
 	default:
 		return "a " + t.Kind().String()
 	}
@@ -125,6 +127,9 @@ func allowed(t reflect.Type) string {
 func (c *Config) Validate() error {
 	bad := func(key string, val any, want string) error {
 		return fmt.Errorf("%s=%q is invalid: want %s", key, fmt.Sprint(val), want)
+	}
+	if strings.ContainsAny(c.Database, "/\\. \"$\x00") || len(c.Database) > 63 {
+		return bad("PULSE_DATABASE", c.Database, "a database name of at most 63 characters without / \\ . space \" $")
 	}
 	if c.CollectionPrefix == "" || strings.ContainsAny(c.CollectionPrefix, "$\x00 ") {
 		return bad("PULSE_COLLECTION_PREFIX", c.CollectionPrefix, "a non-empty name without '$', spaces or NUL")

@@ -18,6 +18,8 @@ import (
 type Store interface {
 	reconciler.FollowUpStore
 	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)
+	ClaimHead(ctx context.Context, owner, group, topic string) (*pulsetype.Attempt, error)
+	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
 	FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error
 	GetEvent(ctx context.Context, id string) (*pulsetype.Event, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
@@ -47,6 +49,7 @@ type Options struct {
 	Workers         int           // POSTs in flight at most, across consumer groups
 	PollInterval    time.Duration // longest sleep without a wake-up; also the reaper's period
 	RepairInterval  time.Duration // period of the partial-state repair scan (default: PollInterval)
+	LockTimeout     time.Duration // lease length; the reaper runs every max(PollInterval, LockTimeout/4)
 	ShutdownTimeout time.Duration // grace for in-flight POSTs in Stop
 	Observer        Observer
 	Logger          zerolog.Logger
@@ -63,11 +66,13 @@ type Dispatcher struct {
 
 	wake chan struct{}
 
-	mu       sync.Mutex
-	queued   []*pulsetype.Event
-	inflight map[string]int // by consumer group
-	total    int
-	eps      map[string]cachedEndpoint
+	mu        sync.Mutex
+	queued    []*pulsetype.Event
+	inflight  map[string]int // by consumer group
+	total     int
+	eps       map[string]cachedEndpoint
+	ordered   map[string][]string // ordered consumer groups and their topics, refreshed every poll interval
+	orderedAt time.Time
 
 	cancelLoop context.CancelFunc
 	loopDone   chan struct{}
@@ -166,6 +171,12 @@ func (d *Dispatcher) loop(ctx context.Context) {
 	}
 }
 
+// reapInterval is the reaper's period: a lease cannot be seen expired more precisely than a fraction of
+// the lock timeout, so reaping more often than a quarter of it (or the poll interval) only costs queries.
+func (d *Dispatcher) reapInterval() time.Duration {
+	return max(d.opts.PollInterval, d.opts.LockTimeout/4)
+}
+
 // turn runs one pass of the loop and reports whether recovery did work that may have more to do. The
 // recovery steps run on their own periods (reap every poll interval, repair every repair interval, sooner
 // while they find work), so a busy loop does not pay for them on every claim.
@@ -180,7 +191,7 @@ func (d *Dispatcher) turn(ctx context.Context, lastReap, lastRepair *time.Time) 
 			d.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")
 		}
 	}
-	if time.Since(*lastReap) >= d.opts.PollInterval {
+	if time.Since(*lastReap) >= d.reapInterval() {
 		reaped, err := d.recoverer.ReapOne(ctx)
 		if err != nil {
 			d.logErr(ctx, err, "reap")
@@ -200,8 +211,10 @@ func (d *Dispatcher) turn(ctx context.Context, lastReap, lastRepair *time.Time) 
 		}
 		worked = worked || n > 0
 	}
+	ordered := d.claimOrdered(ctx)
 	for ctx.Err() == nil {
 		exclude, free := d.capacity()
+		exclude = append(exclude, ordered...)
 		if free == 0 {
 			break
 		}
@@ -224,6 +237,49 @@ func (d *Dispatcher) logErr(ctx context.Context, err error, step string) {
 		return
 	}
 	d.log.Error().Err(err).Str("step", step).Msg("worker loop step failed")
+}
+
+// claimOrdered claims the head-of-line attempt of every ordered consumer group's topics that has a due,
+// unleased head, and returns the ordered groups (the unordered claim must skip them).
+func (d *Dispatcher) claimOrdered(ctx context.Context) []string {
+	d.mu.Lock()
+	stale := time.Since(d.orderedAt) >= max(d.opts.PollInterval, endpointCacheTTL)
+	ordered := d.ordered
+	d.mu.Unlock()
+	if stale {
+		eps, err := d.store.ListEndpoints(ctx)
+		if err != nil {
+			d.logErr(ctx, err, "list endpoints")
+		} else {
+			ordered = map[string][]string{}
+			for _, ep := range eps {
+				if ep.Ordered {
+					ordered[ep.ConsumerGroup] = ep.Topics
+				}
+			}
+			d.mu.Lock()
+			d.ordered, d.orderedAt = ordered, time.Now()
+			d.mu.Unlock()
+		}
+	}
+	groups := make([]string, 0, len(ordered))
+	for group, topics := range ordered {
+		groups = append(groups, group)
+		for _, topic := range topics {
+			if _, free := d.capacity(); free == 0 || ctx.Err() != nil {
+				return groups
+			}
+			a, err := d.store.ClaimHead(ctx, d.opts.Owner, group, topic)
+			if err != nil {
+				d.logErr(ctx, err, "claim head of line")
+				continue
+			}
+			if a != nil {
+				d.launch(a)
+			}
+		}
+	}
+	return groups
 }
 
 // maxClaimBatch bounds the attempts leased in one claim round trip.

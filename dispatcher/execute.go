@@ -183,6 +183,7 @@ func (d *Dispatcher) endpoint(ctx context.Context, group string) (*pulsetype.End
 func (d *Dispatcher) EndpointChanged(group string) {
 	d.mu.Lock()
 	delete(d.eps, group)
+	d.orderedAt = time.Time{}
 	d.mu.Unlock()
 	d.Wake()
 }

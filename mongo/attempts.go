@@ -3,6 +3,7 @@ package mongo
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,7 +35,7 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, 
 	}
 	cur, err := s.history.Find(ctx, filter, options.Find().
 		SetSort(bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
-		SetLimit(int64(limit)).SetProjection(bson.M{"_id": 1}))
+		SetLimit(int64(min(3*limit, 64))).SetProjection(bson.M{"_id": 1}))
 	if err != nil {
 		return nil, wrap("find claimable attempts", err)
 	}
@@ -42,24 +43,74 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, 
 	if err := cur.All(ctx, &candidates); err != nil {
 		return nil, wrap("find claimable attempts", err)
 	}
+	// Replicas read the same most-overdue candidates; trying them in a random order from a window three times
+	// the batch spreads them out instead of having every replica race for the same first attempts.
+	rand.Shuffle(len(candidates), func(i, j int) { candidates[i], candidates[j] = candidates[j], candidates[i] })
 	var out []*pulsetype.Attempt
 	for _, c := range candidates {
-		update := bson.M{"$set": bson.M{
-			"lockOwner": owner, "lockToken": uuid.Must(uuid.NewV7()).String(), "lockedAt": now,
-			"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now, "startedAt": now,
-		}}
-		var doc attemptDoc
-		err := s.history.FindOneAndUpdate(ctx, bson.M{"_id": c.ID, "status": pulsetype.StatusPending, "lockedUntil": nil}, update,
-			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
-		if errors.Is(err, mongo.ErrNoDocuments) {
-			continue // another replica leased it first
+		if len(out) == limit {
+			break
 		}
+		a, err := s.claimByID(ctx, owner, c.ID, now)
 		if err != nil {
-			return out, wrap("claim attempt", err)
+			return out, err
 		}
-		out = append(out, doc.attempt())
+		if a != nil {
+			out = append(out, a)
+		}
 	}
 	return out, nil
+}
+
+// claimByID leases one attempt if it is still pending and unleased; it returns nil when another replica
+// leased it first.
+func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) (*pulsetype.Attempt, error) {
+	update := bson.M{"$set": bson.M{
+		"lockOwner": owner, "lockToken": uuid.Must(uuid.NewV7()).String(), "lockedAt": now,
+		"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now, "startedAt": now,
+	}}
+	var doc attemptDoc
+	err := s.history.FindOneAndUpdate(ctx, bson.M{"_id": id, "status": pulsetype.StatusPending, "lockedUntil": nil}, update,
+		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, wrap("claim attempt", err)
+	}
+	return doc.attempt(), nil
+}
+
+// ClaimHead leases the attempt at the head of line of an ordered consumer group's topic: the current attempt
+// of its oldest pending delivery (by event createdAt, then event id), if that attempt is unleased and due.
+// Only the head may run, so a failing delivery blocks the ones after it until it succeeds or becomes
+// terminal; the head attempt's lease is the ordering lease (renewed by the heartbeat, fenced by its token).
+// It returns nil when the head is running, waiting for its retry, or absent.
+func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (*pulsetype.Attempt, error) {
+	var head deliveryDoc
+	err := s.deliveries.FindOne(ctx, bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending},
+		options.FindOne().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "status", Value: 1},
+			{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}})).Decode(&head)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, wrap("find head of line", err)
+	}
+	var a attemptDoc
+	err = s.history.FindOne(ctx, bson.M{"deliveryId": head.ID},
+		options.FindOne().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: -1}})).Decode(&a)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil // the reconciler creates its first attempt
+	}
+	if err != nil {
+		return nil, wrap("find head attempt", err)
+	}
+	now := s.now()
+	if a.Status != pulsetype.StatusPending || a.LockedUntil != nil || a.NextAttemptAt.After(now) {
+		return nil, nil
+	}
+	return s.claimByID(ctx, owner, a.ID, now)
 }
 
 // Renew extends the leases held under tokens to now + lock timeout and stamps heartbeatAt, with one write

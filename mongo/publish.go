@@ -179,6 +179,9 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 			if !slices.Contains(sub.Topics, e.Topic) {
 				continue
 			}
+			if sub.OffsetReset != pulsetype.OffsetEarliest && e.CreatedAt.Before(sub.CreatedAt) {
+				continue // offsetReset latest: the group registered after this event was published
+			}
 			d := &deliveryDoc{
 				ID: DeliveryID(sub.ID, e.ID), EventID: e.ID, ConsumerGroup: sub.ID, Topic: e.Topic,
 				EventCreatedAt: e.CreatedAt, Status: pulsetype.StatusPending, CreatedAt: now, UpdatedAt: now,

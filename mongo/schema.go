@@ -29,6 +29,8 @@ var indexSpecs = []indexSpec{
 	{coll: "subscriptions", name: "pulse_subscriptions_topics", keys: bson.D{{Key: "topics", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_event_unique", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, unique: true},
 	{coll: "deliveries", name: "pulse_deliveries_status_id", keys: bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}},
+	// Serves the head of line of an ordered consumer group: its oldest pending delivery of a topic.
+	{coll: "deliveries", name: "pulse_deliveries_acquisition", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "status", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}}},
 	// Serve GET /v1/deliveries newest first, with and without a consumer group.
 	{coll: "deliveries", name: "pulse_deliveries_created", keys: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_created", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
@@ -231,5 +233,6 @@ func isUniqueViolation(err error) bool {
 		return true
 	}
 	msg := err.Error()
-	return strings.Contains(msg, "UNIQUE constraint failed") || strings.Contains(msg, "duplicate key")
+	return strings.Contains(msg, "UNIQUE constraint failed") || strings.Contains(msg, "duplicate key") ||
+		strings.Contains(msg, "could not create unique index")
 }

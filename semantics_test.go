@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// Ordered consumer: POSTs for one (consumer group, topic) happen one at a time in publish order; the first
+// POST of event 1 fails, and the receiver sees 1, 1, 2, 3, 4, 5: never 2 before 1's success.
+func TestOrderedConsumerBlocksBehindAFailingHead(t *testing.T) {
+	b := setup(t)
+	env := b.fastEnv()
+	s1 := b.start(env)
+	b.start(env) // a second replica must not break the order either
+	rcv := newReceiver(t, 500, 200)
+	s1.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true, "retryDelay": "200ms"})
+	var ids []string
+	for i := 1; i <= 5; i++ {
+		ids = append(ids, s1.publish(t, "t", i))
+	}
+	for _, id := range ids {
+		if d := s1.waitDelivery(t, id, "ledger", 30*time.Second); d.Status != "success" {
+			t.Fatalf("delivery %s = %+v", id, d)
+		}
+	}
+	var order []string
+	for _, r := range rcv.received() {
+		for i, id := range ids {
+			if r.Header.Get("Idempotency-Key") == id {
+				order = append(order, string(rune('1'+i)))
+			}
+		}
+	}
+	if got := strings.Join(order, ","); got != "1,1,2,3,4,5" {
+		t.Fatalf("receiver saw events %s, want 1,1,2,3,4,5", got)
+	}
+	got := rcv.received()
+	for i := 1; i < len(got); i++ {
+		if got[i].At.Before(got[i-1].At) {
+			t.Fatal("POSTs overlapped")
+		}
+	}
+}
+
+// At-most-once: a failed POST ends the delivery (one POST), and so does a lost worker (no second POST).
+func TestAtMostOnceNeverRetries(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 500)
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if code := do(t, "PUT", s.URL+"/v1/endpoints/once", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "delivery": "at-most-once", "maxRetries": 3}, &e); code != 400 || !strings.Contains(e.Error.Message, "maxRetries") {
+		t.Fatalf("at-most-once with maxRetries 3 = %d %+v, want 400 naming maxRetries", code, e)
+	}
+	s.registerEndpoint(t, "once", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "delivery": "at-most-once"})
+	d := s.waitDelivery(t, s.publish(t, "t", 1), "once", 20*time.Second)
+	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].StartedAt == nil {
+		t.Fatalf("delivery = %+v, want error after one started attempt", d)
+	}
+
+	// A worker lost mid-POST: the expired attempt is reaped and the delivery ends without another POST.
+	past := time.Now().Add(-time.Minute).UTC()
+	id := b.tornState("once", bson.M{}, bson.M{"status": "pending", "lockOwner": "dead", "lockToken": "dead", "lockedAt": past, "lockedUntil": past, "startedAt": past})
+	d = s.waitDelivery(t, id, "once", 20*time.Second)
+	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].Error == nil || d.Attempts[0].Error.Code != "worker_lost" {
+		t.Fatalf("delivery = %+v, want error with one worker_lost attempt", d)
+	}
+	if n := len(rcv.received()); n != 1 {
+		t.Fatalf("receiver got %d POSTs, want 1 (the first delivery's)", n)
+	}
+}
+
+// offsetReset latest: a new consumer group gets only events published after it registered; earliest gets
+// every retained one. Retention: an attempt whose event is gone ends with event_expired.
+func TestOffsetResetAndExpiredEvent(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	old := s.publish(t, "t", "before")
+	rcvLatest, rcvEarliest := newReceiver(t, 200), newReceiver(t, 200)
+	s.registerEndpoint(t, "latest", map[string]any{"url": rcvLatest.URL, "topics": []string{"t"}})
+	s.registerEndpoint(t, "earliest", map[string]any{"url": rcvEarliest.URL, "topics": []string{"t"}, "offsetReset": "earliest"})
+	fresh := s.publish(t, "t", "after")
+	s.waitDelivery(t, fresh, "latest", 20*time.Second)
+	s.waitDelivery(t, fresh, "earliest", 20*time.Second)
+	s.waitDelivery(t, old, "earliest", 20*time.Second)
+	if got := postsByKey(rcvLatest); got[old] != 0 || got[fresh] != 1 {
+		t.Fatalf("latest got %v, want only the event published after registration", got)
+	}
+	if got := postsByKey(rcvEarliest); got[old] != 1 || got[fresh] != 1 {
+		t.Fatalf("earliest got %v, want both events once", got)
+	}
+
+	// The payload of a pending delivery disappears (retention): its attempt ends with event_expired.
+	id := b.tornState("latest", bson.M{}, bson.M{"status": "pending"})
+	if _, err := b.client.Database(b.dbName).Collection("pulse.events").DeleteOne(context.Background(), bson.M{"_id": id}); err != nil {
+		t.Fatal(err)
+	}
+	var d deliveryView
+	waitFor(t, 20*time.Second, "the delivery to end", func() bool {
+		var list struct{ Deliveries []deliveryView }
+		do(t, "GET", s.URL+"/v1/deliveries?consumerGroup=latest&status=error", nil, &list)
+		for _, x := range list.Deliveries {
+			if x.EventID == id {
+				do(t, "GET", s.URL+"/v1/deliveries/"+x.ID, nil, &d)
+				return true
+			}
+		}
+		return false
+	})
+	if len(d.Attempts) != 1 || d.Attempts[0].Error == nil || d.Attempts[0].Error.Code != "event_expired" {
+		t.Fatalf("delivery = %+v, want one event_expired attempt", d)
+	}
+}
