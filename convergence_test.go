@@ -53,6 +53,7 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 	// a renewal can wait seconds in its queue.
 	env["PULSE_LOCK_TIMEOUT"] = "10s"
 	env["PULSE_POLL_INTERVAL"] = "200ms"
+	env["PULSE_WORKERS"] = "8" // bounded queues at the test database keep renewals fast
 	procs := b.startProcesses(replicas, env)
 	rcvA, rcvB := newReceiver(t, 200), newReceiver(t, 200)
 	procs[0].sidecar().registerEndpoint(t, "ledger", map[string]any{"url": rcvA.URL, "topics": []string{"t"}})

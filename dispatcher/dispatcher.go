@@ -252,13 +252,16 @@ func (d *Dispatcher) claimOrdered(ctx context.Context) []string {
 			d.logErr(ctx, err, "list endpoints")
 		} else {
 			ordered = map[string][]string{}
+			now := time.Now()
+			d.mu.Lock()
 			for _, ep := range eps {
 				if ep.Ordered {
 					ordered[ep.ConsumerGroup] = ep.Topics
 				}
+				// Every group's limits are known before its attempts are claimed (maxConcurrency).
+				d.eps[ep.ConsumerGroup] = cachedEndpoint{ep: ep, fetched: now}
 			}
-			d.mu.Lock()
-			d.ordered, d.orderedAt = ordered, time.Now()
+			d.ordered, d.orderedAt = ordered, now
 			d.mu.Unlock()
 		}
 	}

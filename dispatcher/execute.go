@@ -182,7 +182,10 @@ func (d *Dispatcher) endpoint(ctx context.Context, group string) (*pulsetype.End
 // through this process.
 func (d *Dispatcher) EndpointChanged(group string) {
 	d.mu.Lock()
-	delete(d.eps, group)
+	if c, ok := d.eps[group]; ok {
+		c.fetched = time.Time{} // re-read before use; the next turn re-lists every endpoint first
+		d.eps[group] = c
+	}
 	d.orderedAt = time.Time{}
 	d.mu.Unlock()
 	d.Wake()

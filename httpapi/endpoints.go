@@ -25,6 +25,9 @@ func DecodeEndpoint(consumerGroup string, body []byte) (*pulsetype.Endpoint, err
 	if err := dec.Decode(&ep); err != nil {
 		return nil, fmt.Errorf("the body is not a valid endpoint: %s", describeJSONError(err))
 	}
+	if dec.More() {
+		return nil, fmt.Errorf("the body holds more than one JSON value")
+	}
 	if ep.ConsumerGroup != "" && ep.ConsumerGroup != consumerGroup {
 		return nil, &pulsetype.FieldError{Field: "consumerGroup", Message: fmt.Sprintf("%q differs from the path's %q", ep.ConsumerGroup, consumerGroup)}
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"regexp"
 	"time"
 	"unicode/utf8"
 
@@ -19,6 +20,9 @@ import (
 
 // MaxBatch is the most events one publish request may carry (the contract).
 const MaxBatch = 1000
+
+// eventHeaderKey is what an event header key may be: plain names, storable as document keys everywhere.
+var eventHeaderKey = regexp.MustCompile(`^[A-Za-z0-9_-]{1,256}$`)
 
 // MaxEventHeaders bounds the headers of one event.
 const MaxEventHeaders = 64
@@ -169,8 +173,8 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 		return nil, badRequest("invalid_headers", "%sheaders holds %d entries; at most %d", where, len(in.Headers), MaxEventHeaders)
 	}
 	for k := range in.Headers {
-		if k == "" || len(k) > 256 {
-			return nil, badRequest("invalid_headers", "%sheaders has an empty or over-long key", where)
+		if !eventHeaderKey.MatchString(k) {
+			return nil, badRequest("invalid_headers", "%sheaders key %q must be 1-256 characters of letters, digits, '_' or '-'", where, k)
 		}
 	}
 	return e, nil

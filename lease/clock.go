@@ -12,7 +12,13 @@ type Clock struct {
 	local  func() time.Time
 	mu     sync.RWMutex
 	offset time.Duration
+	rtt    time.Duration // round trip of the sample behind offset
+	synced bool
 }
+
+// maxTrustedRTT is the round trip under which a new offset sample always replaces the previous one (its
+// error is at most half of it).
+const maxTrustedRTT = 200 * time.Millisecond
 
 // NewClock returns a Clock over local (nil = time.Now) with a zero offset until Sync runs.
 func NewClock(local func() time.Time) *Clock {
@@ -61,7 +67,11 @@ func (c *Clock) Sync(ctx context.Context, serverTime func(context.Context) (time
 		return lastErr
 	}
 	c.mu.Lock()
-	c.offset = offset
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	// A slow round trip bounds the offset's error by half of it: keep a measurement taken in better times
+	// unless this one is tight enough, so an overloaded database cannot shift a replica's lease clock.
+	if !c.synced || best <= c.rtt || best < maxTrustedRTT {
+		c.offset, c.rtt, c.synced = offset, best, true
+	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -32,23 +33,42 @@ func DeliveryID(consumerGroup, eventID string) string {
 // events carry fanout=true until FanOut created their deliveries. CreatedAt and expiresAt are set here.
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
 	now := s.now()
-	out := make([]pulsetype.Published, len(events))
-	for i, e := range events {
+	for _, e := range events {
 		e.CreatedAt = now
-		out[i].Event = e
 	}
 	if len(events) == 1 {
 		_, err := s.events.InsertOne(ctx, s.newEventDoc(events[0], false))
 		if err == nil {
-			return out, nil
+			return []pulsetype.Published{{Event: events[0]}}, nil
 		}
 		if !mongo.IsDuplicateKeyError(err) {
 			return nil, wrap("insert event", err)
 		}
 	}
+	// A concurrent publish of the same ids can make one try fail (a duplicate key on insert, or its staged
+	// documents committed or cleaned up by the other): try again, reading what the other one stored.
+	for try := 0; ; try++ {
+		out, err := s.publishStaged(ctx, events)
+		if !errors.Is(err, errPublishRace) || try == 3 {
+			if errors.Is(err, errPublishRace) {
+				err = fmt.Errorf("publish: concurrent publishes of the same ids kept colliding")
+			}
+			return out, err
+		}
+	}
+}
+
+// errPublishRace reports that a concurrent publish of the same ids interfered; Publish tries again.
+var errPublishRace = errors.New("concurrent publish of the same ids")
+
+// publishStaged stores events all-or-nothing: the new ones are inserted staged, then every one is committed
+// with one update, then checked to be there and committed.
+func (s *Store) publishStaged(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
+	out := make([]pulsetype.Published, len(events))
 	ids := make([]string, len(events))
 	for i, e := range events {
 		ids[i] = e.ID
+		out[i].Event = e
 	}
 	existing, err := s.findEvents(ctx, ids, true)
 	if err != nil {
@@ -58,11 +78,18 @@ func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulse
 	var commit []string
 	for i, e := range events {
 		ex, ok := existing[e.ID]
+		if ok && expired(ex.ExpiresAt, s.now()) {
+			// Gone for every reader; remove it so the id can be published again.
+			if _, err := s.events.DeleteOne(ctx, bson.M{"_id": e.ID, "expiresAt": ex.ExpiresAt}); err != nil {
+				return nil, wrap("remove expired event", err)
+			}
+			return nil, errPublishRace
+		}
 		if ok && !sameContent(ex, e) {
 			return nil, pulsetype.ErrIDConflict
 		}
 		switch {
-		case ok && ex.Staged: // left by a publish that crashed before its commit: commit it now
+		case ok && ex.Staged: // staged by a concurrent publish, or one that crashed before its commit
 			commit = append(commit, e.ID)
 		case ok:
 			out[i] = pulsetype.Published{Event: ex.event(), Existing: true}
@@ -72,20 +99,31 @@ func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulse
 		}
 	}
 	if len(fresh) > 0 {
-		if _, err := s.events.InsertMany(ctx, fresh); err != nil {
-			_, _ = s.events.DeleteMany(context.WithoutCancel(ctx), bson.M{"_id": bson.M{"$in": commit}, "staged": true})
+		res, err := s.events.InsertMany(ctx, fresh)
+		if err != nil {
+			// Remove only what this call inserted: the rest may be another publish's staged events.
+			if res != nil && len(res.InsertedIDs) > 0 {
+				_, _ = s.events.DeleteMany(context.WithoutCancel(ctx), bson.M{"_id": bson.M{"$in": res.InsertedIDs}, "staged": true})
+			}
 			if mongo.IsDuplicateKeyError(err) {
-				return nil, pulsetype.ErrIDConflict // a concurrent publish of the same id won the race
+				return nil, errPublishRace
 			}
 			return nil, wrap("insert events", err)
 		}
 	}
-	if len(commit) > 0 {
-		_, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": commit}, "staged": true},
-			bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}})
-		if err != nil {
-			return nil, wrap("commit events", err)
-		}
+	if len(commit) == 0 {
+		return out, nil
+	}
+	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": commit}, "staged": true},
+		bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}}); err != nil {
+		return nil, wrap("commit events", err)
+	}
+	n, err := s.events.CountDocuments(ctx, bson.M{"_id": bson.M{"$in": commit}, "staged": bson.M{"$ne": true}})
+	if err != nil {
+		return nil, wrap("check committed events", err)
+	}
+	if int(n) != len(commit) {
+		return nil, errPublishRace // a concurrent publish removed staged documents before they were committed
 	}
 	return out, nil
 }

@@ -1,10 +1,12 @@
 package pulsetype
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -37,6 +39,8 @@ const MaxTopicsPerEndpoint = 100
 var (
 	topicPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
 	groupPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
+	// headerNamePattern is an RFC 9110 token.
+	headerNamePattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 )
 
 // ValidTopic reports whether s matches ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$ (the contract's topic rule).
@@ -110,7 +114,12 @@ func (e *Endpoint) Normalize() error {
 	if e.URL == "" {
 		return &FieldError{"url", "is required"}
 	}
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || u.User != nil {
+	badPort := false
+	if err == nil && u.Port() != "" {
+		p, perr := strconv.Atoi(u.Port())
+		badPort = perr != nil || p < 1 || p > 65535
+	}
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || u.User != nil || badPort {
 		return &FieldError{"url", fmt.Sprintf("must be an absolute http or https URL with a host and no credentials, got %q", e.URL)}
 	}
 	if len(e.Topics) == 0 {
@@ -180,16 +189,21 @@ func (e *Endpoint) Normalize() error {
 	if *e.MaxConcurrency < 1 || *e.MaxConcurrency > 1000 {
 		return &FieldError{"maxConcurrency", "must be between 1 and 1000"}
 	}
-	for k := range e.Headers {
-		if k == "" || strings.ContainsAny(k, " :\r\n") {
-			return &FieldError{"headers", fmt.Sprintf("%q is not a valid header name", k)}
+	for k, v := range e.Headers {
+		if !headerNamePattern.MatchString(k) {
+			return &FieldError{"headers", fmt.Sprintf("%q is not a valid header name (RFC 9110 token)", k)}
 		}
-		if strings.ContainsAny(e.Headers[k], "\r\n") {
-			return &FieldError{"headers", fmt.Sprintf("value of %q contains a line break", k)}
+		for _, r := range v {
+			if (r < 0x20 && r != '\t') || r == 0x7f {
+				return &FieldError{"headers", fmt.Sprintf("value of %q contains a control character", k)}
+			}
 		}
 	}
-	if e.Secret != "" && !strings.HasPrefix(e.Secret, "whsec_") {
-		return &FieldError{"secret", "must start with whsec_ (Standard Webhooks)"}
+	if e.Secret != "" {
+		key, ok := strings.CutPrefix(e.Secret, "whsec_")
+		if raw, err := base64.StdEncoding.DecodeString(key); !ok || err != nil || len(raw) < 16 {
+			return &FieldError{"secret", "must be whsec_ followed by the base64 of at least 16 random bytes (Standard Webhooks)"}
+		}
 	}
 	return nil
 }
@@ -207,7 +221,7 @@ func fillDuration(p **Duration, def time.Duration, field string, min, max time.D
 
 // Redacted returns a copy whose secret shows only its prefix and last 4 characters ("whsec_…abcd").
 func (e Endpoint) Redacted() Endpoint {
-	if len(e.Secret) > 10 {
+	if len(e.Secret) >= 30 {
 		e.Secret = "whsec_…" + e.Secret[len(e.Secret)-4:]
 	} else if e.Secret != "" {
 		e.Secret = "whsec_…"

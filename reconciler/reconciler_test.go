@@ -141,6 +141,11 @@ func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 		}},
 		{"fan-out interrupted before its mark was cleared", func(t *testing.T, b *bundle) {
 			b.insert(t, "events", bson.M{"_id": "e1", "topic": "t", "data": "1", "createdAt": old, "fanout": true})
+			// The group registered before the event was published (offsetReset latest delivers it).
+			if _, err := b.db.Collection("pulse.subscriptions").UpdateOne(context.Background(), bson.M{"_id": "g"},
+				bson.M{"$set": bson.M{"createdAt": old.Add(-time.Hour)}}); err != nil {
+				t.Fatal(err)
+			}
 		}, reconciler.KindInterruptedFanOut, func(t *testing.T, b *bundle) {
 			if n := b.count(t, "deliveries", bson.M{"eventId": "e1"}); n != 1 {
 				t.Fatalf("%d deliveries, want 1", n)

@@ -1,0 +1,115 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Clock.Sync measures the database's offset from the local clock, and keeps a tight measurement over a
+// later one taken through a slow round trip.
+func TestClockFollowsTheDatabase(t *testing.T) {
+	t.Parallel()
+	local := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return local }
+	advance := func(d time.Duration) { mu.Lock(); local = local.Add(d); mu.Unlock() }
+	c := NewClock(now)
+	// The server runs 5 minutes ahead; each round trip takes 10ms.
+	server := func(context.Context) (time.Time, error) {
+		advance(5 * time.Millisecond)
+		st := now().Add(5 * time.Minute)
+		advance(5 * time.Millisecond)
+		return st, nil
+	}
+	if err := c.Sync(context.Background(), server); err != nil {
+		t.Fatal(err)
+	}
+	if off := c.Offset(); off != 5*time.Minute {
+		t.Fatalf("offset = %s, want 5m", off)
+	}
+	if got := c.Now().Sub(now()); got != 5*time.Minute {
+		t.Fatalf("Now is %s ahead of the local clock, want 5m", got)
+	}
+	// A measurement through a 3 s round trip (overloaded database) does not replace the tight one.
+	slow := func(context.Context) (time.Time, error) {
+		advance(1500 * time.Millisecond)
+		st := now().Add(5*time.Minute + time.Second)
+		advance(1500 * time.Millisecond)
+		return st, nil
+	}
+	if err := c.Sync(context.Background(), slow); err != nil {
+		t.Fatal(err)
+	}
+	if off := c.Offset(); off != 5*time.Minute {
+		t.Fatalf("offset = %s after a slow sample, want the tight 5m kept", off)
+	}
+	if err := c.Sync(context.Background(), func(context.Context) (time.Time, error) { return time.Time{}, errors.New("down") }); err == nil {
+		t.Fatal("Sync with every sample failing returned nil")
+	}
+}
+
+// The keeper renews held leases every third of the lock timeout and cancels the work of a lost one.
+func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	renewed := map[string]int{}
+	lost := map[string]bool{}
+	renew := func(_ context.Context, tokens []string) ([]string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for _, tok := range tokens {
+			renewed[tok]++
+			if lost[tok] {
+				out = append(out, tok)
+			}
+		}
+		return out, nil
+	}
+	k := NewKeeper(renew, 60*time.Millisecond, nil, zerolog.Nop())
+	if k.Interval() != 20*time.Millisecond {
+		t.Fatalf("interval = %s, want a third of the lock timeout", k.Interval())
+	}
+	_ = k.Start(context.Background())
+	defer k.Stop()
+	keptCtx, keptCancel := context.WithCancelCause(context.Background())
+	defer keptCancel(nil)
+	lostCtx, lostCancel := context.WithCancelCause(context.Background())
+	defer lostCancel(nil)
+	k.Hold("kept", keptCancel)
+	k.Hold("stolen", lostCancel)
+	mu.Lock()
+	lost["stolen"] = true
+	mu.Unlock()
+	select {
+	case <-lostCtx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lost lease's work was not cancelled")
+	}
+	if !errors.Is(context.Cause(lostCtx), ErrLost) {
+		t.Fatalf("cause = %v, want ErrLost", context.Cause(lostCtx))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := renewed["kept"]
+		mu.Unlock()
+		if n >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kept lease renewed %d times", n)
+		}
+		time.Sleep(5 * time.Millisecond) // poll
+	}
+	if keptCtx.Err() != nil {
+		t.Fatal("a renewed lease's work was cancelled")
+	}
+	k.Stop()
+	k.Stop() // safe twice
+}
