@@ -1,0 +1,139 @@
+package mongo
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	drvevent "go.mongodb.org/mongo-driver/v2/event"
+	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// EnsureSchema asks for TTL indexes with expireAfterSeconds 0 on expiresAt (checked in the commands sent);
+// where the server refuses them (FerretDB: 238), it creates plain indexes and reports TTL=false for the
+// sweeper. On a real MongoDB (PULSE_TEST_MONGODB_URI) the TTL indexes exist afterwards.
+func TestTTLIndexesAreRequested(t *testing.T) {
+	t.Parallel()
+	_, dbName := testdb.Database(t)
+	var mu sync.Mutex
+	var ttl []string
+	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
+		if e.CommandName != "createIndexes" {
+			return
+		}
+		idx, _ := e.Command.Lookup("indexes").Array().Values()
+		for _, v := range idx {
+			d := v.Document()
+			if exp, ok := d.Lookup("expireAfterSeconds").AsInt64OK(); ok && exp == 0 {
+				mu.Lock()
+				ttl = append(ttl, d.Lookup("name").StringValue())
+				mu.Unlock()
+			}
+		}
+	}}
+	client, err := mongodrv.Connect(options.Client().ApplyURI(testdb.URI(t)).SetMonitor(monitor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	caps, err := s.EnsureSchema(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]bool{"pulse_events_expires_at_ttl": true, "pulse_deliveries_expires_at_ttl": true, "pulse_history_expires_at_ttl": true}
+	for _, name := range ttl {
+		delete(want, name)
+	}
+	if !caps.TTL {
+		// The server refused the first TTL index (FerretDB answers 238): the others are created plain at once.
+		delete(want, "pulse_deliveries_expires_at_ttl")
+		delete(want, "pulse_history_expires_at_ttl")
+	}
+	if len(want) != 0 || len(ttl) == 0 {
+		t.Fatalf("no createIndexes with expireAfterSeconds 0 for %v (sent for %v)", want, ttl)
+	}
+	if caps.TTL {
+		found, err := listIndexes(context.Background(), s.history)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ix := found["pulse_history_expires_at_ttl"]; ix.ExpireAfterSeconds == nil || *ix.ExpireAfterSeconds != 0 {
+			t.Fatalf("TTL index = %+v", ix)
+		}
+	}
+}
+
+// expiresAt is written only when a document becomes terminal (events at publication): pending deliveries
+// and attempts carry none, terminal ones carry endedAt + history retention, and retention 0 writes none.
+func TestExpiresAtOnlyOnTerminalDocuments(t *testing.T) {
+	t.Parallel()
+	client, dbName := testdb.Database(t)
+	for _, retention := range []time.Duration{time.Hour, 0} {
+		prefix := "keep"
+		if retention > 0 {
+			prefix = "ret"
+		}
+		s := New(client, Options{Database: dbName, CollectionPrefix: prefix, LockTimeout: time.Second, EventRetention: retention, HistoryRetention: retention})
+		ctx := context.Background()
+		if _, err := s.EnsureSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ep := &pulsetype.Endpoint{ConsumerGroup: "g", URL: "http://127.0.0.1:1/", Topics: []string{"t"}}
+		if err := ep.Normalize(); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.PutEndpoint(ctx, ep); err != nil {
+			t.Fatal(err)
+		}
+		ev := &pulsetype.Event{ID: "e1", Topic: "t", Data: []byte("1")}
+		if _, err := s.Publish(ctx, []*pulsetype.Event{ev}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.FanOut(ctx, []*pulsetype.Event{ev}); err != nil {
+			t.Fatal(err)
+		}
+		expiresAt := func(coll *mongodrv.Collection) *time.Time {
+			var d struct {
+				ExpiresAt *time.Time `bson:"expiresAt"`
+			}
+			if err := coll.FindOne(ctx, bson.M{}).Decode(&d); err != nil {
+				t.Fatal(err)
+			}
+			return d.ExpiresAt
+		}
+		if got := expiresAt(s.events); (got != nil) != (retention > 0) {
+			t.Fatalf("retention %s: event expiresAt = %v", retention, got)
+		}
+		if expiresAt(s.deliveries) != nil || expiresAt(s.history) != nil {
+			t.Fatalf("retention %s: a pending delivery or attempt carries expiresAt", retention)
+		}
+		a, err := s.Claim(ctx, "me", nil)
+		if err != nil || a == nil {
+			t.Fatalf("claim: %v %v", a, err)
+		}
+		if err := s.FinishAttempt(ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.EndDelivery(ctx, a.DeliveryID, pulsetype.StatusSuccess, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, coll := range []*mongodrv.Collection{s.deliveries, s.history} {
+			got := expiresAt(coll)
+			if retention == 0 && got != nil {
+				t.Fatalf("retention 0: %s carries expiresAt %v", coll.Name(), got)
+			}
+			if retention > 0 && (got == nil || got.Sub(time.Now()) < retention-time.Minute) {
+				t.Fatalf("retention %s: %s expiresAt = %v", retention, coll.Name(), got)
+			}
+		}
+	}
+}
