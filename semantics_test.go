@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,5 +116,71 @@ func TestOffsetResetAndExpiredEvent(t *testing.T) {
 	})
 	if len(d.Attempts) != 1 || d.Attempts[0].Error == nil || d.Attempts[0].Error.Code != "event_expired" {
 		t.Fatalf("delivery = %+v, want one event_expired attempt", d)
+	}
+}
+
+// Changing an endpoint's retry policy applies to attempts scheduled after the change; when retries are used
+// up the delivery is terminal with the last error.
+func TestPolicyChangeAppliesToLaterAttempts(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 503)
+	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 10, "retryDelay": "1s"})
+	id := s.publish(t, "t", 1)
+	waitFor(t, 20*time.Second, "the first POST", func() bool { return len(rcv.received()) >= 1 })
+	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 1, "retryDelay": "1s"})
+	d := s.waitDelivery(t, id, "g", 30*time.Second)
+	if d.Status != "error" || len(d.Attempts) != 2 {
+		t.Fatalf("delivery = %+v, want error after 2 attempts (maxRetries lowered to 1)", d)
+	}
+	if e := d.Attempts[1].Error; e == nil || !strings.Contains(e.Message, "503") {
+		t.Fatalf("last attempt error = %+v", e)
+	}
+}
+
+// One slow endpoint never starves another: with 4 workers in the process and the slow group limited to 2
+// POSTs at once, the fast group's deliveries keep arriving while the slow ones hang.
+func TestSlowEndpointDoesNotStarveAnother(t *testing.T) {
+	b := setup(t)
+	env := b.fastEnv()
+	env["PULSE_WORKERS"] = "4"
+	s := b.start(env)
+	release := make(chan struct{})
+	slow := newReceiver(t, 200)
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	slow.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inFlight++
+		most = max(most, inFlight)
+		mu.Unlock()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	})
+	defer close(release)
+	fast := newReceiver(t, 200)
+	s.registerEndpoint(t, "slow", map[string]any{"url": slow.URL, "topics": []string{"s"}, "maxConcurrency": 2, "timeout": "20s"})
+	s.registerEndpoint(t, "fast", map[string]any{"url": fast.URL, "topics": []string{"f"}})
+	for range 8 {
+		s.publish(t, "s", "slow")
+	}
+	var ids []string
+	for range 10 {
+		ids = append(ids, s.publish(t, "f", "fast"))
+	}
+	for _, id := range ids {
+		if d := s.waitDelivery(t, id, "fast", 20*time.Second); d.Status != "success" {
+			t.Fatalf("fast delivery = %+v", d)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most > 2 {
+		t.Fatalf("slow endpoint had %d POSTs in flight, its maxConcurrency is 2", most)
 	}
 }
