@@ -255,6 +255,9 @@ func TestRejectedPublishStoresNothing(t *testing.T) {
 		{"bad event in array", `[{"topic":"t","data":1},{"topic":"","data":2}]`, "invalid_topic", 400},
 		{"unknown field", `{"topic":"t","data":1,"dta":2}`, "invalid_event", 400},
 		{"invalid UTF-8", "{\"topic\":\"t\",\"data\":\"\xff\"}", "invalid_json", 400},
+		{"100k nested arrays", `{"topic":"t","data":` + strings.Repeat("[", 100000) + `}`, "invalid_json", 400},
+		{"header that is not a string", `{"topic":"t","data":1,"headers":{"a":1}}`, "invalid_event", 400},
+		{"header key with a dollar", `{"topic":"t","data":1,"headers":{"$set":"x"}}`, "invalid_headers", 400},
 	} {
 		var e struct {
 			Error struct{ Code, Message string }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -182,5 +184,30 @@ func TestSlowEndpointDoesNotStarveAnother(t *testing.T) {
 	defer mu.Unlock()
 	if most > 2 {
 		t.Fatalf("slow endpoint had %d POSTs in flight, its maxConcurrency is 2", most)
+	}
+}
+
+// PULSE_CHANGE_STREAMS=required refuses to start on a server without change streams, saying so.
+func TestChangeStreamsRequiredRefusesStandalone(t *testing.T) {
+	b := setup(t)
+	if os.Getenv("PULSE_TEST_MONGODB_URI") != "" {
+		t.Skip("the test server may be a replica set")
+	}
+	env := b.fastEnv()
+	env["PULSE_CHANGE_STREAMS"] = "required"
+	err := run(t.Context(), nil, func(k string) string { return env[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "PULSE_CHANGE_STREAMS=required") || !strings.Contains(err.Error(), "change streams") {
+		t.Fatalf("start = %v, want a refusal naming PULSE_CHANGE_STREAMS", err)
+	}
+}
+
+// A webhook URL that resolves to a cloud metadata address is refused at dial time, and the attempt says so.
+func TestBlockedDestinationIsRecorded(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	s.registerEndpoint(t, "g", map[string]any{"url": "http://169.254.169.254/latest/meta-data", "topics": []string{"t"}})
+	d := s.waitDelivery(t, s.publish(t, "t", 1), "g", 20*time.Second)
+	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].Error == nil || !strings.Contains(d.Attempts[0].Error.Message, "blocked") {
+		t.Fatalf("delivery = %+v, want one attempt refused as blocked", d)
 	}
 }

@@ -1,0 +1,52 @@
+package mongo
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/internal/testdb"
+)
+
+// Every hot query and list is served by an index: explain's winning plan uses an IXSCAN on a real MongoDB
+// (PULSE_TEST_MONGODB_URI). FerretDB answers explain without index plans, so there only the command is run.
+func TestHotQueriesUseIndexes(t *testing.T) {
+	t.Parallel()
+	client, dbName := testdb.Database(t)
+	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	if _, err := s.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, q := range []struct {
+		name string
+		coll string
+		find bson.D
+	}{
+		{"claim", "pulse.history", bson.D{{Key: "filter", Value: bson.M{"status": "pending", "lockedUntil": nil, "nextAttemptAt": bson.M{"$lte": now}}},
+			{Key: "sort", Value: bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}}}},
+		{"reap", "pulse.history", bson.D{{Key: "filter", Value: bson.M{"status": "pending", "lockedUntil": bson.M{"$lt": now}}}}},
+		{"renew", "pulse.history", bson.D{{Key: "filter", Value: bson.M{"lockToken": bson.M{"$in": bson.A{"a", "b"}}}}}},
+		{"attempts of deliveries", "pulse.history", bson.D{{Key: "filter", Value: bson.M{"deliveryId": bson.M{"$in": bson.A{"a"}}}}}},
+		{"repair scan", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"status": "pending", "_id": bson.M{"$gt": ""}}}, {Key: "sort", Value: bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}}}},
+		{"list", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{}}, {Key: "sort", Value: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}}}},
+		{"list by group", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g"}}, {Key: "sort", Value: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}}}},
+		{"head of line", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "topic": "t", "status": "pending"}}, {Key: "sort", Value: bson.D{{Key: "eventCreatedAt", Value: 1}}}}},
+		{"fan-out repair", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"fanout": true, "createdAt": bson.M{"$lt": now}}}}},
+		{"backfill", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"topic": bson.M{"$in": bson.A{"t"}}, "_id": bson.M{"$gt": ""}}}}},
+	} {
+		cmd := append(bson.D{{Key: "find", Value: q.coll}}, q.find...)
+		var out bson.Raw
+		err := client.Database(dbName).RunCommand(context.Background(), bson.D{{Key: "explain", Value: cmd}, {Key: "verbosity", Value: "queryPlanner"}}).Decode(&out)
+		if err != nil {
+			t.Fatalf("%s: explain: %v", q.name, err)
+		}
+		if os.Getenv("PULSE_TEST_MONGODB_URI") != "" && !strings.Contains(out.Lookup("queryPlanner", "winningPlan").String(), "IXSCAN") {
+			t.Errorf("%s is not served by an index: %s", q.name, out.Lookup("queryPlanner", "winningPlan"))
+		}
+	}
+}
