@@ -1,7 +1,8 @@
 // Command pulse is the Pulse sidecar: it takes events from an application over HTTP, stores them durably in
 // MongoDB and delivers each one to the webhook of every consumer group subscribed to its topic.
 //
-// Subcommands: serve (the default), devdb (the embedded development database on its own) and healthcheck.
+// Subcommands: serve (the default), devdb (the embedded development database on its own), bench (delivery
+// throughput, latency and database commands per delivery), healthcheck and version.
 package main
 
 import (
@@ -41,12 +42,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return serve(ctx, args, getenv, stdout)
 	case "devdb":
 		return runDevDB(ctx, args, stdout)
+	case "bench":
+		return runBench(ctx, args, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, args)
 	case "version":
 		_, err := fmt.Fprintln(stdout, version)
 		return err
 	default:
-		return fmt.Errorf("unknown command %q (want serve, devdb, healthcheck or version)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, devdb, bench, healthcheck or version)", cmd)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
 	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
@@ -43,6 +44,16 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if len(args) > 0 {
 		return fmt.Errorf("serve takes no arguments (configuration comes from PULSE_* variables), got %q", args)
 	}
+	return serveWith(ctx, getenv, stdout, serveHooks{})
+}
+
+// serveHooks let `pulse bench` observe a sidecar it runs in-process; the zero value changes nothing.
+type serveHooks struct {
+	monitor *event.CommandMonitor // counts the sidecar's database commands
+	ready   func(addr string)     // called once the API listens
+}
+
+func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer, hooks serveHooks) error {
 	cfg, err := config.Load(getenv)
 	if err != nil {
 		return err
@@ -69,7 +80,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if dbName == "" {
 		dbName = config.DefaultDatabase
 	}
-	client, err := mongodrv.Connect(options.Client().ApplyURI(uri).SetAppName("pulse-sidecar"))
+	clientOpts := options.Client().ApplyURI(uri).SetAppName("pulse-sidecar")
+	if hooks.monitor != nil {
+		clientOpts.SetMonitor(hooks.monitor)
+	}
+	client, err := mongodrv.Connect(clientOpts)
 	if err != nil {
 		return fmt.Errorf("PULSE_MONGODB_URI is invalid: %w", err)
 	}
@@ -154,6 +169,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info().Str("addr", ln.Addr().String()).Str("database", dbName).Str("owner", owner).
 		Bool("change_streams", caps.ChangeStreams).Str("version", version).Msg("listening")
+	if hooks.ready != nil {
+		hooks.ready(ln.Addr().String())
+	}
 
 	select {
 	case err := <-serveErr:

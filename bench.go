@@ -1,0 +1,338 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// benchResult holds the figures `pulse bench` prints.
+type benchResult struct {
+	Deliveries, Duplicates int
+	Seconds                float64
+	PerSecond              float64
+	P50ms, P99ms           float64
+	CommandsPerDelivery    float64
+	RawOpsPerSecond        float64
+	Efficiency             float64
+	CPUusPerDelivery       float64
+	PeakRSSMiB             float64
+}
+
+// runBench is `pulse bench`: it starts the embedded development database as a child process (so its CPU and
+// memory are not the sidecar's), runs a sidecar in-process with a driver command monitor, registers --groups
+// consumer groups on a local receiver, publishes --events events with --publishers concurrent clients, waits
+// for every delivery, then measures raw single-document updates by _id on the same database at the same
+// concurrency. It prints a table and one machine-readable line starting with "bench:".
+func runBench(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	events := fs.Int("events", 1000, "events to publish")
+	groups := fs.Int("groups", 2, "consumer groups subscribed to the topic")
+	publishers := fs.Int("publishers", 8, "concurrent publishing clients (and raw-update clients)")
+	uri := fs.String("mongodb-uri", "", "database to use instead of a fresh embedded development database")
+	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *events < 1 || *groups < 1 || *publishers < 1 {
+		return errors.New("bench: --events, --groups and --publishers must be at least 1")
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	if *uri == "" {
+		dbURI, stop, err := startDevDBProcess(ctx)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		*uri = dbURI
+	}
+	dbName := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+
+	rcv := newBenchReceiver()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	rsrv := &http.Server{Handler: rcv}
+	go func() { _ = rsrv.Serve(ln) }()
+	defer rsrv.Close()
+
+	var commands atomic.Int64
+	monitor := &event.CommandMonitor{Started: func(context.Context, *event.CommandStartedEvent) { commands.Add(1) }}
+	addr := make(chan string, 1)
+	sidecarCtx, stopSidecar := context.WithCancel(ctx)
+	defer stopSidecar()
+	done := make(chan error, 1)
+	env := map[string]string{"PULSE_MONGODB_URI": *uri, "PULSE_DATABASE": dbName, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_LOG_LEVEL": "error"}
+	go func() {
+		done <- serveWith(sidecarCtx, func(k string) string { return env[k] }, io.Discard, serveHooks{monitor: monitor, ready: func(a string) { addr <- a }})
+	}()
+	var api string
+	select {
+	case a := <-addr:
+		api = "http://" + a
+	case err := <-done:
+		return fmt.Errorf("bench: sidecar did not start: %w", err)
+	}
+	var stopOnce sync.Once
+	shutdown := func() { stopOnce.Do(func() { stopSidecar(); <-done }) }
+	defer shutdown()
+	for g := range *groups {
+		body := fmt.Sprintf(`{"url":"http://%s/g%d","topics":["bench"],"maxConcurrency":64}`, ln.Addr(), g)
+		if err := benchRequest(ctx, "PUT", fmt.Sprintf("%s/v1/endpoints/bench-%d", api, g), body, http.StatusCreated); err != nil {
+			return err
+		}
+	}
+
+	want := *events * *groups
+	cpu0, start, cmd0 := cpuTime(), time.Now(), commands.Load()
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var pubErr atomic.Value
+	for range *publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				id := fmt.Sprintf("bench-%d", i)
+				rcv.published(id)
+				if err := benchRequest(ctx, "POST", api+"/v1/events", fmt.Sprintf(`{"id":%q,"topic":"bench","data":{"i":%d}}`, id, i), http.StatusAccepted); err != nil {
+					pubErr.Store(err)
+				}
+			}
+		}()
+	}
+	for i := range *events {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if err, _ := pubErr.Load().(error); err != nil {
+		return err
+	}
+	if err := rcv.wait(ctx, want); err != nil {
+		return fmt.Errorf("bench: %w (%d of %d deliveries arrived)", err, rcv.distinct(), want)
+	}
+	elapsed := time.Since(start)
+	cmds := commands.Load() - cmd0
+	cpu := cpuTime() - cpu0
+	shutdown()
+
+	raw, err := rawUpdatesPerSecond(ctx, *uri, dbName, *publishers, 3*time.Second)
+	if err != nil {
+		return err
+	}
+	lat := rcv.latencies()
+	r := benchResult{
+		Deliveries: rcv.distinct(), Duplicates: rcv.total() - rcv.distinct(), Seconds: elapsed.Seconds(),
+		P50ms: percentile(lat, 0.50), P99ms: percentile(lat, 0.99),
+		CommandsPerDelivery: float64(cmds) / float64(want), RawOpsPerSecond: raw,
+		CPUusPerDelivery: float64(cpu.Microseconds()) / float64(want), PeakRSSMiB: peakRSSMiB(),
+	}
+	r.PerSecond = float64(r.Deliveries) / r.Seconds
+	r.Efficiency = r.PerSecond * r.CommandsPerDelivery / r.RawOpsPerSecond
+	printBench(stdout, r, *events, *groups)
+	return nil
+}
+
+func printBench(w io.Writer, r benchResult, events, groups int) {
+	fmt.Fprintf(w, "events %d × consumer groups %d\n", events, groups)
+	for _, row := range []struct {
+		k string
+		v string
+	}{
+		{"deliveries", fmt.Sprint(r.Deliveries)}, {"duplicates", fmt.Sprint(r.Duplicates)},
+		{"seconds", fmt.Sprintf("%.2f", r.Seconds)}, {"deliveries/s", fmt.Sprintf("%.1f", r.PerSecond)},
+		{"latency p50 (publish → POST)", fmt.Sprintf("%.1f ms", r.P50ms)}, {"latency p99", fmt.Sprintf("%.1f ms", r.P99ms)},
+		{"db commands per delivery", fmt.Sprintf("%.2f", r.CommandsPerDelivery)},
+		{"raw db updates by _id/s", fmt.Sprintf("%.1f", r.RawOpsPerSecond)}, {"efficiency", fmt.Sprintf("%.2f", r.Efficiency)},
+		{"sidecar CPU per delivery", fmt.Sprintf("%.0f µs", r.CPUusPerDelivery)}, {"peak RSS", fmt.Sprintf("%.1f MiB", r.PeakRSSMiB)},
+	} {
+		fmt.Fprintf(w, "  %-30s %s\n", row.k, row.v)
+	}
+	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f\n",
+		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.PeakRSSMiB)
+}
+
+// startDevDBProcess runs `<this binary> devdb` on a temporary directory and returns its URI.
+func startDevDBProcess(ctx context.Context) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "pulse-bench-")
+	if err != nil {
+		return "", nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(self, "devdb", "--listen", "127.0.0.1:0", "--data-dir", dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = os.RemoveAll(dir) }
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if uri, ok := strings.CutPrefix(sc.Text(), "devdb: "); ok {
+			go func() { _, _ = io.Copy(io.Discard, out) }()
+			return uri, stop, nil
+		}
+	}
+	stop()
+	return "", nil, errors.New("bench: the development database did not start")
+}
+
+func benchRequest(ctx context.Context, method, url, body string, want int) error {
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		return fmt.Errorf("bench: %s %s answered %d: %s", method, url, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	return nil
+}
+
+// benchReceiver counts POSTs per (path, Idempotency-Key) and the latency from publish to first POST.
+type benchReceiver struct {
+	mu     sync.Mutex
+	sentAt map[string]time.Time
+	seen   map[string]bool
+	lat    []time.Duration
+	n      int
+	notify chan struct{}
+}
+
+func newBenchReceiver() *benchReceiver {
+	return &benchReceiver{sentAt: map[string]time.Time{}, seen: map[string]bool{}, notify: make(chan struct{}, 1)}
+}
+
+func (b *benchReceiver) published(id string) {
+	b.mu.Lock()
+	b.sentAt[id] = time.Now()
+	b.mu.Unlock()
+}
+
+func (b *benchReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	key := r.URL.Path + " " + r.Header.Get("Idempotency-Key")
+	b.mu.Lock()
+	b.n++
+	if !b.seen[key] {
+		b.seen[key] = true
+		if t, ok := b.sentAt[r.Header.Get("Idempotency-Key")]; ok {
+			b.lat = append(b.lat, time.Since(t))
+		}
+	}
+	b.mu.Unlock()
+	select {
+	case b.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (b *benchReceiver) distinct() int { b.mu.Lock(); defer b.mu.Unlock(); return len(b.seen) }
+func (b *benchReceiver) total() int    { b.mu.Lock(); defer b.mu.Unlock(); return b.n }
+
+func (b *benchReceiver) latencies() []time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.lat)
+}
+
+func (b *benchReceiver) wait(ctx context.Context, want int) error {
+	for b.distinct() < want {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-b.notify:
+		case <-time.After(time.Second):
+		}
+	}
+	return nil
+}
+
+func percentile(d []time.Duration, p float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return float64(d[min(len(d)-1, int(p*float64(len(d))))].Microseconds()) / 1000
+}
+
+// rawUpdatesPerSecond measures single-document updates by _id on the same database at the given
+// concurrency: the database's ceiling that efficiency is measured against.
+func rawUpdatesPerSecond(ctx context.Context, uri, dbName string, clients int, d time.Duration) (float64, error) {
+	client, err := mongodrv.Connect(options.Client().ApplyURI(uri))
+	if err != nil {
+		return 0, err
+	}
+	defer client.Disconnect(context.WithoutCancel(ctx))
+	coll := client.Database(dbName).Collection("bench.raw")
+	docs := make([]any, 1000)
+	for i := range docs {
+		docs[i] = bson.M{"_id": fmt.Sprint(i), "n": 0}
+	}
+	if _, err := coll.InsertMany(ctx, docs); err != nil {
+		return 0, err
+	}
+	var ops atomic.Int64
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := c; time.Now().Before(deadline); i += clients {
+				if _, err := coll.UpdateOne(ctx, bson.M{"_id": fmt.Sprint(i % 1000)}, bson.M{"$inc": bson.M{"n": 1}}); err == nil {
+					ops.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(ops.Load()) / d.Seconds(), nil
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func peakRSSMiB() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return float64(ru.Maxrss) / 1024 // Linux reports KiB
+}
