@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"os"
 	"time"
 
@@ -26,7 +27,7 @@ type endpointPutter interface {
 func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, changed func(string)) ([32]byte, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return [32]byte{}, err
+		return [32]byte{}, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: %w", path, err)
 	}
 	eps, err := config.LoadEndpointsFile(path)
 	if err != nil {

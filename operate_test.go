@@ -194,7 +194,7 @@ func TestEndpointsFile(t *testing.T) {
 	}
 	env["PULSE_ENDPOINTS_FILE"] = bad
 	err := run(t.Context(), nil, func(k string) string { return env[k] }, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "entry 1") || !strings.Contains(err.Error(), "broken") || !strings.Contains(err.Error(), "url") {
+	if err == nil || !strings.Contains(err.Error(), "entry 2") || !strings.Contains(err.Error(), "broken") || !strings.Contains(err.Error(), "url") {
 		t.Fatalf("start with an invalid entry = %v", err)
 	}
 }

@@ -19,12 +19,21 @@ func TestOrderedConsumerBlocksBehindAFailingHead(t *testing.T) {
 	b := setup(t)
 	env := b.fastEnv()
 	s1 := b.start(env)
-	b.start(env) // a second replica must not break the order either
+	slow := map[string]string{}
+	for k, v := range env {
+		slow[k] = v
+	}
+	slow["PULSE_POLL_INTERVAL"] = "1m" // this replica does not re-list endpoints before the publishes below
+	s2 := b.start(slow)                // a second replica must not break the order either, even right after registration
 	rcv := newReceiver(t, 500, 200)
 	s1.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true, "retryDelay": "200ms"})
 	var ids []string
 	for i := 1; i <= 5; i++ {
-		ids = append(ids, s1.publish(t, "t", i))
+		via := s1
+		if i%2 == 0 {
+			via = s2
+		}
+		ids = append(ids, via.publish(t, "t", i))
 	}
 	for _, id := range ids {
 		if d := s1.waitDelivery(t, id, "ledger", 30*time.Second); d.Status != "success" {

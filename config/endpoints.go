@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 
@@ -13,7 +14,7 @@ import (
 
 // LoadEndpointsFile reads PULSE_ENDPOINTS_FILE: a YAML or JSON list of endpoints, each the body of
 // PUT /v1/endpoints/{consumerGroup} plus its "consumerGroup". It returns the endpoints normalized (defaults
-// filled), and an error naming the file and the first invalid entry (index, consumer group and field) when
+// filled), and an error naming the file and the first invalid entry (1-based index, consumer group and field) when
 // any is invalid; then nothing should be applied. Unknown fields and duplicate consumer groups are errors.
 func LoadEndpointsFile(path string) ([]*pulsetype.Endpoint, error) {
 	raw, err := os.ReadFile(path)
@@ -38,13 +39,13 @@ func LoadEndpointsFile(path string) ([]*pulsetype.Endpoint, error) {
 		dec := json.NewDecoder(bytes.NewReader(e))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&ep); err != nil {
-			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entry %d: %w", path, i, err)
+			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entry %d: %s", path, i+1, strings.TrimPrefix(err.Error(), "json: "))
 		}
 		if err := ep.Normalize(); err != nil {
-			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entry %d (consumerGroup %q): %w", path, i, ep.ConsumerGroup, err)
+			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entry %d (consumerGroup %q): %w", path, i+1, ep.ConsumerGroup, err)
 		}
 		if j, dup := seen[ep.ConsumerGroup]; dup {
-			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entries %d and %d both register consumerGroup %q", path, j, i, ep.ConsumerGroup)
+			return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: entries %d and %d both register consumerGroup %q", path, j+1, i+1, ep.ConsumerGroup)
 		}
 		seen[ep.ConsumerGroup] = i
 		out = append(out, &ep)

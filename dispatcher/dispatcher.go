@@ -19,6 +19,7 @@ type Store interface {
 	reconciler.FollowUpStore
 	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)
 	ClaimHead(ctx context.Context, owner, group, topic string) (*pulsetype.Attempt, error)
+	ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error
 	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
 	FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error
 	GetEvent(ctx context.Context, id string) (*pulsetype.Event, error)
@@ -223,6 +224,17 @@ func (d *Dispatcher) turn(ctx context.Context, lastReap, lastRepair *time.Time) 
 			d.logErr(ctx, err, "claim")
 		}
 		for _, a := range batch {
+			// A group this process did not know as ordered yet (registered or changed through another
+			// replica): give the attempt back; the head-of-line claim takes it in order.
+			if ep, err := d.endpoint(ctx, a.ConsumerGroup); err == nil && ep != nil && ep.Ordered {
+				if err := d.store.ReleaseAttempt(ctx, a); err != nil {
+					d.logErr(ctx, err, "release attempt of an ordered group")
+				}
+				d.mu.Lock()
+				d.orderedAt = time.Time{}
+				d.mu.Unlock()
+				continue
+			}
 			d.launch(a)
 		}
 		if len(batch) == 0 || err != nil {

@@ -119,10 +119,11 @@ func (s *Server) auth(next http.Handler) http.Handler {
 	if s.opts.APIToken == "" {
 		return next
 	}
-	want := []byte("Bearer " + s.opts.APIToken)
+	want := []byte(s.opts.APIToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		// The scheme is case-insensitive (RFC 9110 §11.1); the token is compared in constant time.
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse"`)
 			writeError(w, http.StatusUnauthorized, "unauthorized", "this route needs the header Authorization: Bearer <PULSE_API_TOKEN>")
 			return

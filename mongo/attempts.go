@@ -249,3 +249,17 @@ func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pul
 	}
 	return out[0], err
 }
+
+// ReleaseAttempt gives a leased attempt back unstarted (its lease fields removed, fenced by its token), for
+// a claim that must not run after all. It returns pulsetype.ErrLeaseLost when the lease is no longer held.
+func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error {
+	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending},
+		bson.M{"$unset": bson.M{"lockOwner": "", "lockToken": "", "lockedAt": "", "lockedUntil": "", "heartbeatAt": "", "startedAt": ""}})
+	if err != nil {
+		return wrap("release attempt", err)
+	}
+	if res.MatchedCount == 0 {
+		return pulsetype.ErrLeaseLost
+	}
+	return nil
+}

@@ -104,34 +104,34 @@ func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
 }
 
 // ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of a consumer group in status whose
-// createdAt lies in [from, to), in batches of 100, and returns how many it reopened.
+// createdAt lies in [from, to), walking them once in id order in batches of 100, and returns how many it
+// reopened.
 func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error) {
-	filter := bson.M{"consumerGroup": group, "status": status, "createdAt": bson.M{"$gte": from, "$lt": to},
-		"$or": bson.A{bson.M{"expiresAt": nil}, bson.M{"expiresAt": bson.M{"$gt": s.now()}}}}
-	total := 0
+	total, after := 0, ""
 	for {
-		cur, err := s.deliveries.Find(ctx, filter, options.Find().SetLimit(100).SetProjection(bson.M{"_id": 1}).
-			SetHint("pulse_deliveries_group_created"))
+		filter := bson.M{"consumerGroup": group, "status": status, "createdAt": bson.M{"$gte": from, "$lt": to},
+			"_id": bson.M{"$gt": after}, "$or": bson.A{bson.M{"expiresAt": nil}, bson.M{"expiresAt": bson.M{"$gt": s.now()}}}}
+		cur, err := s.deliveries.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(100).
+			SetProjection(bson.M{"_id": 1}))
 		if err != nil {
 			return total, wrap("find deliveries to replay", err)
 		}
-		var ids []deliveryDoc
-		if err := cur.All(ctx, &ids); err != nil {
+		var batch []deliveryDoc
+		if err := cur.All(ctx, &batch); err != nil {
 			return total, wrap("find deliveries to replay", err)
 		}
-		reopened := 0
-		for _, d := range ids {
+		for _, d := range batch {
 			_, err := s.RetryDelivery(ctx, d.ID)
 			switch {
 			case err == nil:
-				reopened++
+				total++
 			case !errors.Is(err, pulsetype.ErrNotTerminal) && !errors.Is(err, pulsetype.ErrNotFound):
 				return total, err
 			}
 		}
-		total += reopened
-		if len(ids) < 100 || reopened == 0 {
+		if len(batch) < 100 {
 			return total, nil
 		}
+		after = batch[len(batch)-1].ID
 	}
 }

@@ -801,3 +801,31 @@ func TestConcurrentIdenticalArrayPublishes(t *testing.T) {
 		}
 	}
 }
+
+// Replay walks the window once: more than one batch of successful deliveries is reopened exactly once each,
+// even though reopened deliveries could match the filter again.
+func TestReplayVisitsEachDeliveryOnce(t *testing.T) {
+	t.Parallel()
+	client, dbName := testdb.Database(t)
+	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	ctx := context.Background()
+	if _, err := s.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	docs := make([]any, 130)
+	for i := range docs {
+		docs[i] = bson.M{"_id": fmt.Sprintf("d%03d", i), "eventId": fmt.Sprintf("e%03d", i), "consumerGroup": "g", "topic": "t",
+			"status": "success", "createdAt": now, "updatedAt": now, "eventCreatedAt": now}
+	}
+	if _, err := s.deliveries.InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.ReplayDeliveries(ctx, "g", pulsetype.StatusSuccess, now.Add(-time.Hour), now.Add(time.Hour))
+	if err != nil || n != 130 {
+		t.Fatalf("replayed %d (%v), want 130", n, err)
+	}
+	if c, _ := s.history.CountDocuments(ctx, bson.M{}); c != 130 {
+		t.Fatalf("%d attempts created, want one per delivery", c)
+	}
+}
