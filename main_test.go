@@ -50,6 +50,9 @@ func TestPublishDeliversOnceWithIdempotencyKey(t *testing.T) {
 	if d.Status != "success" || len(d.Attempts) != 1 || d.Attempts[0].Status != "success" {
 		t.Errorf("delivery = %+v", d)
 	}
+	if strings.Contains(s.logs.String(), id) {
+		t.Errorf("a successful delivery was logged at info level:\n%s", s.logs.String())
+	}
 }
 
 // 500, 500, 200: three byte-identical POSTs with backoff, and the history shows each attempt.
@@ -116,6 +119,21 @@ func TestTerminalStatusEndsDelivery(t *testing.T) {
 	}
 	if n := b.count("history", bson.M{"deliveryId": d.ID}); n != 1 {
 		t.Fatalf("%d attempts stored, want 1", n)
+	}
+	// One log line for the terminal failure, with the fields an operator needs.
+	var found bool
+	for _, line := range strings.Split(s.logs.String(), "\n") {
+		var l map[string]any
+		if json.Unmarshal([]byte(line), &l) != nil || l["message"] != "delivery failed terminally" {
+			continue
+		}
+		found = true
+		if l["consumer_group"] != "billing" || l["event_id"] != id || l["delivery_id"] != d.ID || l["attempt"] != float64(1) || l["error_code"] != "handler_error" {
+			t.Fatalf("terminal failure logged as %v", l)
+		}
+	}
+	if !found {
+		t.Fatalf("no log line for the terminal failure:\n%s", s.logs.String())
 	}
 }
 
