@@ -164,7 +164,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	}
 	go metrics.SamplePending(bg, pendingSampleInterval, store.PendingByGroup, log)
 
-	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info().Str("addr", ln.Addr().String()).Str("database", dbName).Str("owner", owner).
