@@ -70,7 +70,7 @@ func (s *Store) publishStaged(ctx context.Context, events []*pulsetype.Event) ([
 		ids[i] = e.ID
 		out[i].Event = e
 	}
-	existing, err := s.findEvents(ctx, ids, true)
+	existing, err := s.findEvents(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -139,13 +139,10 @@ func sameContent(d *eventDoc, e *pulsetype.Event) bool {
 	return d.Topic == e.Topic && bytes.Equal([]byte(d.Data), e.Data) && maps.Equal(d.Headers, e.Headers)
 }
 
-// findEvents returns the stored events with these ids, by id. withStaged includes uncommitted ones.
-func (s *Store) findEvents(ctx context.Context, ids []string, withStaged bool) (map[string]*eventDoc, error) {
-	filter := bson.M{"_id": bson.M{"$in": ids}}
-	if !withStaged {
-		filter["staged"] = bson.M{"$ne": true}
-	}
-	cur, err := s.events.Find(ctx, filter)
+// findEvents returns every stored event with these ids (staged and expired ones included: Publish decides
+// what they mean), by id.
+func (s *Store) findEvents(ctx context.Context, ids []string) (map[string]*eventDoc, error) {
+	cur, err := s.events.Find(ctx, bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return nil, wrap("find events", err)
 	}
@@ -154,11 +151,7 @@ func (s *Store) findEvents(ctx context.Context, ids []string, withStaged bool) (
 		return nil, wrap("find events", err)
 	}
 	out := make(map[string]*eventDoc, len(docs))
-	now := s.now()
 	for _, d := range docs {
-		if !withStaged && d.ExpiresAt != nil && !d.ExpiresAt.After(now) {
-			continue // expired: gone even before the TTL monitor or sweeper deletes it
-		}
 		out[d.ID] = d
 	}
 	return out, nil
@@ -192,7 +185,7 @@ func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) (int, err
 		topics[e.Topic] = true
 		ids = append(ids, e.ID)
 	}
-	subs, err := s.subscriptionsFor(ctx, keys(topics))
+	subs, err := s.subscriptionsFor(ctx, slices.Collect(maps.Keys(topics)))
 	if err != nil {
 		return 0, err
 	}
@@ -279,12 +272,4 @@ func onlyDuplicates(err error) bool {
 		}
 	}
 	return true
-}
-
-func keys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
