@@ -3,11 +3,13 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -37,6 +39,8 @@ type benchResult struct {
 	Efficiency             float64
 	CPUusPerDelivery       float64
 	PeakRSSMiB             float64
+	ByCommand              map[string]int64         // database commands by name, during the measured run
+	TimeByCommand          map[string]time.Duration // their summed round-trip times
 }
 
 // runBench is `pulse bench`: it starts the embedded development database as a child process (so its CPU and
@@ -79,7 +83,29 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	defer rsrv.Close()
 
 	var commands atomic.Int64
-	monitor := &event.CommandMonitor{Started: func(context.Context, *event.CommandStartedEvent) { commands.Add(1) }}
+	var byNameMu sync.Mutex
+	byName := map[string]int64{}
+	timeByName := map[string]time.Duration{}
+	counting := atomic.Bool{}
+	took := func(name string, d time.Duration) {
+		if counting.Load() {
+			byNameMu.Lock()
+			timeByName[name] += d
+			byNameMu.Unlock()
+		}
+	}
+	monitor := &event.CommandMonitor{
+		Started: func(_ context.Context, e *event.CommandStartedEvent) {
+			commands.Add(1)
+			if counting.Load() {
+				byNameMu.Lock()
+				byName[e.CommandName]++
+				byNameMu.Unlock()
+			}
+		},
+		Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) { took(e.CommandName, e.Duration) },
+		Failed:    func(_ context.Context, e *event.CommandFailedEvent) { took(e.CommandName, e.Duration) },
+	}
 	addr := make(chan string, 1)
 	sidecarCtx, stopSidecar := context.WithCancel(ctx)
 	defer stopSidecar()
@@ -106,6 +132,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 
 	want := *events * *groups
+	counting.Store(true)
 	cpu0, start, cmd0 := cpuTime(), time.Now(), commands.Load()
 	work := make(chan int)
 	var wg sync.WaitGroup
@@ -136,6 +163,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	elapsed := time.Since(start)
 	cmds := commands.Load() - cmd0
+	counting.Store(false)
 	cpu := cpuTime() - cpu0
 	shutdown()
 
@@ -152,6 +180,10 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
 	r.Efficiency = r.PerSecond * r.CommandsPerDelivery / r.RawOpsPerSecond
+	byNameMu.Lock()
+	r.ByCommand = maps.Clone(byName)
+	r.TimeByCommand = maps.Clone(timeByName)
+	byNameMu.Unlock()
 	printBench(stdout, r, *events, *groups)
 	return nil
 }
@@ -170,6 +202,12 @@ func printBench(w io.Writer, r benchResult, events, groups int) {
 		{"sidecar CPU per delivery", fmt.Sprintf("%.0f µs", r.CPUusPerDelivery)}, {"peak RSS", fmt.Sprintf("%.1f MiB", r.PeakRSSMiB)},
 	} {
 		fmt.Fprintf(w, "  %-30s %s\n", row.k, row.v)
+	}
+	names := slices.SortedFunc(maps.Keys(r.ByCommand), func(a, b string) int { return cmp.Compare(r.ByCommand[b], r.ByCommand[a]) })
+	for _, name := range names {
+		n := r.ByCommand[name]
+		fmt.Fprintf(w, "  %-30s %d (%.2f per delivery, %.1f ms mean round trip)\n", "  db "+name, n,
+			float64(n)/float64(max(r.Deliveries, 1)), float64(r.TimeByCommand[name].Microseconds())/1000/float64(n))
 	}
 	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f\n",
 		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.PeakRSSMiB)

@@ -10,21 +10,23 @@ import (
 
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/pulsetype"
-	"github.com/pulse-sidecar/pulse/reconciler"
 	"github.com/pulse-sidecar/pulse/webhook"
 )
 
 // Store is the storage the dispatcher needs; package mongo implements it.
 type Store interface {
-	reconciler.FollowUpStore
+	FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulsetype.Attempt, error)
+	ClearFanOut(ctx context.Context, eventIDs []string) error
+	ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error)
 	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)
 	ClaimHead(ctx context.Context, owner, group, topic string) (*pulsetype.Attempt, error)
 	ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error
-	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
-	FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error
+	FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error)
+	FollowUps(ctx context.Context, cs []pulsetype.Completion) error
 	GetEvent(ctx context.Context, id string) (*pulsetype.Event, error)
+	GetEvents(ctx context.Context, ids []string) (map[string]*pulsetype.Event, error)
+	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
-	FanOut(ctx context.Context, events []*pulsetype.Event) (int, error)
 }
 
 // Sender POSTs one attempt to a webhook; *webhook.Client implements it.
@@ -56,6 +58,24 @@ type Options struct {
 	Logger          zerolog.Logger
 }
 
+// Limits of the loop's batches.
+const (
+	// maxClaimBatch bounds the attempts leased in one polling claim round trip.
+	maxClaimBatch = 16
+	// maxReadyClaim bounds the locally created attempts leased in one round trip.
+	maxReadyClaim = 64
+	// maxReady and maxReadyBytes bound the locally created, not yet claimed attempts kept in memory with
+	// their events; beyond them attempts are left to polling.
+	maxReady      = 4096
+	maxReadyBytes = 64 << 20
+	// markFlushInterval and markFlushBatch bound how long and how many fanned-out events keep their fanout
+	// mark before one updateMany clears them (the reconciler only repairs marks older than a lock timeout).
+	markFlushInterval = time.Second
+	markFlushBatch    = 256
+	// maxRecordBatch bounds the results recorded by one bulk write.
+	maxRecordBatch = 256
+)
+
 // Dispatcher claims and executes attempts. Start it once; Stop it once (it is safe twice).
 type Dispatcher struct {
 	store     Store
@@ -65,22 +85,40 @@ type Dispatcher struct {
 	opts      Options
 	log       zerolog.Logger
 
-	wake chan struct{}
+	wake        chan struct{} // poll the database now (change stream, retry timer, endpoint change)
+	kick        chan struct{} // local work: events published here, a freed worker slot
+	completions chan *completion
+	recorded    chan struct{} // closed when the recorder returned
 
-	mu        sync.Mutex
-	queued    []*pulsetype.Event
-	inflight  map[string]int // by consumer group
-	total     int
-	eps       map[string]cachedEndpoint
-	ordered   map[string][]string // ordered consumer groups and their topics, refreshed every poll interval
-	orderedAt time.Time
+	mu            sync.Mutex
+	queued        []*pulsetype.Event // published here, not fanned out yet
+	ready         []job              // created here by fan-out, not claimed yet (a nil lease)
+	readyBytes    int
+	backlog       bool // the database may hold due attempts this process had no capacity for
+	unmarked      []string
+	unmarkedSince time.Time
+	inflight      map[string]int // by consumer group
+	total         int
+	eps           map[string]cachedEndpoint
+	ordered       map[string][]string // ordered consumer groups and their topics, refreshed every poll interval
+	orderedAt     time.Time
+	orderedKick   map[string]bool // groups whose head of line may have moved (an attempt ended or was created)
 
+	lastPoll   time.Time
 	cancelLoop context.CancelFunc
 	loopDone   chan struct{}
 	execCtx    context.Context // cancelled only when the shutdown grace runs out
 	abortExec  context.CancelFunc
 	running    sync.WaitGroup
 	stopOnce   sync.Once
+}
+
+// job is an attempt to run and, when known, its event: evKnown with a nil ev means the event is gone
+// (retention); without evKnown the worker reads the event itself.
+type job struct {
+	a       *pulsetype.Attempt
+	ev      *pulsetype.Event
+	evKnown bool
 }
 
 type cachedEndpoint struct {
@@ -95,25 +133,29 @@ func New(store Store, sender Sender, recoverer Recoverer, keeper *lease.Keeper, 
 	return &Dispatcher{
 		store: store, sender: sender, recoverer: recoverer, keeper: keeper, opts: opts,
 		log:  opts.Logger.With().Str("component", "dispatcher").Logger(),
-		wake: make(chan struct{}, 1), inflight: map[string]int{}, eps: map[string]cachedEndpoint{},
+		wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), completions: make(chan *completion, opts.Workers),
+		recorded: make(chan struct{}), inflight: map[string]int{}, eps: map[string]cachedEndpoint{}, orderedKick: map[string]bool{},
 	}
 }
 
-// Wake makes the loop look for work now. It never blocks.
-func (d *Dispatcher) Wake() {
+// Wake makes the loop look for due work in the database now. It never blocks.
+func (d *Dispatcher) Wake() { signal(d.wake) }
+
+func signal(c chan struct{}) {
 	select {
-	case d.wake <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
 
-// Published hands events just stored by this process to the loop, which fans them out and wakes at once.
-// It never blocks. An event lost here (crash) is fanned out later by the reconciler.
+// Published hands events just stored by this process to the loop, which fans them out, claims their first
+// attempts and POSTs them at once. It never blocks. An event lost here (crash) is fanned out later by the
+// reconciler.
 func (d *Dispatcher) Published(events []*pulsetype.Event) {
 	d.mu.Lock()
 	d.queued = append(d.queued, events...)
 	d.mu.Unlock()
-	d.Wake()
+	signal(d.kick)
 }
 
 // Start runs the loop in a goroutine and returns at once.
@@ -122,13 +164,14 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.cancelLoop = cancel
 	d.execCtx, d.abortExec = context.WithCancel(context.WithoutCancel(ctx))
 	d.loopDone = make(chan struct{})
+	go d.recorder()
 	go d.loop(loopCtx)
 	return nil
 }
 
 // Stop stops claiming, lets in-flight POSTs finish and be recorded within ShutdownTimeout, then aborts the
-// rest without recording them (their leases expire and the reaper takes over). It blocks until done and is
-// safe twice or before Start.
+// rest without recording them (their leases expire and the reaper takes over), and clears the fanout marks
+// it still owes. It blocks until done and is safe twice or before Start.
 func (d *Dispatcher) Stop() {
 	d.stopOnce.Do(func() {
 		if d.cancelLoop == nil {
@@ -145,6 +188,11 @@ func (d *Dispatcher) Stop() {
 			d.abortExec()
 			<-finished
 		}
+		close(d.completions)
+		<-d.recorded
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.execCtx), writeTimeout)
+		d.flushMarks(ctx, true)
+		cancel()
 		d.abortExec()
 	})
 }
@@ -154,12 +202,14 @@ func (d *Dispatcher) loop(ctx context.Context) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var lastReap, lastRepair time.Time
+	poll := true
 	for {
-		worked := d.turn(ctx, &lastReap, &lastRepair)
+		worked := d.turn(ctx, poll, &lastReap, &lastRepair)
 		if ctx.Err() != nil {
 			return
 		}
 		if worked {
+			poll = true
 			continue
 		}
 		timer.Reset(d.opts.PollInterval)
@@ -167,7 +217,11 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-d.wake:
+			poll = true
+		case <-d.kick:
+			poll = false
 		case <-timer.C:
+			poll = true
 		}
 	}
 }
@@ -179,19 +233,13 @@ func (d *Dispatcher) reapInterval() time.Duration {
 }
 
 // turn runs one pass of the loop and reports whether recovery did work that may have more to do. The
-// recovery steps run on their own periods (reap every poll interval, repair every repair interval, sooner
-// while they find work), so a busy loop does not pay for them on every claim.
-func (d *Dispatcher) turn(ctx context.Context, lastReap, lastRepair *time.Time) bool {
+// recovery steps run on their own periods (reap every reap interval, repair every repair interval, sooner
+// while they find work), and the database is asked for due work only when poll is set, a poll interval
+// passed, or a backlog may wait there; local work (fan-out, claims of attempts created here) runs always.
+func (d *Dispatcher) turn(ctx context.Context, poll bool, lastReap, lastRepair *time.Time) bool {
 	worked := false
-	d.mu.Lock()
-	events := d.queued
-	d.queued = nil
-	d.mu.Unlock()
-	if len(events) > 0 {
-		if _, err := d.store.FanOut(ctx, events); err != nil && ctx.Err() == nil {
-			d.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")
-		}
-	}
+	d.fanOut(ctx)
+	d.flushMarks(ctx, false)
 	if time.Since(*lastReap) >= d.reapInterval() {
 		reaped, err := d.recoverer.ReapOne(ctx)
 		if err != nil {
@@ -212,36 +260,192 @@ func (d *Dispatcher) turn(ctx context.Context, lastReap, lastRepair *time.Time) 
 		}
 		worked = worked || n > 0
 	}
-	ordered := d.claimOrdered(ctx)
+	poll = poll || time.Since(d.lastPoll) >= d.opts.PollInterval
+	ordered := d.claimOrdered(ctx, poll)
+	d.claimReady(ctx)
+	d.mu.Lock()
+	backlog := d.backlog
+	d.mu.Unlock()
+	if poll || backlog {
+		d.lastPoll = time.Now()
+		d.claimDue(ctx, ordered)
+	}
+	return worked
+}
+
+// fanOut creates the deliveries and first attempts of the events published here since the last turn, in
+// one batch, and keeps the attempts in memory with their events for claimReady.
+func (d *Dispatcher) fanOut(ctx context.Context) {
+	d.mu.Lock()
+	events := d.queued
+	d.queued = nil
+	d.mu.Unlock()
+	if len(events) == 0 {
+		return
+	}
+	attempts, err := d.store.FanOut(ctx, events)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")
+		}
+		return
+	}
+	byID := make(map[string]*pulsetype.Event, len(events))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, e := range events {
+		byID[e.ID] = e
+		d.unmarked = append(d.unmarked, e.ID)
+	}
+	if d.unmarkedSince.IsZero() {
+		d.unmarkedSince = time.Now()
+	}
+	for _, a := range attempts {
+		if c, ok := d.eps[a.ConsumerGroup]; ok && c.ep != nil && c.ep.Ordered {
+			d.orderedKick[a.ConsumerGroup] = true // only the head-of-line claim may take it
+			continue
+		}
+		ev := byID[a.EventID]
+		if len(d.ready) >= maxReady || d.readyBytes+len(ev.Data) > maxReadyBytes {
+			d.backlog = true // left to polling
+			continue
+		}
+		d.ready = append(d.ready, job{a: a, ev: ev, evKnown: true})
+		d.readyBytes += len(ev.Data)
+	}
+}
+
+// flushMarks clears the fanout marks of fanned-out events with one write once markFlushBatch of them or
+// markFlushInterval passed (or when force is set). A failed clear is left to the reconciler, whose repeated
+// fan-out is a no-op.
+func (d *Dispatcher) flushMarks(ctx context.Context, force bool) {
+	d.mu.Lock()
+	if len(d.unmarked) == 0 || !force && len(d.unmarked) < markFlushBatch && time.Since(d.unmarkedSince) < markFlushInterval {
+		d.mu.Unlock()
+		return
+	}
+	ids := d.unmarked
+	d.unmarked, d.unmarkedSince = nil, time.Time{}
+	d.mu.Unlock()
+	if err := d.store.ClearFanOut(ctx, ids); err != nil {
+		d.logErr(ctx, err, "clear fanout marks")
+	}
+}
+
+// claimReady leases, one round trip per batch, the attempts fanned out here that fit the free capacity, and
+// runs them with the events they were published with.
+func (d *Dispatcher) claimReady(ctx context.Context) {
+	for ctx.Err() == nil {
+		batch := d.takeReady()
+		if len(batch) == 0 {
+			return
+		}
+		attempts := make([]*pulsetype.Attempt, len(batch))
+		events := make(map[string]*pulsetype.Event, len(batch))
+		for i, j := range batch {
+			attempts[i] = j.a
+			events[j.a.EventID] = j.ev
+		}
+		leased, err := d.store.ClaimAttempts(ctx, d.opts.Owner, attempts)
+		if err != nil {
+			d.logErr(ctx, err, "claim attempts created here")
+			d.mu.Lock()
+			d.backlog = true // left to polling
+			d.mu.Unlock()
+			return
+		}
+		jobs := make([]job, len(leased))
+		for i, a := range leased {
+			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: true}
+		}
+		d.launchAll(ctx, jobs)
+	}
+}
+
+// takeReady removes from the ready queue up to maxReadyClaim attempts that the free capacity admits: the
+// worker slots left and each consumer group's maxConcurrency.
+func (d *Dispatcher) takeReady() []job {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	free := min(d.opts.Workers-d.total, maxReadyClaim)
+	if free <= 0 || len(d.ready) == 0 {
+		return nil
+	}
+	room := map[string]int{}
+	var take, keep []job
+	for _, j := range d.ready {
+		g := j.a.ConsumerGroup
+		r, ok := room[g]
+		if !ok {
+			r = d.limitLocked(g) - d.inflight[g]
+		}
+		if len(take) < free && r > 0 {
+			take = append(take, j)
+			d.readyBytes -= len(j.ev.Data)
+			r--
+		} else {
+			keep = append(keep, j)
+		}
+		room[g] = r
+	}
+	d.ready = keep
+	return take
+}
+
+// claimDue leases due attempts found by polling the database, a batch per round trip while capacity lasts,
+// and reads their events with one query per batch. ordered groups are left to the head-of-line claim.
+func (d *Dispatcher) claimDue(ctx context.Context, ordered []string) {
 	for ctx.Err() == nil {
 		exclude, free := d.capacity()
 		exclude = append(exclude, ordered...)
 		if free == 0 {
-			break
+			d.mu.Lock()
+			d.backlog = true
+			d.mu.Unlock()
+			return
 		}
 		batch, err := d.store.ClaimBatch(ctx, d.opts.Owner, exclude, min(free, maxClaimBatch))
 		if err != nil {
 			d.logErr(ctx, err, "claim")
+			return
 		}
-		for _, a := range batch {
-			// A group this process did not know as ordered yet (registered or changed through another
-			// replica): give the attempt back; the head-of-line claim takes it in order.
-			if ep, err := d.endpoint(ctx, a.ConsumerGroup); err == nil && ep != nil && ep.Ordered {
-				if err := d.store.ReleaseAttempt(ctx, a); err != nil {
-					d.logErr(ctx, err, "release attempt of an ordered group")
-				}
-				d.mu.Lock()
-				d.orderedAt = time.Time{}
-				d.mu.Unlock()
-				continue
-			}
-			d.launch(a)
+		if len(batch) == 0 {
+			d.mu.Lock()
+			d.backlog = false
+			d.mu.Unlock()
+			return
 		}
-		if len(batch) == 0 || err != nil {
-			break
+		ids := make([]string, len(batch))
+		for i, a := range batch {
+			ids[i] = a.EventID
 		}
+		events, err := d.store.GetEvents(ctx, ids)
+		if err != nil {
+			d.logErr(ctx, err, "read events of claimed attempts") // each worker reads its own
+		}
+		jobs := make([]job, len(batch))
+		for i, a := range batch {
+			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: err == nil}
+		}
+		d.launchAll(ctx, jobs)
 	}
-	return worked
+}
+
+// launchAll runs leased attempts, except those of a group this process did not know as ordered yet
+// (registered or changed through another replica): those are given back for the head-of-line claim.
+func (d *Dispatcher) launchAll(ctx context.Context, jobs []job) {
+	for _, j := range jobs {
+		if ep, err := d.endpoint(ctx, j.a.ConsumerGroup); err == nil && ep != nil && ep.Ordered {
+			if err := d.store.ReleaseAttempt(ctx, j.a); err != nil {
+				d.logErr(ctx, err, "release attempt of an ordered group")
+			}
+			d.mu.Lock()
+			d.orderedAt = time.Time{}
+			d.mu.Unlock()
+			continue
+		}
+		d.launch(j)
+	}
 }
 
 func (d *Dispatcher) logErr(ctx context.Context, err error, step string) {
@@ -252,11 +456,14 @@ func (d *Dispatcher) logErr(ctx context.Context, err error, step string) {
 }
 
 // claimOrdered claims the head-of-line attempt of every ordered consumer group's topics that has a due,
-// unleased head, and returns the ordered groups (the unordered claim must skip them).
-func (d *Dispatcher) claimOrdered(ctx context.Context) []string {
+// unleased head, and returns the ordered groups (the unordered claims must skip them). Without poll it looks
+// only at groups whose head may have moved since the last turn.
+func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 	d.mu.Lock()
 	stale := time.Since(d.orderedAt) >= max(d.opts.PollInterval, endpointCacheTTL)
 	ordered := d.ordered
+	kicked := d.orderedKick
+	d.orderedKick = map[string]bool{}
 	d.mu.Unlock()
 	if stale {
 		eps, err := d.store.ListEndpoints(ctx)
@@ -280,6 +487,9 @@ func (d *Dispatcher) claimOrdered(ctx context.Context) []string {
 	groups := make([]string, 0, len(ordered))
 	for group, topics := range ordered {
 		groups = append(groups, group)
+		if !poll && !kicked[group] {
+			continue
+		}
 		for _, topic := range topics {
 			if _, free := d.capacity(); free == 0 || ctx.Err() != nil {
 				return groups
@@ -290,15 +500,20 @@ func (d *Dispatcher) claimOrdered(ctx context.Context) []string {
 				continue
 			}
 			if a != nil {
-				d.launch(a)
+				d.launch(job{a: a})
 			}
 		}
 	}
 	return groups
 }
 
-// maxClaimBatch bounds the attempts leased in one claim round trip.
-const maxClaimBatch = 16
+// limitLocked returns a consumer group's maxConcurrency as cached (the default when unknown); d.mu is held.
+func (d *Dispatcher) limitLocked(group string) int {
+	if c, ok := d.eps[group]; ok && c.ep != nil {
+		return *c.ep.MaxConcurrency
+	}
+	return pulsetype.DefaultMaxConcurrency
+}
 
 // capacity returns the consumer groups at their concurrency limit and how many worker slots are free.
 func (d *Dispatcher) capacity() (exclude []string, free int) {
@@ -308,12 +523,8 @@ func (d *Dispatcher) capacity() (exclude []string, free int) {
 		return nil, 0
 	}
 	free = min(d.opts.Workers-d.total, maxClaimBatch)
-	for group, c := range d.eps {
-		limit := pulsetype.DefaultMaxConcurrency
-		if c.ep != nil {
-			limit = *c.ep.MaxConcurrency
-		}
-		if room := limit - d.inflight[group]; room <= 0 {
+	for group := range d.eps {
+		if room := d.limitLocked(group) - d.inflight[group]; room <= 0 {
 			exclude = append(exclude, group)
 		} else {
 			free = min(free, room) // a batch never takes a group past its limit

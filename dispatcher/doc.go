@@ -4,10 +4,18 @@
 //
 // Invariants:
 //   - an attempt is leased (claimed with a fresh lock token) before its POST starts, and the lease is renewed
-//     by the heartbeat every third of the lock timeout while the POST runs;
-//   - the result is written through a write fenced by the lock token; a worker whose lease was lost writes
-//     nothing, reports the loss and goes on working;
+//     by the heartbeat every third of the lock timeout until its result is recorded;
+//   - the result is written through a write fenced by the attempt id and lock token; a worker whose lease was
+//     lost writes nothing, reports the loss and goes on working;
 //   - an attempt interrupted by shutdown writes nothing: lease expiry hands it to the reaper (never success);
 //   - the loop sleeps at most one poll interval; a publish to this process, a freed worker slot or a retry
 //     coming due wakes it at once.
+//
+// Cost (issue 8): the database is the shared bottleneck, so the loop batches what the seed allows. Events
+// published through this process are fanned out in batches and their first attempts are claimed by id with
+// the event already in memory (no query for due work, no read of the payload); attempts found by polling are
+// claimed several per round trip and their events read with one query; the results finished meanwhile are
+// recorded by one bulk update (plus one for the deliveries they end and one for the retries they create).
+// The database is polled for due work only on the poll interval, on a wake-up (change stream, retry timer)
+// or while it may hold a backlog this process had no capacity for.
 package dispatcher

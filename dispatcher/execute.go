@@ -17,10 +17,11 @@ import (
 // process drops it at once (EndpointChanged), one made through another replica is seen within this time.
 const endpointCacheTTL = time.Second
 
-// writeTimeout bounds each database write that records an attempt's result.
+// writeTimeout bounds each database write that records results.
 const writeTimeout = 10 * time.Second
 
-func (d *Dispatcher) launch(a *pulsetype.Attempt) {
+func (d *Dispatcher) launch(j job) {
+	a := j.a
 	d.mu.Lock()
 	d.inflight[a.ConsumerGroup]++
 	d.total++
@@ -33,21 +34,23 @@ func (d *Dispatcher) launch(a *pulsetype.Attempt) {
 				delete(d.inflight, a.ConsumerGroup)
 			}
 			d.total--
+			d.orderedKick[a.ConsumerGroup] = true // an ordered group's next head may be claimable now
 			d.mu.Unlock()
 			d.running.Done()
-			d.Wake() // a slot is free
+			signal(d.kick) // a slot is free
 		}()
-		d.execute(a)
+		d.execute(j)
 	}()
 }
 
-// execute runs one leased attempt: it POSTs the event while the heartbeat renews the lease, then records the
-// result with fenced writes and moves the delivery on.
-func (d *Dispatcher) execute(a *pulsetype.Attempt) {
+// execute runs one leased attempt: it POSTs the event while the heartbeat renews the lease, then hands the
+// result to the recorder and waits until it is written (the lease is held until then).
+func (d *Dispatcher) execute(j job) {
+	a := j.a
 	postCtx, cancel := context.WithCancelCause(d.execCtx)
 	defer cancel(nil)
-	d.keeper.Hold(a.LockToken, cancel)
-	defer d.keeper.Release(a.LockToken)
+	d.keeper.Hold(a.Key(), cancel)
+	defer d.keeper.Release(a.Key())
 
 	log := d.log.With().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).
 		Str("delivery_id", a.DeliveryID).Int("attempt", a.Number).Logger()
@@ -63,14 +66,20 @@ func (d *Dispatcher) execute(a *pulsetype.Attempt) {
 		res = failed(pulsetype.CodeHandlerError, "consumer group "+a.ConsumerGroup+" has no endpoint registered", true)
 	default:
 		policy = ep.Policy()
-		ev, err := d.store.GetEvent(postCtx, a.EventID)
-		switch {
-		case errors.Is(err, pulsetype.ErrNotFound):
+		ev := j.ev
+		if !j.evKnown {
+			ev, err = d.store.GetEvent(postCtx, a.EventID)
+			if errors.Is(err, pulsetype.ErrNotFound) {
+				ev, err = nil, nil
+			}
+			if err != nil {
+				d.abandon(postCtx, a, log, err)
+				return
+			}
+		}
+		if ev == nil {
 			res = failed(pulsetype.CodeEventExpired, "the event was removed by retention before this attempt ran", true)
-		case err != nil:
-			d.abandon(postCtx, a, log, err)
-			return
-		default:
+		} else {
 			res = d.post(postCtx, a, ep, ev)
 		}
 	}
@@ -78,7 +87,13 @@ func (d *Dispatcher) execute(a *pulsetype.Attempt) {
 		d.abandon(postCtx, a, log, cause)
 		return
 	}
-	d.record(log, a, res, policy)
+	c := &completion{
+		c: pulsetype.Completion{Attempt: a, Result: res,
+			Next: reconciler.Decide(a.Number, res.Status, res.Error, res.Terminal, res.RetryAfter, policy)},
+		log: log, done: make(chan struct{}),
+	}
+	d.completions <- c
+	<-c.done
 }
 
 // abandon leaves an attempt to lease expiry: shutdown aborted it, its lease was lost, or the database failed.
@@ -117,47 +132,95 @@ func failed(code, msg string, terminal bool) pulsetype.AttemptResult {
 	return pulsetype.AttemptResult{Status: pulsetype.StatusError, Terminal: terminal, Error: &pulsetype.ErrorInfo{Code: code, Message: msg}}
 }
 
-// record writes the attempt's result (fenced) and moves the delivery on.
-func (d *Dispatcher) record(log zerolog.Logger, a *pulsetype.Attempt, res pulsetype.AttemptResult, policy pulsetype.RetryPolicy) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.execCtx), writeTimeout)
-	defer cancel()
-	if err := d.store.FinishAttempt(ctx, a, res); err != nil {
-		if errors.Is(err, pulsetype.ErrLeaseLost) {
-			if d.opts.Observer != nil {
-				d.opts.Observer.LeaseLost(a.ConsumerGroup)
+// completion is a result waiting for the recorder; done is closed once it was written (or given up).
+type completion struct {
+	c    pulsetype.Completion
+	log  zerolog.Logger
+	done chan struct{}
+}
+
+// recorder writes results as they come, group-commit style: every result that arrived while the previous
+// batch was being written goes into the next one (at most maxRecordBatch).
+func (d *Dispatcher) recorder() {
+	defer close(d.recorded)
+	for c := range d.completions {
+		batch := []*completion{c}
+	drain:
+		for len(batch) < maxRecordBatch {
+			select {
+			case c, ok := <-d.completions:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, c)
+			default:
+				break drain
 			}
-			log.Error().Err(err).Msg("lease lost: another worker owns this attempt, its result is not recorded")
-			return
 		}
-		log.Error().Err(err).Msg("recording the attempt failed: left to lease expiry")
-		return
-	}
-	code := ""
-	if res.Error != nil {
-		code = res.Error.Code
-	}
-	step, err := reconciler.FollowUp(ctx, d.store, a, res.Status, res.Error, res.Terminal, res.RetryAfter, policy)
-	if err != nil {
-		log.Error().Err(err).Msg("moving the delivery on failed: the reconciler will repair it")
-		return
-	}
-	outcome := "success"
-	switch {
-	case res.Status == pulsetype.StatusSuccess:
-	case step.Retry:
-		outcome = "retry"
-		time.AfterFunc(step.Delay, d.Wake)
-	default:
-		outcome = "error"
-		log.Error().Str("error_code", code).Str("error", res.Error.Message).Int("http_status", res.HTTPStatus).
-			Msg("delivery failed terminally")
-	}
-	if d.opts.Observer != nil {
-		d.opts.Observer.AttemptDone(a.ConsumerGroup, outcome, res.Duration)
+		d.record(batch)
+		for _, c := range batch {
+			close(c.done)
+		}
 	}
 }
 
-// endpoint returns the consumer group's endpoint (nil when it has none), cached for one poll interval.
+// record writes a batch of results with writes fenced by each attempt's id and lock token, then moves the
+// deliveries on (reconciler.Decide's step for each).
+func (d *Dispatcher) record(batch []*completion) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.execCtx), writeTimeout)
+	defer cancel()
+	cs := make([]pulsetype.Completion, len(batch))
+	for i, c := range batch {
+		cs[i] = c.c
+	}
+	recorded, err := d.store.FinishAttempts(ctx, cs)
+	if err != nil {
+		for _, c := range batch {
+			c.log.Error().Err(err).Msg("recording the attempt failed: left to lease expiry")
+		}
+		return
+	}
+	var ok []pulsetype.Completion
+	var okLogs []zerolog.Logger
+	for i, c := range batch {
+		if !recorded[i] {
+			if d.opts.Observer != nil {
+				d.opts.Observer.LeaseLost(c.c.Attempt.ConsumerGroup)
+			}
+			c.log.Error().Err(pulsetype.ErrLeaseLost).Msg("lease lost: another worker owns this attempt, its result is not recorded")
+			continue
+		}
+		ok = append(ok, c.c)
+		okLogs = append(okLogs, c.log)
+	}
+	if len(ok) == 0 {
+		return
+	}
+	if err := d.store.FollowUps(ctx, ok); err != nil {
+		for _, log := range okLogs {
+			log.Error().Err(err).Msg("moving the delivery on failed: the reconciler will repair it")
+		}
+		return
+	}
+	for i, c := range ok {
+		outcome := "success"
+		switch res := c.Result; {
+		case res.Status == pulsetype.StatusSuccess:
+		case c.Next.Retry:
+			outcome = "retry"
+			time.AfterFunc(c.Next.Delay, d.Wake)
+		default:
+			outcome = "error"
+			okLogs[i].Error().Str("error_code", res.Error.Code).Str("error", res.Error.Message).Int("http_status", res.HTTPStatus).
+				Msg("delivery failed terminally")
+		}
+		if d.opts.Observer != nil {
+			d.opts.Observer.AttemptDone(c.Attempt.ConsumerGroup, outcome, c.Result.Duration)
+		}
+	}
+}
+
+// endpoint returns the consumer group's endpoint (nil when it has none), cached for endpointCacheTTL.
 func (d *Dispatcher) endpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error) {
 	d.mu.Lock()
 	c, ok := d.eps[group]

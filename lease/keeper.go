@@ -7,15 +7,16 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // ErrLost is the cancellation cause of work whose lease was lost: taken over by another worker, reaped, or
 // not renewed within the lock timeout.
 var ErrLost = errors.New("lease lost")
 
-// RenewFunc renews every lease held under tokens with one fenced write and returns the tokens that were
-// lost.
-type RenewFunc func(ctx context.Context, tokens []string) (lost []string, err error)
+// RenewFunc renews the given leases with one fenced write and returns the ones that were lost.
+type RenewFunc func(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error)
 
 // Keeper renews the leases this process holds every third of the lock timeout (the seed's heartbeat) and
 // cancels the work of a lease that was lost. It is safe for concurrent use.
@@ -26,7 +27,7 @@ type Keeper struct {
 	log         zerolog.Logger
 
 	mu   sync.Mutex
-	held map[string]*held
+	held map[pulsetype.LeaseKey]*held
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -42,24 +43,24 @@ func NewKeeper(renew RenewFunc, lockTimeout time.Duration, local func() time.Tim
 	if local == nil {
 		local = time.Now
 	}
-	return &Keeper{renew: renew, lockTimeout: lockTimeout, local: local, held: map[string]*held{},
+	return &Keeper{renew: renew, lockTimeout: lockTimeout, local: local, held: map[pulsetype.LeaseKey]*held{},
 		log: log.With().Str("component", "heartbeat").Logger()}
 }
 
 // Interval returns the heartbeat period: a third of the lock timeout, at least 10 ms (the reference's rule).
 func (k *Keeper) Interval() time.Duration { return max(k.lockTimeout/3, 10*time.Millisecond) }
 
-// Hold starts renewing the lease under token; cancel is called with ErrLost if it is lost.
-func (k *Keeper) Hold(token string, cancel context.CancelCauseFunc) {
+// Hold starts renewing the lease; cancel is called with ErrLost if it is lost.
+func (k *Keeper) Hold(l pulsetype.LeaseKey, cancel context.CancelCauseFunc) {
 	k.mu.Lock()
-	k.held[token] = &held{cancel: cancel, renewed: k.local()}
+	k.held[l] = &held{cancel: cancel, renewed: k.local()}
 	k.mu.Unlock()
 }
 
-// Release stops renewing token (its work finished).
-func (k *Keeper) Release(token string) {
+// Release stops renewing the lease (its work finished).
+func (k *Keeper) Release(l pulsetype.LeaseKey) {
 	k.mu.Lock()
-	delete(k.held, token)
+	delete(k.held, l)
 	k.mu.Unlock()
 }
 
@@ -96,7 +97,7 @@ func (k *Keeper) loop(ctx context.Context) {
 
 func (k *Keeper) beat(ctx context.Context) {
 	k.mu.Lock()
-	tokens := make([]string, 0, len(k.held))
+	tokens := make([]pulsetype.LeaseKey, 0, len(k.held))
 	for t := range k.held {
 		tokens = append(tokens, t)
 	}
@@ -125,7 +126,7 @@ func (k *Keeper) beat(ctx context.Context) {
 		}
 		return
 	}
-	isLost := map[string]bool{}
+	isLost := map[pulsetype.LeaseKey]bool{}
 	for _, t := range lost {
 		isLost[t] = true
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // Clock.Sync measures the database's offset from the local clock, and keeps a tight measurement over a
@@ -57,12 +59,14 @@ func TestClockFollowsTheDatabase(t *testing.T) {
 func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
-	renewed := map[string]int{}
-	lost := map[string]bool{}
-	renew := func(_ context.Context, tokens []string) ([]string, error) {
+	renewed := map[pulsetype.LeaseKey]int{}
+	lost := map[pulsetype.LeaseKey]bool{}
+	kept := pulsetype.LeaseKey{AttemptID: "a1", Token: "t1"}
+	stolen := pulsetype.LeaseKey{AttemptID: "a2", Token: "t1"} // one claim batch: same token, other attempt
+	renew := func(_ context.Context, tokens []pulsetype.LeaseKey) ([]pulsetype.LeaseKey, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		var out []string
+		var out []pulsetype.LeaseKey
 		for _, tok := range tokens {
 			renewed[tok]++
 			if lost[tok] {
@@ -81,10 +85,10 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	defer keptCancel(nil)
 	lostCtx, lostCancel := context.WithCancelCause(context.Background())
 	defer lostCancel(nil)
-	k.Hold("kept", keptCancel)
-	k.Hold("stolen", lostCancel)
+	k.Hold(kept, keptCancel)
+	k.Hold(stolen, lostCancel)
 	mu.Lock()
-	lost["stolen"] = true
+	lost[stolen] = true
 	mu.Unlock()
 	select {
 	case <-lostCtx.Done():
@@ -97,7 +101,7 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		mu.Lock()
-		n := renewed["kept"]
+		n := renewed[kept]
 		mu.Unlock()
 		if n >= 3 {
 			break

@@ -3,7 +3,9 @@ package mongo
 import (
 	"context"
 	"errors"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -22,11 +24,10 @@ func newAttemptDoc(deliveryID, eventID, group, topic string, n int, now, nextAt 
 }
 
 // ClaimBatch leases up to limit claimable attempts (pending, no lease, nextAttemptAt ≤ now) of consumer
-// groups not in exclude, most overdue first. It reads the candidates with one query, then leases each with an
-// atomic findOneAndUpdate by _id that succeeds only while the attempt is still unleased (so concurrent
-// replicas never lease one attempt twice), writing lockOwner, a fresh UUIDv7 lockToken, lockedAt,
-// lockedUntil (now + lock timeout), heartbeatAt and startedAt. It returns the attempts it leased, possibly
-// none.
+// groups not in exclude, most overdue first, in two round trips: one query reads a window of candidates
+// (three times limit, at most 64), then one fenced claim leases a random limit of them (see ClaimAttempts).
+// Replicas read the same most-overdue window; the random pick spreads them over it. It returns the attempts
+// it leased, possibly none.
 func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error) {
 	now := s.now()
 	filter := bson.M{"status": pulsetype.StatusPending, "lockedUntil": nil, "nextAttemptAt": bson.M{"$lte": now}}
@@ -35,29 +36,68 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, 
 	}
 	cur, err := s.history.Find(ctx, filter, options.Find().
 		SetSort(bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
-		SetLimit(int64(min(3*limit, 64))).SetProjection(bson.M{"_id": 1}))
+		SetLimit(int64(min(3*limit, 64))))
 	if err != nil {
 		return nil, wrap("find claimable attempts", err)
 	}
-	var candidates []attemptDoc
-	if err := cur.All(ctx, &candidates); err != nil {
+	var docs []attemptDoc
+	if err := cur.All(ctx, &docs); err != nil {
 		return nil, wrap("find claimable attempts", err)
 	}
-	// Replicas read the same most-overdue candidates; trying them in a random order from a window three times
-	// the batch spreads them out instead of having every replica race for the same first attempts.
-	rand.Shuffle(len(candidates), func(i, j int) { candidates[i], candidates[j] = candidates[j], candidates[i] })
-	var out []*pulsetype.Attempt
-	for _, c := range candidates {
-		if len(out) == limit {
-			break
-		}
-		a, err := s.claimByID(ctx, owner, c.ID, now)
+	rand.Shuffle(len(docs), func(i, j int) { docs[i], docs[j] = docs[j], docs[i] })
+	candidates := make([]*pulsetype.Attempt, 0, min(limit, len(docs)))
+	for i := range docs[:min(limit, len(docs))] {
+		candidates = append(candidates, docs[i].attempt())
+	}
+	return s.ClaimAttempts(ctx, owner, candidates)
+}
+
+// ClaimAttempts leases the given unleased attempts (as read from the database, or as FanOut created them)
+// with one updateMany whose filter holds their ids, status pending and no lease, so concurrent replicas never
+// lease one attempt twice. The attempts it wins share one fresh UUIDv7 lock token (the fencing token of
+// every later write, together with the attempt id), lockOwner owner, lockedAt, heartbeatAt and startedAt
+// now, and lockedUntil now + lock timeout. When the update matched fewer than all of them, a second query
+// reads back the ones leased under the token. It returns the leased attempts with their lease fields set,
+// possibly none; it does not modify its argument.
+func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error) {
+	if len(attempts) == 0 {
+		return nil, nil
+	}
+	now := s.now()
+	token := uuid.Must(uuid.NewV7()).String()
+	until := now.Add(s.opts.LockTimeout)
+	ids := make([]string, len(attempts))
+	for i, a := range attempts {
+		ids[i] = a.ID
+	}
+	res, err := s.history.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending, "lockedUntil": nil},
+		bson.M{"$set": bson.M{"lockOwner": owner, "lockToken": token, "lockedAt": now, "lockedUntil": until, "heartbeatAt": now, "startedAt": now}})
+	if err != nil {
+		return nil, wrap("claim attempts", err)
+	}
+	if res.MatchedCount == 0 {
+		return nil, nil
+	}
+	if int(res.MatchedCount) < len(attempts) { // some were leased by another replica first: read back ours
+		cur, err := s.history.Find(ctx, bson.M{"lockToken": token})
 		if err != nil {
-			return out, err
+			return nil, wrap("read back claimed attempts", err)
 		}
-		if a != nil {
-			out = append(out, a)
+		var docs []attemptDoc
+		if err := cur.All(ctx, &docs); err != nil {
+			return nil, wrap("read back claimed attempts", err)
 		}
+		out := make([]*pulsetype.Attempt, len(docs))
+		for i := range docs {
+			out[i] = docs[i].attempt()
+		}
+		return out, nil
+	}
+	out := make([]*pulsetype.Attempt, len(attempts))
+	for i, a := range attempts {
+		c := *a
+		c.LockOwner, c.LockToken, c.LockedUntil, c.StartedAt = owner, token, &until, &now
+		out[i] = &c
 	}
 	return out, nil
 }
@@ -113,19 +153,26 @@ func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (*pul
 	return s.claimByID(ctx, owner, a.ID, now)
 }
 
-// Renew extends the leases held under tokens to now + lock timeout and stamps heartbeatAt, with one write
-// fenced by the tokens. It returns the tokens whose lease was lost (taken over, reaped or no longer pending).
-func (s *Store) Renew(ctx context.Context, tokens []string) (lost []string, err error) {
-	if len(tokens) == 0 {
+// Renew extends the given leases to now + lock timeout and stamps heartbeatAt, with one updateMany fenced by
+// the attempt ids, their tokens and status pending. When it matched fewer than all, one query finds which are
+// still held. It returns the leases that were lost (reaped, released or no longer pending).
+func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error) {
+	if len(leases) == 0 {
 		return nil, nil
 	}
 	now := s.now()
-	filter := bson.M{"lockToken": bson.M{"$in": tokens}, "status": pulsetype.StatusPending}
+	ids := make([]string, len(leases))
+	tokenSet := map[string]bool{}
+	for i, l := range leases {
+		ids[i] = l.AttemptID
+		tokenSet[l.Token] = true
+	}
+	filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": slices.Collect(maps.Keys(tokenSet))}, "status": pulsetype.StatusPending}
 	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now}})
 	if err != nil {
 		return nil, wrap("renew leases", err)
 	}
-	if int(res.MatchedCount) == len(tokens) {
+	if int(res.MatchedCount) == len(leases) {
 		return nil, nil
 	}
 	cur, err := s.history.Find(ctx, filter, options.Find().SetProjection(bson.M{"lockToken": 1}))
@@ -136,23 +183,40 @@ func (s *Store) Renew(ctx context.Context, tokens []string) (lost []string, err 
 	if err := cur.All(ctx, &held); err != nil {
 		return nil, wrap("find renewed leases", err)
 	}
-	ok := map[string]bool{}
+	ok := map[pulsetype.LeaseKey]bool{}
 	for _, d := range held {
-		ok[d.LockToken] = true
+		ok[pulsetype.LeaseKey{AttemptID: d.ID, Token: d.LockToken}] = true
 	}
-	for _, t := range tokens {
-		if !ok[t] {
-			lost = append(lost, t)
+	for _, l := range leases {
+		if !ok[l] {
+			lost = append(lost, l)
 		}
 	}
 	return lost, nil
 }
 
-// FinishAttempt records the result of a leased attempt with a write fenced by its lock token. It returns
-// pulsetype.ErrLeaseLost when the token no longer matches a pending attempt (another worker took it over):
+// FinishAttempt records the result of a leased attempt with a write fenced by its id and lock token. It
+// returns pulsetype.ErrLeaseLost when they no longer match a pending attempt (it was reaped or released):
 // then nothing is written.
 func (s *Store) FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error {
-	now := s.now()
+	res, err := s.history.UpdateOne(ctx, fence(a), bson.M{"$set": s.resultSet(r, s.now())})
+	if err != nil {
+		return wrap("finish attempt", err)
+	}
+	if res.MatchedCount == 0 {
+		return pulsetype.ErrLeaseLost
+	}
+	return nil
+}
+
+// fence is the filter of a write that only the holder of a's lease may make.
+func fence(a *pulsetype.Attempt) bson.M {
+	return bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending}
+}
+
+// resultSet is the $set of a finished attempt: its status, evidence, endedAt and expiresAt (now + history
+// retention), so retention rides in the terminal update.
+func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 	set := bson.M{
 		"status": r.Status, "endedAt": now, "durationMs": r.Duration.Milliseconds(), "httpStatus": r.HTTPStatus,
 		"responseBody": r.ResponseBody, "terminal": r.Terminal,
@@ -163,14 +227,170 @@ func (s *Store) FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulse
 	if exp := expiry(now, s.opts.HistoryRetention); exp != nil {
 		set["expiresAt"] = exp
 	}
-	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending}, bson.M{"$set": set})
-	if err != nil {
-		return wrap("finish attempt", err)
+	return set
+}
+
+// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two commands:
+//
+//  1. one bulk update whose statements are updateMany's, one per distinct outcome (status, HTTP status,
+//     error), each fenced by the attempts' ids, their lock tokens and status pending: it makes the attempts
+//     terminal with endedAt and expiresAt;
+//  2. one bulk update by _id alone that adds each recorded attempt's own evidence (durationMs,
+//     responseBody). Only this call can have made those attempts terminal, and nothing writes a terminal
+//     attempt, so this write needs no fence.
+//
+// Grouping keeps the fenced filters few: the embedded database (FerretDB on SQLite) evaluates every filter
+// other than {_id: x} by scanning the collection. When the fenced statements matched fewer attempts than
+// given, one query reads back which ones carry this call's result. It returns, in order, whether each
+// result was recorded (false: the lease was lost, nothing was written for it). After a crash between the
+// two commands an attempt is terminal without its duration and response body.
+func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error) {
+	recorded := make([]bool, len(cs))
+	if len(cs) == 0 {
+		return recorded, nil
 	}
-	if res.MatchedCount == 0 {
-		return pulsetype.ErrLeaseLost
+	now := s.now().Truncate(time.Millisecond) // BSON dates hold milliseconds: the read-back compares endedAt
+	type outcome struct {
+		status     pulsetype.Status
+		httpStatus int
+		terminal   bool
+		code, msg  string
+	}
+	groups := map[outcome][]int{}
+	var order []outcome
+	for i, c := range cs {
+		r := c.Result
+		k := outcome{status: r.Status, httpStatus: r.HTTPStatus, terminal: r.Terminal}
+		if r.Error != nil {
+			k.code, k.msg = r.Error.Code, r.Error.Message
+		}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	models := make([]mongo.WriteModel, 0, len(order))
+	for _, k := range order {
+		idx := groups[k]
+		ids, tokens := make([]string, len(idx)), map[string]bool{}
+		for j, i := range idx {
+			ids[j] = cs[i].Attempt.ID
+			tokens[cs[i].Attempt.LockToken] = true
+		}
+		r := cs[idx[0]].Result
+		set := bson.M{"status": r.Status, "endedAt": now, "httpStatus": r.HTTPStatus, "terminal": r.Terminal}
+		if r.Error != nil {
+			set["error"] = r.Error
+		}
+		if exp := expiry(now, s.opts.HistoryRetention); exp != nil {
+			set["expiresAt"] = exp
+		}
+		filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": slices.Collect(maps.Keys(tokens))}, "status": pulsetype.StatusPending}
+		models = append(models, mongo.NewUpdateManyModel().SetFilter(filter).SetUpdate(bson.M{"$set": set}))
+	}
+	res, err := s.history.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	if err != nil {
+		return nil, wrap("finish attempts", err)
+	}
+	if int(res.MatchedCount) == len(cs) {
+		for i := range recorded {
+			recorded[i] = true
+		}
+	} else if err := s.readBackFinished(ctx, cs, now, recorded); err != nil {
+		return nil, err
+	}
+	var evidence []mongo.WriteModel
+	for i, c := range cs {
+		if recorded[i] && (c.Result.Duration > 0 || c.Result.ResponseBody != "") {
+			evidence = append(evidence, mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": c.Attempt.ID}).
+				SetUpdate(bson.M{"$set": bson.M{"durationMs": c.Result.Duration.Milliseconds(), "responseBody": c.Result.ResponseBody}}))
+		}
+	}
+	if len(evidence) > 0 {
+		if _, err := s.history.BulkWrite(ctx, evidence, options.BulkWrite().SetOrdered(false)); err != nil {
+			return recorded, wrap("record attempt evidence", err)
+		}
+	}
+	return recorded, nil
+}
+
+// readBackFinished sets recorded[i] for each attempt that now carries cs[i]'s result written at now.
+func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion, now time.Time, recorded []bool) error {
+	ids := make([]string, len(cs))
+	for i, c := range cs {
+		ids[i] = c.Attempt.ID
+	}
+	cur, err := s.history.Find(ctx, bson.M{"_id": bson.M{"$in": ids}}, options.Find().SetProjection(bson.M{"lockToken": 1, "status": 1, "endedAt": 1, "error": 1}))
+	if err != nil {
+		return wrap("read back finished attempts", err)
+	}
+	var docs []attemptDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return wrap("read back finished attempts", err)
+	}
+	byID := map[string]attemptDoc{}
+	for _, d := range docs {
+		byID[d.ID] = d
+	}
+	for i, c := range cs {
+		// A reaped attempt keeps its token but carries worker_lost and the reaper's endedAt.
+		d, ok := byID[c.Attempt.ID]
+		recorded[i] = ok && d.LockToken == c.Attempt.LockToken && d.Status == c.Result.Status &&
+			d.EndedAt != nil && d.EndedAt.Equal(now) && errorCode(d.Error) == errorCode(c.Result.Error)
 	}
 	return nil
+}
+
+// FollowUps applies the next step of each recorded completion (see reconciler.Decide) with at most two
+// commands: one bulk update ends the deliveries that ended (pending ones only: a delivery another replica
+// ended stays as it is; successes with the same final attempt share one updateMany), and one unordered
+// insertMany creates the next attempts (a duplicate means another replica created it). Both are idempotent;
+// after a crash in between, the reconciler finds the rest.
+func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error {
+	now := s.now()
+	exp := expiry(now, s.opts.HistoryRetention)
+	var ends []mongo.WriteModel
+	var retries []any
+	succeeded := map[int][]string{} // delivery ids by final attempt
+	for _, c := range cs {
+		a := c.Attempt
+		switch {
+		case c.Next.Retry:
+			retries = append(retries, newAttemptDoc(a.DeliveryID, a.EventID, a.ConsumerGroup, a.Topic, a.Number+1, now, now.Add(c.Next.Delay)))
+		case c.Next.EndStatus == pulsetype.StatusSuccess:
+			succeeded[a.Number] = append(succeeded[a.Number], a.DeliveryID)
+		default:
+			ends = append(ends, mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": a.DeliveryID, "status": pulsetype.StatusPending}).
+				SetUpdate(bson.M{"$set": endSet(c.Next.EndStatus, a.Number, c.Next.EndError, now, exp)}))
+		}
+	}
+	for n, ids := range succeeded {
+		ends = append(ends, mongo.NewUpdateManyModel().SetFilter(bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending}).
+			SetUpdate(bson.M{"$set": endSet(pulsetype.StatusSuccess, n, nil, now, exp)}))
+	}
+	if len(ends) > 0 {
+		if _, err := s.deliveries.BulkWrite(ctx, ends, options.BulkWrite().SetOrdered(false)); err != nil {
+			return wrap("end deliveries", err)
+		}
+	}
+	if len(retries) > 0 {
+		if _, err := s.history.InsertMany(ctx, retries, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+			return wrap("create next attempts", err)
+		}
+	}
+	return nil
+}
+
+// endSet is the $set that makes a delivery terminal, with expiresAt riding in the same update.
+func endSet(status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo, now time.Time, exp *time.Time) bson.M {
+	set := bson.M{"status": status, "endedAt": now, "updatedAt": now, "finalAttempt": finalAttempt}
+	if e != nil {
+		set["error"] = e
+	}
+	if exp != nil {
+		set["expiresAt"] = exp
+	}
+	return set
 }
 
 // CreateAttempt inserts attempt number n of a delivery, due after delay. It returns created=false when that
@@ -193,14 +413,8 @@ func (s *Store) CreateAttempt(ctx context.Context, deliveryID, eventID, group, t
 // pending any more (another replica ended it first).
 func (s *Store) EndDelivery(ctx context.Context, deliveryID string, status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo) (ended bool, err error) {
 	now := s.now()
-	set := bson.M{"status": status, "endedAt": now, "updatedAt": now, "finalAttempt": finalAttempt}
-	if e != nil {
-		set["error"] = e
-	}
-	if exp := expiry(now, s.opts.HistoryRetention); exp != nil {
-		set["expiresAt"] = exp
-	}
-	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": deliveryID, "status": pulsetype.StatusPending}, bson.M{"$set": set})
+	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": deliveryID, "status": pulsetype.StatusPending},
+		bson.M{"$set": endSet(status, finalAttempt, e, now, expiry(now, s.opts.HistoryRetention))})
 	if err != nil {
 		return false, wrap("end delivery", err)
 	}
@@ -262,4 +476,11 @@ func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error 
 		return pulsetype.ErrLeaseLost
 	}
 	return nil
+}
+
+func errorCode(e *pulsetype.ErrorInfo) string {
+	if e == nil {
+		return ""
+	}
+	return e.Code
 }

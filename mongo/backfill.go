@@ -49,10 +49,11 @@ func (s *Store) Backfill(ctx context.Context, owner string, batch int) (int, err
 			events = append(events, d.event())
 		}
 	}
-	inserted, err := s.insertDeliveries(ctx, events, []subscriptionDoc{sub})
+	created, err := s.insertDeliveries(ctx, events, []subscriptionDoc{sub})
 	if err != nil {
 		return 0, err
 	}
+	inserted := len(created)
 	fence := bson.M{"_id": sub.ID, "backfill.lockToken": token}
 	var update bson.M
 	if len(docs) < batch {

@@ -171,38 +171,59 @@ func (s *Store) GetEvent(ctx context.Context, id string) (*pulsetype.Event, erro
 	return d.event(), nil
 }
 
+// GetEvents returns the visible, unexpired events among ids, by id, with one query; missing ids are absent
+// from the map.
+func (s *Store) GetEvents(ctx context.Context, ids []string) (map[string]*pulsetype.Event, error) {
+	docs, err := s.findEvents(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	out := make(map[string]*pulsetype.Event, len(docs))
+	for id, d := range docs {
+		if !d.Staged && !expired(d.ExpiresAt, now) {
+			out[id] = d.event()
+		}
+	}
+	return out, nil
+}
+
 // FanOut creates, for each event, the delivery and its first attempt for every consumer group subscribed to
-// the event's topic, then clears the event's fanout mark. It is idempotent: duplicate-key errors mean
-// another replica (or an earlier try) already did it, and a crash before the mark is cleared is repaired by
-// FanOutStale. It returns how many first attempts it inserted.
-func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) (int, error) {
+// the event's topic, with three commands per batch: one query for the subscriptions, one insertMany of
+// deliveries, one of first attempts. It is idempotent: duplicate-key errors mean another replica (or an
+// earlier try) already did it. It leaves the events' fanout mark for the caller to clear with ClearFanOut
+// (a crash before that is repaired by FanOutStale). It returns the first attempts it inserted, unleased.
+func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulsetype.Attempt, error) {
 	if len(events) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	topics := map[string]bool{}
-	ids := make([]string, 0, len(events))
 	for _, e := range events {
 		topics[e.Topic] = true
-		ids = append(ids, e.ID)
 	}
 	subs, err := s.subscriptionsFor(ctx, slices.Collect(maps.Keys(topics)))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	inserted, err := s.insertDeliveries(ctx, events, subs)
-	if err != nil {
-		return 0, err
+	return s.insertDeliveries(ctx, events, subs)
+}
+
+// ClearFanOut removes the fanout mark of events whose deliveries exist, with one updateMany. Clearing late
+// is harmless: FanOutStale only takes marks older than one lock timeout, and a repeated fan-out is a no-op.
+func (s *Store) ClearFanOut(ctx context.Context, eventIDs []string) error {
+	if len(eventIDs) == 0 {
+		return nil
 	}
-	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "fanout": true}, bson.M{"$unset": bson.M{"fanout": ""}}); err != nil {
-		return inserted, wrap("clear fanout mark", err)
+	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": eventIDs}, "fanout": true}, bson.M{"$unset": bson.M{"fanout": ""}}); err != nil {
+		return wrap("clear fanout mark", err)
 	}
-	return inserted, nil
+	return nil
 }
 
 // insertDeliveries creates the delivery and first attempt of each event for each subscription of its topic,
-// with one insertMany per collection; duplicates (already created) are no-ops. It returns how many first
-// attempts it inserted.
-func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event, subs []subscriptionDoc) (int, error) {
+// with one insertMany per collection; duplicates (already created) are no-ops. It returns the first attempts
+// it inserted.
+func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event, subs []subscriptionDoc) ([]*pulsetype.Attempt, error) {
 	now := s.now()
 	var deliveries, attempts []any
 	for _, e := range events {
@@ -222,20 +243,30 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 		}
 	}
 	if len(deliveries) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	unordered := options.InsertMany().SetOrdered(false)
 	if _, err := s.deliveries.InsertMany(ctx, deliveries, unordered); err != nil && !onlyDuplicates(err) {
-		return 0, wrap("insert deliveries", err)
+		return nil, wrap("insert deliveries", err)
 	}
-	res, err := s.history.InsertMany(ctx, attempts, unordered)
+	_, err := s.history.InsertMany(ctx, attempts, unordered)
 	if err != nil && !onlyDuplicates(err) {
-		return 0, wrap("insert first attempts", err)
+		return nil, wrap("insert first attempts", err)
 	}
-	if res == nil {
-		return 0, nil
+	failed := map[int]bool{}
+	var bwe mongo.BulkWriteException
+	if errors.As(err, &bwe) {
+		for _, we := range bwe.WriteErrors {
+			failed[we.Index] = true
+		}
 	}
-	return len(res.InsertedIDs), nil
+	out := make([]*pulsetype.Attempt, 0, len(attempts))
+	for i, doc := range attempts {
+		if !failed[i] {
+			out = append(out, doc.(*attemptDoc).attempt())
+		}
+	}
+	return out, nil
 }
 
 // FanOutStale runs FanOut for up to limit events still marked for fan-out and created more than age ago:
@@ -253,10 +284,15 @@ func (s *Store) FanOutStale(ctx context.Context, age time.Duration, limit int) (
 		return 0, wrap("find events to fan out", err)
 	}
 	events := make([]*pulsetype.Event, len(docs))
+	ids := make([]string, len(docs))
 	for i, d := range docs {
-		events[i] = d.event()
+		events[i], ids[i] = d.event(), d.ID
 	}
-	return s.FanOut(ctx, events)
+	inserted, err := s.FanOut(ctx, events)
+	if err != nil {
+		return 0, err
+	}
+	return len(inserted), s.ClearFanOut(ctx, ids)
 }
 
 // onlyDuplicates reports whether err is a bulk write error made only of duplicate-key errors ("already

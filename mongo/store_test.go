@@ -270,7 +270,9 @@ func TestFanOutConcurrentCreatesOneDeliveryPerGroup(t *testing.T) {
 	inserted := make([]int, n)
 	errs := make([]error, n)
 	concurrently(n, func(i int) {
-		inserted[i], errs[i] = stores[i].FanOut(b.ctx, []*pulsetype.Event{ev})
+		var created []*pulsetype.Attempt
+		created, errs[i] = stores[i].FanOut(b.ctx, []*pulsetype.Event{ev})
+		inserted[i] = len(created)
 	})
 	total := 0
 	for i := range n {
@@ -303,8 +305,11 @@ func TestFanOutConcurrentCreatesOneDeliveryPerGroup(t *testing.T) {
 			t.Errorf("attempts of delivery %s = %+v, want one pending attempt 1", id, as)
 		}
 	}
+	if err := s.ClearFanOut(b.ctx, []string{ev.ID}); err != nil {
+		t.Fatalf("ClearFanOut: %v", err)
+	}
 	if got := b.count("events", bson.M{"_id": ev.ID, "fanout": bson.M{"$exists": true}}); got != 0 {
-		t.Errorf("event still carries its fanout mark after FanOut")
+		t.Errorf("event still carries its fanout mark after ClearFanOut")
 	}
 	if total != 2 {
 		t.Errorf("FanOut calls reported %d inserted first attempts in total (%v), want 2: only 2 were inserted", total, inserted)
@@ -462,9 +467,10 @@ func TestClaimIsFencedByLockToken(t *testing.T) {
 		t.Fatalf("second Claim of a leased attempt = %+v, %v; want nil, nil", other, err)
 	}
 
-	lost, err := s.Renew(b.ctx, []string{a.LockToken, "not-a-token"})
-	if err != nil || !slices.Equal(lost, []string{"not-a-token"}) {
-		t.Errorf("Renew(held, unknown) = %v, %v; want [not-a-token], nil", lost, err)
+	unknown := pulsetype.LeaseKey{AttemptID: a.ID, Token: "not-a-token"}
+	lost, err := s.Renew(b.ctx, []pulsetype.LeaseKey{a.Key(), unknown})
+	if err != nil || !slices.Equal(lost, []pulsetype.LeaseKey{unknown}) {
+		t.Errorf("Renew(held, unknown) = %v, %v; want [unknown], nil", lost, err)
 	}
 
 	wrong := *a
@@ -488,8 +494,8 @@ func TestClaimIsFencedByLockToken(t *testing.T) {
 	if next, err := s.Claim(b.ctx, "worker-a", nil); err != nil || next != nil {
 		t.Errorf("Claim after the only attempt finished = %+v, %v; want nil, nil", next, err)
 	}
-	lost, err = s.Renew(b.ctx, []string{a.LockToken})
-	if err != nil || !slices.Equal(lost, []string{a.LockToken}) {
+	lost, err = s.Renew(b.ctx, []pulsetype.LeaseKey{a.Key()})
+	if err != nil || !slices.Equal(lost, []pulsetype.LeaseKey{a.Key()}) {
 		t.Errorf("Renew of a finished attempt's token = %v, %v; want it lost", lost, err)
 	}
 }
@@ -532,7 +538,7 @@ func TestReapOneReapsExpiredLease(t *testing.T) {
 	if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess}); !errors.Is(err, pulsetype.ErrLeaseLost) {
 		t.Errorf("FinishAttempt after the reap = %v, want ErrLeaseLost", err)
 	}
-	if lost, err := s.Renew(b.ctx, []string{a.LockToken}); err != nil || len(lost) != 1 {
+	if lost, err := s.Renew(b.ctx, []pulsetype.LeaseKey{a.Key()}); err != nil || len(lost) != 1 {
 		t.Errorf("Renew after the reap = %v, %v; want the token lost", lost, err)
 	}
 	if r, err := s.ReapOne(b.ctx); err != nil || r != nil {
@@ -548,7 +554,7 @@ func TestReapOneSparesRenewedLease(t *testing.T) {
 	a := b.claim(s, "worker-a")
 
 	b.clock.Advance(80 * time.Millisecond)
-	if lost, err := s.Renew(b.ctx, []string{a.LockToken}); err != nil || len(lost) != 0 {
+	if lost, err := s.Renew(b.ctx, []pulsetype.LeaseKey{a.Key()}); err != nil || len(lost) != 0 {
 		t.Fatalf("Renew of a held lease = %v, %v; want none lost", lost, err)
 	}
 	b.clock.Advance(70 * time.Millisecond) // 150ms after the claim: the first lease would have expired

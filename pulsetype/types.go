@@ -167,3 +167,29 @@ type DeliveryFilter struct {
 	After                string // the next cursor of the previous page
 	Limit                int    // 1–500
 }
+
+// LeaseKey names one held attempt lease: the attempt's id and the fencing token it was claimed with. One
+// claim round trip leases several attempts under one fresh token, so every fenced write filters on both.
+type LeaseKey struct {
+	AttemptID string
+	Token     string
+}
+
+// Key returns the attempt's lease key (its id and lock token).
+func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.LockToken} }
+
+// NextStep is what follows an ended attempt, by the seed's lifecycle: either attempt Number+1 is created,
+// due after Delay, or the delivery ends with EndStatus and EndError.
+type NextStep struct {
+	Retry     bool
+	Delay     time.Duration
+	EndStatus Status     // when !Retry: StatusSuccess or StatusError
+	EndError  *ErrorInfo // when !Retry and EndStatus is StatusError
+}
+
+// Completion is a leased attempt's result together with what follows it.
+type Completion struct {
+	Attempt *Attempt // as leased: ID and LockToken fence the write
+	Result  AttemptResult
+	Next    NextStep
+}

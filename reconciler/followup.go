@@ -22,27 +22,36 @@ type Step struct {
 	Created bool          // this call wrote the change (false: another replica had already done it)
 }
 
-// FollowUp moves a delivery on after its attempt a ended with status and e (the seed's lifecycle): success
-// ends the delivery; an error creates exactly the next numbered attempt while policy allows it (terminal
-// reports a non-retryable answer, retryAfter a receiver's Retry-After), and otherwise ends the delivery with
-// that error. It is idempotent: called twice, or by several replicas at once, it changes the database once.
-func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, status pulsetype.Status, e *pulsetype.ErrorInfo,
-	terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) (Step, error) {
+// Decide returns what follows attempt number n that ended with status and e (the seed's lifecycle): success
+// ends the delivery; an error gets attempt n+1 while policy allows it (terminal reports a non-retryable
+// answer, retryAfter a receiver's Retry-After), and otherwise ends the delivery with that error. It reads
+// nothing and writes nothing.
+func Decide(n int, status pulsetype.Status, e *pulsetype.ErrorInfo, terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) pulsetype.NextStep {
 	if status == pulsetype.StatusSuccess {
-		ended, err := store.EndDelivery(ctx, a.DeliveryID, pulsetype.StatusSuccess, a.Number, nil)
-		return Step{Ended: true, Created: ended}, err
+		return pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}
 	}
 	code := ""
 	if e != nil {
 		code = e.Code
 	}
-	if retry, delay := policy.Next(a.Number, code, terminal, retryAfter); retry {
-		created, err := store.CreateAttempt(ctx, a.DeliveryID, a.EventID, a.ConsumerGroup, a.Topic, a.Number+1, delay)
+	if retry, delay := policy.Next(n, code, terminal, retryAfter); retry {
+		return pulsetype.NextStep{Retry: true, Delay: delay}
+	}
+	return pulsetype.NextStep{EndStatus: pulsetype.StatusError, EndError: e}
+}
+
+// FollowUp moves a delivery on after its attempt a ended with status and e, as Decide says, with one write.
+// It is idempotent: called twice, or by several replicas at once, it changes the database once.
+func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, status pulsetype.Status, e *pulsetype.ErrorInfo,
+	terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) (Step, error) {
+	next := Decide(a.Number, status, e, terminal, retryAfter, policy)
+	if next.Retry {
+		created, err := store.CreateAttempt(ctx, a.DeliveryID, a.EventID, a.ConsumerGroup, a.Topic, a.Number+1, next.Delay)
 		if err != nil {
 			return Step{}, fmt.Errorf("create attempt %d: %w", a.Number+1, err)
 		}
-		return Step{Retry: true, Delay: delay, Created: created}, nil
+		return Step{Retry: true, Delay: next.Delay, Created: created}, nil
 	}
-	ended, err := store.EndDelivery(ctx, a.DeliveryID, pulsetype.StatusError, a.Number, e)
+	ended, err := store.EndDelivery(ctx, a.DeliveryID, next.EndStatus, a.Number, next.EndError)
 	return Step{Ended: true, Created: ended}, err
 }
