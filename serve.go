@@ -32,8 +32,9 @@ import (
 const (
 	clockSyncInterval = 30 * time.Second
 	sweepInterval     = time.Minute
-	// pendingSampleInterval is how often pulse_deliveries_pending is refreshed (one aggregation).
-	pendingSampleInterval = 15 * time.Second
+	// pendingCountMaxAge is how long a count of pending deliveries (one aggregation, made when /metrics is
+	// scraped) is reused.
+	pendingCountMaxAge = 15 * time.Second
 )
 
 // serve runs the sidecar until ctx is done, then shuts down in order: publishes and /readyz answer 503 (the
@@ -128,6 +129,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	owner := uuid.Must(uuid.NewV7()).String()
 	keeper := lease.NewKeeper(store.Renew, cfg.LockTimeout, local, log)
 	metrics := httpapi.NewMetrics()
+	metrics.CountPendingWith(store.PendingByGroup, pendingCountMaxAge, log)
 	recon := reconciler.New(store, owner, cfg.LockTimeout, metrics, log)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
 		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log,
@@ -162,7 +164,6 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	if cfg.EndpointsFile != "" {
 		go watchEndpointsFile(bg, cfg.EndpointsFile, endpointsHash, store, disp.EndpointChanged, log)
 	}
-	go metrics.SamplePending(bg, pendingSampleInterval, store.PendingByGroup, log)
 
 	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	serveErr := make(chan error, 1)

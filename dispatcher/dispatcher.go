@@ -68,10 +68,10 @@ const (
 	// their events; beyond them attempts are left to polling.
 	maxReady      = 4096
 	maxReadyBytes = 64 << 20
-	// markFlushInterval and markFlushBatch bound how long and how many fanned-out events keep their fanout
-	// mark before one updateMany clears them (the reconciler only repairs marks older than a lock timeout).
-	markFlushInterval = time.Second
-	markFlushBatch    = 256
+	// markFlushBatch bounds how many fanned-out events keep their fanout mark before one updateMany clears
+	// them; a quarter of the lock timeout bounds how long (the reconciler repairs marks older than a lock
+	// timeout).
+	markFlushBatch = 1024
 	// maxRecordBatch bounds the results recorded by one bulk write.
 	maxRecordBatch = 256
 )
@@ -234,8 +234,9 @@ func (d *Dispatcher) reapInterval() time.Duration {
 
 // turn runs one pass of the loop and reports whether recovery did work that may have more to do. The
 // recovery steps run on their own periods (reap every reap interval, repair every repair interval, sooner
-// while they find work), and the database is asked for due work only when poll is set, a poll interval
-// passed, or a backlog may wait there; local work (fan-out, claims of attempts created here) runs always.
+// while they find work). The database is asked for due work when poll is set (a poll interval without
+// local work, a wake-up, recovery work), when a backlog may wait there, and at least every reap interval
+// while local work keeps the loop busy; local work (fan-out, claims of attempts created here) runs always.
 func (d *Dispatcher) turn(ctx context.Context, poll bool, lastReap, lastRepair *time.Time) bool {
 	worked := false
 	d.fanOut(ctx)
@@ -260,7 +261,7 @@ func (d *Dispatcher) turn(ctx context.Context, poll bool, lastReap, lastRepair *
 		}
 		worked = worked || n > 0
 	}
-	poll = poll || time.Since(d.lastPoll) >= d.opts.PollInterval
+	poll = poll || time.Since(d.lastPoll) >= d.reapInterval()
 	ordered := d.claimOrdered(ctx, poll)
 	d.claimReady(ctx)
 	d.mu.Lock()
@@ -315,12 +316,12 @@ func (d *Dispatcher) fanOut(ctx context.Context) {
 	}
 }
 
-// flushMarks clears the fanout marks of fanned-out events with one write once markFlushBatch of them or
-// markFlushInterval passed (or when force is set). A failed clear is left to the reconciler, whose repeated
+// flushMarks clears the fanout marks of fanned-out events with one write once markFlushBatch of them wait
+// or the oldest waited a quarter of the lock timeout (or when force is set). A failed clear is left to the reconciler, whose repeated
 // fan-out is a no-op.
 func (d *Dispatcher) flushMarks(ctx context.Context, force bool) {
 	d.mu.Lock()
-	if len(d.unmarked) == 0 || !force && len(d.unmarked) < markFlushBatch && time.Since(d.unmarkedSince) < markFlushInterval {
+	if len(d.unmarked) == 0 || !force && len(d.unmarked) < markFlushBatch && time.Since(d.unmarkedSince) < d.opts.LockTimeout/4 {
 		d.mu.Unlock()
 		return
 	}

@@ -16,6 +16,7 @@
 // the event already in memory (no query for due work, no read of the payload); attempts found by polling are
 // claimed several per round trip and their events read with one query; the results finished meanwhile are
 // recorded by one bulk update (plus one for the deliveries they end and one for the retries they create).
-// The database is polled for due work only on the poll interval, on a wake-up (change stream, retry timer)
-// or while it may hold a backlog this process had no capacity for.
+// The database is polled for due work after a poll interval without local work, on a wake-up (change
+// stream, retry timer, recovery work), while it may hold a backlog this process had no capacity for, and at
+// least every max(poll interval, lock timeout/4) while local work keeps the loop busy.
 package dispatcher

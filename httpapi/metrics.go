@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,7 +39,7 @@ func NewMetrics() *Metrics {
 			Help: "Duration of webhook POSTs, by consumer group.", Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10)},
 			[]string{"consumer_group"}),
 		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_deliveries_pending",
-			Help: "Pending deliveries by consumer group, sampled periodically from the database (not per scrape)."},
+			Help: "Pending deliveries by consumer group, counted in the database on scrape (at most every 15 s)."},
 			[]string{"consumer_group"}),
 		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_lease_lost_total",
 			Help: "Attempts whose lease this process lost while running them (their result was not written)."}),
@@ -47,7 +48,7 @@ func NewMetrics() *Metrics {
 		reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_reconciled_total",
 			Help: "Partial states this process repaired, by kind."}, []string{"kind"}),
 	}
-	m.registry.MustRegister(m.published, m.deliveries, m.duration, m.pending, m.leaseLost, m.workerLost, m.reconciled,
+	m.registry.MustRegister(m.published, m.deliveries, m.duration, m.leaseLost, m.workerLost, m.reconciled,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -75,25 +76,43 @@ func (m *Metrics) WorkerLost(string) { m.workerLost.Inc() }
 // Reconciled counts a repaired partial state.
 func (m *Metrics) Reconciled(kind string) { m.reconciled.WithLabelValues(kind).Inc() }
 
-// SamplePending refreshes pulse_deliveries_pending every interval from count (pending deliveries by
-// consumer group) until ctx is done. Groups that no longer have pending deliveries read 0.
-func (m *Metrics) SamplePending(ctx context.Context, interval time.Duration, count func(context.Context) (map[string]int64, error), log zerolog.Logger) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		counts, err := count(ctx)
+// pendingCollector serves pulse_deliveries_pending: it counts pending deliveries when scraped, at most once
+// per maxAge (a scrape in between gets the last count), so nobody pays for the count unless it is read.
+type pendingCollector struct {
+	gauge  *prometheus.GaugeVec
+	count  func(context.Context) (map[string]int64, error)
+	maxAge time.Duration
+	log    zerolog.Logger
+
+	mu      sync.Mutex
+	sampled time.Time
+}
+
+func (c *pendingCollector) Describe(ch chan<- *prometheus.Desc) { c.gauge.Describe(ch) }
+
+func (c *pendingCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.sampled) >= c.maxAge {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		counts, err := c.count(ctx)
+		cancel()
 		if err == nil {
-			m.pending.Reset()
+			c.gauge.Reset()
 			for group, n := range counts {
-				m.pending.WithLabelValues(group).Set(float64(n))
+				c.gauge.WithLabelValues(group).Set(float64(n))
 			}
-		} else if ctx.Err() == nil {
-			log.Warn().Err(err).Msg("sampling pending deliveries failed")
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+			c.sampled = time.Now()
+		} else {
+			c.log.Warn().Err(err).Msg("counting pending deliveries for /metrics failed: serving the last count")
 		}
 	}
+	c.gauge.Collect(ch)
+}
+
+// CountPendingWith makes /metrics serve pulse_deliveries_pending from count (pending deliveries by consumer
+// group, registered groups with none included as 0), called on scrape at most once per maxAge. Call it once,
+// before serving.
+func (m *Metrics) CountPendingWith(count func(context.Context) (map[string]int64, error), maxAge time.Duration, log zerolog.Logger) {
+	m.registry.MustRegister(&pendingCollector{gauge: m.pending, count: count, maxAge: maxAge, log: log})
 }

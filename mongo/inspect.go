@@ -93,7 +93,7 @@ func (s *Store) decodeDeliveries(ctx context.Context, cur *mongo.Cursor) ([]*pul
 func expired(at *time.Time, now time.Time) bool { return at != nil && !at.After(now) }
 
 // PendingByGroup counts pending deliveries by consumer group, with one aggregation (served by
-// pulse_deliveries_status_id).
+// pulse_deliveries_status_id) and one query for the registered groups, which read 0 when nothing is pending.
 func (s *Store) PendingByGroup(ctx context.Context) (map[string]int64, error) {
 	cur, err := s.deliveries.Aggregate(ctx, mongo.Pipeline{
 		{{Key: "$match", Value: bson.M{"status": pulsetype.StatusPending}}},
@@ -112,6 +112,17 @@ func (s *Store) PendingByGroup(ctx context.Context) (map[string]int64, error) {
 	out := make(map[string]int64, len(rows))
 	for _, r := range rows {
 		out[r.Group] = r.N
+	}
+	cur, err = s.subscriptions.Find(ctx, bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
+	if err != nil {
+		return nil, wrap("list consumer groups", err)
+	}
+	var groups []subscriptionDoc
+	if err := cur.All(ctx, &groups); err != nil {
+		return nil, wrap("list consumer groups", err)
+	}
+	for _, g := range groups {
+		out[g.ID] += 0 // a registered group with nothing pending reads 0
 	}
 	return out, nil
 }
