@@ -43,24 +43,27 @@ type benchResult struct {
 	TimeByCommand          map[string]time.Duration // their summed round-trip times
 }
 
-// runBench is `pulse bench`: it starts the embedded development database as a child process (so its CPU and
-// memory are not the sidecar's), runs a sidecar in-process with a driver command monitor, registers --groups
-// consumer groups on a local receiver, publishes --events events with --publishers concurrent clients, waits
-// for every delivery, then measures raw single-document updates by _id on the same database at the same
-// concurrency. It prints a table and one machine-readable line starting with "bench:".
-func runBench(ctx context.Context, args []string, stdout io.Writer) error {
+// runBench is `pulse bench`: it starts the embedded development database as a child process unless
+// PULSE_MONGODB_URI or --mongodb-uri names one (so the database's CPU and memory are not the sidecar's), runs
+// --replicas sidecars in-process with a driver command monitor, registers --groups consumer groups on a local
+// receiver, publishes --events events one request per event with --concurrency concurrent clients spread
+// over the replicas, waits for every delivery, then measures raw single-document updates by _id on the same
+// database at the same concurrency. It prints a table and one machine-readable line starting with "bench:".
+func runBench(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	events := fs.Int("events", 1000, "events to publish")
 	groups := fs.Int("groups", 2, "consumer groups subscribed to the topic")
-	publishers := fs.Int("publishers", 8, "concurrent publishing clients (and raw-update clients)")
-	uri := fs.String("mongodb-uri", "", "database to use instead of a fresh embedded development database")
+	replicas := fs.Int("replicas", 1, "sidecar replicas sharing the database")
+	concurrency := fs.Int("concurrency", 8, "concurrent publishing clients (and raw-update clients)")
+	uri := fs.String("mongodb-uri", getenv("PULSE_MONGODB_URI"), "database to use instead of a fresh embedded development database (default $PULSE_MONGODB_URI)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *events < 1 || *groups < 1 || *publishers < 1 {
-		return errors.New("bench: --events, --groups and --publishers must be at least 1")
+	if *events < 1 || *groups < 1 || *concurrency < 1 || *replicas < 1 {
+		return errors.New("bench: --events, --groups, --replicas and --concurrency must be at least 1")
 	}
+	publishers := concurrency
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	if *uri == "" {
@@ -106,23 +109,35 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 		Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) { took(e.CommandName, e.Duration) },
 		Failed:    func(_ context.Context, e *event.CommandFailedEvent) { took(e.CommandName, e.Duration) },
 	}
-	addr := make(chan string, 1)
 	sidecarCtx, stopSidecar := context.WithCancel(ctx)
 	defer stopSidecar()
-	done := make(chan error, 1)
 	env := map[string]string{"PULSE_MONGODB_URI": *uri, "PULSE_DATABASE": dbName, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_LOG_LEVEL": "error"}
-	go func() {
-		done <- serveWith(sidecarCtx, func(k string) string { return env[k] }, io.Discard, serveHooks{monitor: monitor, ready: func(a string) { addr <- a }})
-	}()
-	var api string
-	select {
-	case a := <-addr:
-		api = "http://" + a
-	case err := <-done:
-		return fmt.Errorf("bench: sidecar did not start: %w", err)
+	apis := make([]string, *replicas)
+	dones := make([]chan error, *replicas)
+	for r := range *replicas {
+		addr := make(chan string, 1)
+		done := make(chan error, 1)
+		dones[r] = done
+		go func() {
+			done <- serveWith(sidecarCtx, func(k string) string { return env[k] }, io.Discard, serveHooks{monitor: monitor, ready: func(a string) { addr <- a }})
+		}()
+		select {
+		case a := <-addr:
+			apis[r] = "http://" + a
+		case err := <-done:
+			return fmt.Errorf("bench: sidecar replica %d did not start: %w", r+1, err)
+		}
 	}
+	api := apis[0]
 	var stopOnce sync.Once
-	shutdown := func() { stopOnce.Do(func() { stopSidecar(); <-done }) }
+	shutdown := func() {
+		stopOnce.Do(func() {
+			stopSidecar()
+			for _, done := range dones {
+				<-done
+			}
+		})
+	}
 	defer shutdown()
 	for g := range *groups {
 		body := fmt.Sprintf(`{"url":"http://%s/g%d","topics":["bench"],"maxConcurrency":64}`, ln.Addr(), g)
@@ -144,7 +159,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 			for i := range work {
 				id := fmt.Sprintf("bench-%d", i)
 				rcv.published(id)
-				if err := benchRequest(ctx, "POST", api+"/v1/events", fmt.Sprintf(`{"id":%q,"topic":"bench","data":{"i":%d}}`, id, i), http.StatusAccepted); err != nil {
+				if err := benchRequest(ctx, "POST", apis[i%len(apis)]+"/v1/events", fmt.Sprintf(`{"id":%q,"topic":"bench","data":{"i":%d}}`, id, i), http.StatusAccepted); err != nil {
 					pubErr.Store(err)
 				}
 			}
@@ -184,12 +199,12 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	r.ByCommand = maps.Clone(byName)
 	r.TimeByCommand = maps.Clone(timeByName)
 	byNameMu.Unlock()
-	printBench(stdout, r, *events, *groups)
+	printBench(stdout, r, *events, *groups, *replicas)
 	return nil
 }
 
-func printBench(w io.Writer, r benchResult, events, groups int) {
-	fmt.Fprintf(w, "events %d × consumer groups %d\n", events, groups)
+func printBench(w io.Writer, r benchResult, events, groups, replicas int) {
+	fmt.Fprintf(w, "events %d × consumer groups %d, %d sidecar replica(s)\n", events, groups, replicas)
 	for _, row := range []struct {
 		k string
 		v string

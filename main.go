@@ -43,7 +43,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	case "devdb":
 		return runDevDB(ctx, args, stdout)
 	case "bench":
-		return runBench(ctx, args, stdout)
+		return runBench(ctx, args, getenv, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, args)
 	case "version":
