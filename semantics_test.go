@@ -220,3 +220,37 @@ func TestBlockedDestinationIsRecorded(t *testing.T) {
 		t.Fatalf("delivery = %+v, want one attempt refused as blocked", d)
 	}
 }
+
+// A consumer group switched to ordered through another replica, while this replica keeps claiming its due
+// retries, must not stall this replica: it gives those attempts back once and goes on with other work (an
+// event published here is still fanned out and delivered at once, long before another replica's repair).
+func TestSwitchToOrderedDoesNotStallAReplica(t *testing.T) {
+	b := setup(t)
+	env := b.fastEnv()
+	env["PULSE_LOCK_TIMEOUT"] = "30s" // no other replica repairs this one's fan-out within the test
+	s1 := b.start(env)
+	s2 := b.start(env)
+	failing := newReceiver(t, 500)
+	fine := newReceiver(t)
+	s1.registerEndpoint(t, "g", map[string]any{"url": failing.URL, "topics": []string{"tg"}, "retryDelay": "50ms",
+		"retryBackoffMultiplier": 1, "maxRetries": 100})
+	s1.registerEndpoint(t, "h", map[string]any{"url": fine.URL, "topics": []string{"th"}})
+	for i := range 20 {
+		s1.publish(t, "tg", i)
+	}
+	waitFor(t, 20*time.Second, "retries of g", func() bool { return len(failing.received()) >= 100 })
+	s2.registerEndpoint(t, "g", map[string]any{"url": failing.URL, "topics": []string{"tg"}, "retryDelay": "50ms",
+		"retryBackoffMultiplier": 1, "maxRetries": 100, "ordered": true})
+	// Keep publishing to s1 until an event published well after s1's cache of g expired (1 s) arrives.
+	switched := time.Now()
+	sent := map[string]time.Time{}
+	waitFor(t, 15*time.Second, "an event published to s1 after the switch", func() bool {
+		sent[s1.publish(t, "th", len(sent))] = time.Now()
+		for _, r := range fine.received() {
+			if at, ok := sent[r.Header.Get("Idempotency-Key")]; ok && at.Sub(switched) > 2*time.Second {
+				return true
+			}
+		}
+		return false
+	})
+}

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -190,7 +191,7 @@ func (d *Dispatcher) Stop() {
 		}
 		close(d.completions)
 		<-d.recorded
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.execCtx), writeTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.execCtx), 2*time.Second) // the marks are only an optimization
 		d.flushMarks(ctx, true)
 		cancel()
 		d.abortExec()
@@ -428,13 +429,16 @@ func (d *Dispatcher) claimDue(ctx context.Context, ordered []string) {
 		for i, a := range batch {
 			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: err == nil}
 		}
-		d.launchAll(ctx, jobs)
+		// Groups found ordered only now stay out of this turn's claims: their attempts were given back and
+		// would be claimed again at once.
+		ordered = append(ordered, d.launchAll(ctx, jobs)...)
 	}
 }
 
 // launchAll runs leased attempts, except those of a group this process did not know as ordered yet
-// (registered or changed through another replica): those are given back for the head-of-line claim.
-func (d *Dispatcher) launchAll(ctx context.Context, jobs []job) {
+// (registered or changed through another replica): those are given back for the head-of-line claim, and
+// their groups returned.
+func (d *Dispatcher) launchAll(ctx context.Context, jobs []job) (released []string) {
 	for _, j := range jobs {
 		if ep, err := d.endpoint(ctx, j.a.ConsumerGroup); err == nil && ep != nil && ep.Ordered {
 			if err := d.store.ReleaseAttempt(ctx, j.a); err != nil {
@@ -443,10 +447,14 @@ func (d *Dispatcher) launchAll(ctx context.Context, jobs []job) {
 			d.mu.Lock()
 			d.orderedAt = time.Time{}
 			d.mu.Unlock()
+			if !slices.Contains(released, j.a.ConsumerGroup) {
+				released = append(released, j.a.ConsumerGroup)
+			}
 			continue
 		}
 		d.launch(j)
 	}
+	return released
 }
 
 func (d *Dispatcher) logErr(ctx context.Context, err error, step string) {

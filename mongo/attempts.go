@@ -230,7 +230,8 @@ func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 	return set
 }
 
-// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two commands:
+// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two commands (more
+// when a batch needs more than maxStatements statements):
 //
 //  1. one bulk update whose statements are updateMany's, one per distinct outcome (status, HTTP status,
 //     error), each fenced by the attempts' ids, their lock tokens and status pending: it makes the attempts
@@ -242,8 +243,9 @@ func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 // Grouping keeps the fenced filters few: the embedded database (FerretDB on SQLite) evaluates every filter
 // other than {_id: x} by scanning the collection. When the fenced statements matched fewer attempts than
 // given, one query reads back which ones carry this call's result. It returns, in order, whether each
-// result was recorded (false: the lease was lost, nothing was written for it). After a crash between the
-// two commands an attempt is terminal without its duration and response body.
+// result was recorded (false: the lease was lost, nothing was written for it). The evidence is best
+// effort: when its write fails (it is logged) or the process crashes before it, an attempt is terminal
+// without its duration and response body.
 func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error) {
 	recorded := make([]bool, len(cs))
 	if len(cs) == 0 {
@@ -288,11 +290,11 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": slices.Collect(maps.Keys(tokens))}, "status": pulsetype.StatusPending}
 		models = append(models, mongo.NewUpdateManyModel().SetFilter(filter).SetUpdate(bson.M{"$set": set}))
 	}
-	res, err := s.history.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	matched, err := bulkUpdate(ctx, s.history, models)
 	if err != nil {
 		return nil, wrap("finish attempts", err)
 	}
-	if int(res.MatchedCount) == len(cs) {
+	if int(matched) == len(cs) {
 		for i := range recorded {
 			recorded[i] = true
 		}
@@ -307,8 +309,9 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		}
 	}
 	if len(evidence) > 0 {
-		if _, err := s.history.BulkWrite(ctx, evidence, options.BulkWrite().SetOrdered(false)); err != nil {
-			return recorded, wrap("record attempt evidence", err)
+		if _, err := bulkUpdate(ctx, s.history, evidence); err != nil {
+			// The results are recorded; only their duration and response body are missing.
+			s.log.Warn().Err(err).Int("attempts", len(evidence)).Msg("recording attempt evidence (durationMs, responseBody) failed")
 		}
 	}
 	return recorded, nil
@@ -369,7 +372,7 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 			SetUpdate(bson.M{"$set": endSet(pulsetype.StatusSuccess, n, nil, now, exp)}))
 	}
 	if len(ends) > 0 {
-		if _, err := s.deliveries.BulkWrite(ctx, ends, options.BulkWrite().SetOrdered(false)); err != nil {
+		if _, err := bulkUpdate(ctx, s.deliveries, ends); err != nil {
 			return wrap("end deliveries", err)
 		}
 	}
@@ -483,4 +486,22 @@ func errorCode(e *pulsetype.ErrorInfo) string {
 		return ""
 	}
 	return e.Code
+}
+
+// maxStatements bounds the statements of one update command. FerretDB v1 keeps every statement's query open
+// until the whole command returns, one pooled backend connection each (50 on PostgreSQL, 100 on SQLite), so
+// a longer command waits forever for a connection it holds itself.
+const maxStatements = 16
+
+// bulkUpdate runs update models as unordered bulk writes of at most maxStatements statements each and
+// returns how many documents their filters matched in total.
+func bulkUpdate(ctx context.Context, coll *mongo.Collection, models []mongo.WriteModel) (matched int64, err error) {
+	for chunk := range slices.Chunk(models, maxStatements) {
+		res, err := coll.BulkWrite(ctx, chunk, options.BulkWrite().SetOrdered(false))
+		if err != nil {
+			return matched, err
+		}
+		matched += res.MatchedCount
+	}
+	return matched, nil
 }

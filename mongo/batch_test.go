@@ -2,6 +2,7 @@ package mongo
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -226,5 +227,41 @@ func TestGetEventsSkipsMissingAndExpired(t *testing.T) {
 	}
 	if len(got) != 1 || got["evt-new"] == nil || string(got["evt-new"].Data) != `{"n":1}` {
 		t.Errorf("GetEvents = %v, want only evt-new with its data", got)
+	}
+}
+
+// A batch larger than FerretDB's pool of backend connections is written in several commands instead of one
+// that would wait forever for a connection it holds itself (120 statements > 100 on SQLite, 50 on PostgreSQL).
+func TestLargeBatchesDoNotStallTheDatabase(t *testing.T) {
+	b := setup(t)
+	s := b.store(nil, nil)
+	b.putEndpoint(s, "billing", "t")
+	b.putEndpoint(s, "audit", "t")
+	created := b.fanOutN(s, 60, "t")
+	leased, err := s.ClaimAttempts(b.ctx, "worker-a", created)
+	if err != nil || len(leased) != 120 {
+		t.Fatalf("ClaimAttempts = %d, %v; want 120", len(leased), err)
+	}
+	cs := make([]pulsetype.Completion, len(leased))
+	for i, a := range leased {
+		e := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: fmt.Sprintf("HTTP 410 #%d", i)}
+		cs[i] = pulsetype.Completion{Attempt: a,
+			Result: pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 410, Terminal: true, Duration: time.Duration(i+1) * time.Millisecond, Error: e},
+			Next:   pulsetype.NextStep{EndStatus: pulsetype.StatusError, EndError: e}}
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	recorded, err := s.FinishAttempts(ctx, cs)
+	if err != nil || !slices.Equal(recorded, slices.Repeat([]bool{true}, 120)) {
+		t.Fatalf("FinishAttempts(120) = %v, %v; want all recorded", recorded, err)
+	}
+	if err := s.FollowUps(ctx, cs); err != nil {
+		t.Fatalf("FollowUps(120 distinct ends): %v", err)
+	}
+	if d := b.historyDoc(leased[119].ID); d.DurationMs != 120 || d.HTTPStatus != 410 || d.Error == nil || d.Error.Message != "HTTP 410 #119" {
+		t.Errorf("last attempt of the batch = %+v, want its own evidence", d)
+	}
+	if got := b.count("deliveries", bson.M{"status": pulsetype.StatusError}); got != 120 {
+		t.Errorf("%d deliveries ended with an error, want 120", got)
 	}
 }
