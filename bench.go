@@ -58,7 +58,13 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	uri := fs.String("mongodb-uri", getenv("PULSE_MONGODB_URI"), "database to use instead of a fresh embedded development database (default $PULSE_MONGODB_URI)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench takes only flags, got %q (see pulse bench --help)", fs.Args())
 	}
 	if *events < 1 || *groups < 1 || *concurrency < 1 || *replicas < 1 {
 		return errors.New("bench: --events, --groups, --replicas and --concurrency must be at least 1")
