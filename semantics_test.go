@@ -244,7 +244,7 @@ func TestSwitchToOrderedDoesNotStallAReplica(t *testing.T) {
 	// Keep publishing to s1 until an event published well after s1's cache of g expired (1 s) arrives.
 	switched := time.Now()
 	sent := map[string]time.Time{}
-	waitFor(t, 15*time.Second, "an event published to s1 after the switch", func() bool {
+	waitFor(t, 30*time.Second, "an event published to s1 after the switch", func() bool {
 		sent[s1.publish(t, "th", len(sent))] = time.Now()
 		for _, r := range fine.received() {
 			if at, ok := sent[r.Header.Get("Idempotency-Key")]; ok && at.Sub(switched) > 2*time.Second {

@@ -154,8 +154,14 @@ func (p *Proxy) serve(client net.Conn) {
 	}
 }
 
+// errClientGone reports a request whose client closed its connection while the request waited for its
+// database's mutex.
+var errClientGone = errors.New("client closed the connection while its request waited")
+
 // relay forwards requests from client to upstream and replies back until either side fails or closes.
-// It returns nil when the client closes its connection between messages.
+// It returns nil when the client closes its connection between messages, or while a request waits for its
+// database: a driver that timed out closes its connection, and running its request anyway would only make
+// the queue behind it longer.
 func (p *Proxy) relay(client, upstream net.Conn) error {
 	for {
 		req, err := readMessage(client)
@@ -165,7 +171,10 @@ func (p *Proxy) relay(client, upstream net.Conn) error {
 		if err != nil {
 			return fmt.Errorf("read request: %w", err)
 		}
-		reply, err := p.roundTrip(upstream, req)
+		reply, err := p.roundTrip(upstream, req, func() bool { return peerClosed(client) })
+		if errors.Is(err, errClientGone) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -178,13 +187,17 @@ func (p *Proxy) relay(client, upstream net.Conn) error {
 	}
 }
 
-// roundTrip writes req upstream and reads its reply while holding the mutex of req's database.
-// It returns a nil reply for an OP_MSG with moreToCome.
-func (p *Proxy) roundTrip(upstream net.Conn, req []byte) ([]byte, error) {
+// roundTrip writes req upstream and reads its reply while holding the mutex of req's database. It returns
+// a nil reply for an OP_MSG with moreToCome, and errClientGone without sending req when gone reports, once
+// the mutex is held, that the client left.
+func (p *Proxy) roundTrip(upstream net.Conn, req []byte, gone func() bool) ([]byte, error) {
 	db, noReply := inspect(req)
 	mu := p.lock(db)
 	mu.Lock()
 	defer mu.Unlock()
+	if gone() {
+		return nil, errClientGone
+	}
 
 	if _, err := upstream.Write(req); err != nil {
 		return nil, fmt.Errorf("write request: %w", err)

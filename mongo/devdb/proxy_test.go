@@ -262,3 +262,52 @@ func TestProxyCloseClosesConnections(t *testing.T) {
 		t.Fatalf("read after Close: %v, want EOF", err)
 	}
 }
+
+// A request whose client closed its connection while the request waited for its database's mutex is
+// dropped, not run: drivers close a connection whose command timed out, and running those commands anyway
+// makes the queue behind them grow.
+func TestProxyDropsRequestsOfClientsThatLeft(t *testing.T) {
+	t.Parallel()
+	up := newFakeUpstream(t)
+	p := newTestProxy(t, up.ln.Addr().String())
+	holder := dialProxy(t, p)
+	if _, err := holder.Write(opMsgFor(t, "slow", 0)); err != nil { // holds the mutex of "slow" until the gate opens
+		t.Fatal(err)
+	}
+	received := func() int {
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		return len(up.received)
+	}
+	waitUntil(t, "the first request to reach upstream", func() bool { return received() == 1 })
+
+	leaver := dialProxy(t, p)
+	if _, err := leaver.Write(opMsgFor(t, "slow", 0)); err != nil {
+		t.Fatal(err)
+	}
+	conns := func() int {
+		p.connsMu.Lock()
+		defer p.connsMu.Unlock()
+		return len(p.conns)
+	}
+	waitUntil(t, "the second client's connections to be tracked", func() bool { return conns() == 4 })
+	_ = leaver.Close()
+	close(up.gate)
+	if _, err := readMessage(holder); err != nil {
+		t.Fatalf("first reply: %v", err)
+	}
+	waitUntil(t, "the proxy to drop the second client's connection", func() bool { return conns() == 2 })
+	if n := received(); n != 1 {
+		t.Fatalf("upstream received %d requests, want 1: the request of the client that left was run", n)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // poll
+	}
+}
