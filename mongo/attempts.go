@@ -34,15 +34,11 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, 
 	if len(exclude) > 0 {
 		filter["consumerGroup"] = bson.M{"$nin": exclude}
 	}
-	cur, err := s.history.Find(ctx, filter, options.Find().
+	docs, err := findAll[attemptDoc](ctx, s.history, "find claimable attempts", filter, options.Find().
 		SetSort(bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
 		SetLimit(int64(min(3*limit, 64))))
 	if err != nil {
-		return nil, wrap("find claimable attempts", err)
-	}
-	var docs []attemptDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, wrap("find claimable attempts", err)
+		return nil, err
 	}
 	rand.Shuffle(len(docs), func(i, j int) { docs[i], docs[j] = docs[j], docs[i] })
 	candidates := make([]*pulsetype.Attempt, 0, min(limit, len(docs)))
@@ -79,13 +75,9 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		return nil, nil
 	}
 	if int(res.MatchedCount) < len(attempts) { // some were leased by another replica first: read back ours
-		cur, err := s.history.Find(ctx, bson.M{"lockToken": token})
+		docs, err := findAll[attemptDoc](ctx, s.history, "read back claimed attempts", bson.M{"lockToken": token})
 		if err != nil {
-			return nil, wrap("read back claimed attempts", err)
-		}
-		var docs []attemptDoc
-		if err := cur.All(ctx, &docs); err != nil {
-			return nil, wrap("read back claimed attempts", err)
+			return nil, err
 		}
 		out := make([]*pulsetype.Attempt, len(docs))
 		for i := range docs {
@@ -161,13 +153,11 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 		return nil, nil
 	}
 	now := s.now()
-	ids := make([]string, len(leases))
-	tokenSet := map[string]bool{}
+	ids, tokens := make([]string, len(leases)), make([]string, len(leases))
 	for i, l := range leases {
-		ids[i] = l.AttemptID
-		tokenSet[l.Token] = true
+		ids[i], tokens[i] = l.AttemptID, l.Token
 	}
-	filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": slices.Collect(maps.Keys(tokenSet))}, "status": pulsetype.StatusPending}
+	filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
 	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now}})
 	if err != nil {
 		return nil, wrap("renew leases", err)
@@ -175,13 +165,9 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	if int(res.MatchedCount) == len(leases) {
 		return nil, nil
 	}
-	cur, err := s.history.Find(ctx, filter, options.Find().SetProjection(bson.M{"lockToken": 1}))
+	held, err := findAll[attemptDoc](ctx, s.history, "find renewed leases", filter, options.Find().SetProjection(bson.M{"lockToken": 1}))
 	if err != nil {
-		return nil, wrap("find renewed leases", err)
-	}
-	var held []attemptDoc
-	if err := cur.All(ctx, &held); err != nil {
-		return nil, wrap("find renewed leases", err)
+		return nil, err
 	}
 	ok := map[pulsetype.LeaseKey]bool{}
 	for _, d := range held {
@@ -214,13 +200,18 @@ func fence(a *pulsetype.Attempt) bson.M {
 	return bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending}
 }
 
-// resultSet is the $set of a finished attempt: its status, evidence, endedAt and expiresAt (now + history
-// retention), so retention rides in the terminal update.
+// resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence.
 func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
-	set := bson.M{
-		"status": r.Status, "endedAt": now, "durationMs": r.Duration.Milliseconds(), "httpStatus": r.HTTPStatus,
-		"responseBody": r.ResponseBody, "terminal": r.Terminal,
-	}
+	set := s.outcomeSet(r, now)
+	maps.Copy(set, evidenceSet(r))
+	return set
+}
+
+// outcomeSet is the part of a finished attempt's $set that attempts with the same outcome share: status,
+// HTTP status, terminal, error, endedAt and expiresAt (now + history retention), so retention rides in the
+// terminal update.
+func (s *Store) outcomeSet(r pulsetype.AttemptResult, now time.Time) bson.M {
+	set := bson.M{"status": r.Status, "endedAt": now, "httpStatus": r.HTTPStatus, "terminal": r.Terminal}
 	if r.Error != nil {
 		set["error"] = r.Error
 	}
@@ -228,6 +219,11 @@ func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 		set["expiresAt"] = exp
 	}
 	return set
+}
+
+// evidenceSet is the part of a finished attempt's $set that is its own: durationMs and responseBody.
+func evidenceSet(r pulsetype.AttemptResult) bson.M {
+	return bson.M{"durationMs": r.Duration.Milliseconds(), "responseBody": r.ResponseBody}
 }
 
 // FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two commands (more
@@ -262,9 +258,9 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 	var order []outcome
 	for i, c := range cs {
 		r := c.Result
-		k := outcome{status: r.Status, httpStatus: r.HTTPStatus, terminal: r.Terminal}
+		k := outcome{status: r.Status, httpStatus: r.HTTPStatus, terminal: r.Terminal, code: r.Error.CodeOrEmpty()}
 		if r.Error != nil {
-			k.code, k.msg = r.Error.Code, r.Error.Message
+			k.msg = r.Error.Message
 		}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
@@ -274,21 +270,12 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 	models := make([]mongo.WriteModel, 0, len(order))
 	for _, k := range order {
 		idx := groups[k]
-		ids, tokens := make([]string, len(idx)), map[string]bool{}
+		ids, tokens := make([]string, len(idx)), make([]string, len(idx))
 		for j, i := range idx {
-			ids[j] = cs[i].Attempt.ID
-			tokens[cs[i].Attempt.LockToken] = true
+			ids[j], tokens[j] = cs[i].Attempt.ID, cs[i].Attempt.LockToken
 		}
-		r := cs[idx[0]].Result
-		set := bson.M{"status": r.Status, "endedAt": now, "httpStatus": r.HTTPStatus, "terminal": r.Terminal}
-		if r.Error != nil {
-			set["error"] = r.Error
-		}
-		if exp := expiry(now, s.opts.HistoryRetention); exp != nil {
-			set["expiresAt"] = exp
-		}
-		filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": slices.Collect(maps.Keys(tokens))}, "status": pulsetype.StatusPending}
-		models = append(models, mongo.NewUpdateManyModel().SetFilter(filter).SetUpdate(bson.M{"$set": set}))
+		filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
+		models = append(models, mongo.NewUpdateManyModel().SetFilter(filter).SetUpdate(bson.M{"$set": s.outcomeSet(cs[idx[0]].Result, now)}))
 	}
 	matched, err := bulkUpdate(ctx, s.history, models)
 	if err != nil {
@@ -305,7 +292,7 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 	for i, c := range cs {
 		if recorded[i] && (c.Result.Duration > 0 || c.Result.ResponseBody != "") {
 			evidence = append(evidence, mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": c.Attempt.ID}).
-				SetUpdate(bson.M{"$set": bson.M{"durationMs": c.Result.Duration.Milliseconds(), "responseBody": c.Result.ResponseBody}}))
+				SetUpdate(bson.M{"$set": evidenceSet(c.Result)}))
 		}
 	}
 	if len(evidence) > 0 {
@@ -323,13 +310,10 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	for i, c := range cs {
 		ids[i] = c.Attempt.ID
 	}
-	cur, err := s.history.Find(ctx, bson.M{"_id": bson.M{"$in": ids}}, options.Find().SetProjection(bson.M{"lockToken": 1, "status": 1, "endedAt": 1, "error": 1}))
+	docs, err := findAll[attemptDoc](ctx, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
+		options.Find().SetProjection(bson.M{"lockToken": 1, "status": 1, "endedAt": 1, "error": 1}))
 	if err != nil {
-		return wrap("read back finished attempts", err)
-	}
-	var docs []attemptDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return wrap("read back finished attempts", err)
+		return err
 	}
 	byID := map[string]attemptDoc{}
 	for _, d := range docs {
@@ -339,7 +323,7 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 		// A reaped attempt keeps its token but carries worker_lost and the reaper's endedAt.
 		d, ok := byID[c.Attempt.ID]
 		recorded[i] = ok && d.LockToken == c.Attempt.LockToken && d.Status == c.Result.Status &&
-			d.EndedAt != nil && d.EndedAt.Equal(now) && errorCode(d.Error) == errorCode(c.Result.Error)
+			d.EndedAt != nil && d.EndedAt.Equal(now) && d.Error.CodeOrEmpty() == c.Result.Error.CodeOrEmpty()
 	}
 	return nil
 }
@@ -481,13 +465,6 @@ func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error 
 	return nil
 }
 
-func errorCode(e *pulsetype.ErrorInfo) string {
-	if e == nil {
-		return ""
-	}
-	return e.Code
-}
-
 // maxStatements bounds the statements of one update command. FerretDB v1 keeps every statement's query open
 // until the whole command returns, one pooled backend connection each (50 on PostgreSQL, 100 on SQLite), so
 // a longer command waits forever for a connection it holds itself.
@@ -504,4 +481,17 @@ func bulkUpdate(ctx context.Context, coll *mongo.Collection, models []mongo.Writ
 		matched += res.MatchedCount
 	}
 	return matched, nil
+}
+
+// distinct returns the distinct values of vs, in first-seen order.
+func distinct(vs []string) []string {
+	seen := make(map[string]bool, len(vs))
+	out := vs[:0:0]
+	for _, v := range vs {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
 }

@@ -34,14 +34,11 @@ func (s *Store) Backfill(ctx context.Context, owner string, batch int) (int, err
 	if err != nil {
 		return 0, wrap("take discovery lease", err)
 	}
-	cur, err := s.events.Find(ctx, bson.M{"topic": bson.M{"$in": sub.Topics}, "_id": bson.M{"$gt": sub.Backfill.Cursor}, "staged": bson.M{"$ne": true}},
+	docs, err := findAll[*eventDoc](ctx, s.events, "read events to backfill",
+		bson.M{"topic": bson.M{"$in": sub.Topics}, "_id": bson.M{"$gt": sub.Backfill.Cursor}, "staged": bson.M{"$ne": true}},
 		options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(int64(batch)))
 	if err != nil {
-		return 0, wrap("read events to backfill", err)
-	}
-	var docs []*eventDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return 0, wrap("read events to backfill", err)
+		return 0, err
 	}
 	events := make([]*pulsetype.Event, 0, len(docs))
 	for _, d := range docs {

@@ -67,13 +67,9 @@ func (s *Store) GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpo
 
 // ListEndpoints returns every endpoint, ordered by consumer group.
 func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error) {
-	cur, err := s.subscriptions.Find(ctx, bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	docs, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list endpoints", bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
-		return nil, wrap("list endpoints", err)
-	}
-	var docs []subscriptionDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, wrap("list endpoints", err)
+		return nil, err
 	}
 	out := make([]*pulsetype.Endpoint, len(docs))
 	for i := range docs {
@@ -96,16 +92,8 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 }
 
 func (s *Store) subscriptionsFor(ctx context.Context, topics []string) ([]subscriptionDoc, error) {
-	cur, err := s.subscriptions.Find(ctx, bson.M{"topics": bson.M{"$in": topics}},
+	return findAll[subscriptionDoc](ctx, s.subscriptions, "find subscriptions", bson.M{"topics": bson.M{"$in": topics}},
 		options.Find().SetProjection(bson.M{"_id": 1, "topics": 1, "offsetReset": 1, "createdAt": 1}))
-	if err != nil {
-		return nil, wrap("find subscriptions", err)
-	}
-	var docs []subscriptionDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, wrap("find subscriptions", err)
-	}
-	return docs, nil
 }
 
 func addsTopics(old, new []string) bool {

@@ -38,14 +38,10 @@ func (s *Store) GetDelivery(ctx context.Context, id string) (*pulsetype.Delivery
 // AttemptsOf returns the attempts of each delivery, in attempt order, keyed by delivery id (served by the
 // unique index on deliveryId + attempt).
 func (s *Store) AttemptsOf(ctx context.Context, deliveryIDs []string) (map[string][]*pulsetype.Attempt, error) {
-	cur, err := s.history.Find(ctx, bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
+	docs, err := findAll[attemptDoc](ctx, s.history, "find attempts", bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
 		options.Find().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}))
 	if err != nil {
-		return nil, wrap("find attempts", err)
-	}
-	var docs []attemptDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, wrap("find attempts", err)
+		return nil, err
 	}
 	out := make(map[string][]*pulsetype.Attempt, len(deliveryIDs))
 	for i := range docs {
@@ -113,13 +109,9 @@ func (s *Store) PendingByGroup(ctx context.Context) (map[string]int64, error) {
 	for _, r := range rows {
 		out[r.Group] = r.N
 	}
-	cur, err = s.subscriptions.Find(ctx, bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
+	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
-		return nil, wrap("list consumer groups", err)
-	}
-	var groups []subscriptionDoc
-	if err := cur.All(ctx, &groups); err != nil {
-		return nil, wrap("list consumer groups", err)
+		return nil, err
 	}
 	for _, g := range groups {
 		out[g.ID] += 0 // a registered group with nothing pending reads 0

@@ -111,14 +111,10 @@ func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulse
 	for {
 		filter := bson.M{"consumerGroup": group, "status": status, "createdAt": bson.M{"$gte": from, "$lt": to},
 			"_id": bson.M{"$gt": after}, "$or": bson.A{bson.M{"expiresAt": nil}, bson.M{"expiresAt": bson.M{"$gt": s.now()}}}}
-		cur, err := s.deliveries.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(100).
-			SetProjection(bson.M{"_id": 1}))
+		batch, err := findAll[deliveryDoc](ctx, s.deliveries, "find deliveries to replay", filter,
+			options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(100).SetProjection(bson.M{"_id": 1}))
 		if err != nil {
-			return total, wrap("find deliveries to replay", err)
-		}
-		var batch []deliveryDoc
-		if err := cur.All(ctx, &batch); err != nil {
-			return total, wrap("find deliveries to replay", err)
+			return total, err
 		}
 		for _, d := range batch {
 			_, err := s.RetryDelivery(ctx, d.ID)

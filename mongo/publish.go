@@ -142,13 +142,9 @@ func sameContent(d *eventDoc, e *pulsetype.Event) bool {
 // findEvents returns every stored event with these ids (staged and expired ones included: Publish decides
 // what they mean), by id.
 func (s *Store) findEvents(ctx context.Context, ids []string) (map[string]*eventDoc, error) {
-	cur, err := s.events.Find(ctx, bson.M{"_id": bson.M{"$in": ids}})
+	docs, err := findAll[*eventDoc](ctx, s.events, "find events", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
-		return nil, wrap("find events", err)
-	}
-	var docs []*eventDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, wrap("find events", err)
+		return nil, err
 	}
 	out := make(map[string]*eventDoc, len(docs))
 	for _, d := range docs {
@@ -274,14 +270,10 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 // returns how many first attempts it inserted.
 func (s *Store) FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error) {
 	cutoff := s.now().Add(-age)
-	cur, err := s.events.Find(ctx, bson.M{"fanout": true, "createdAt": bson.M{"$lt": cutoff}},
+	docs, err := findAll[*eventDoc](ctx, s.events, "find events to fan out", bson.M{"fanout": true, "createdAt": bson.M{"$lt": cutoff}},
 		options.Find().SetSort(bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}).SetLimit(int64(limit)))
 	if err != nil {
-		return 0, wrap("find events to fan out", err)
-	}
-	var docs []*eventDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return 0, wrap("find events to fan out", err)
+		return 0, err
 	}
 	events := make([]*pulsetype.Event, len(docs))
 	ids := make([]string, len(docs))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // Options configure a Store. Zero durations mean "keep forever" for retention.
@@ -95,4 +96,18 @@ func wrap(op string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// findAll runs a find on coll and decodes every matching document into a T, reading the cursor to its end.
+// Errors are wrapped with what.
+func findAll[T any](ctx context.Context, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
+	cur, err := coll.Find(ctx, filter, opts...)
+	if err != nil {
+		return nil, wrap(what, err)
+	}
+	var out []T
+	if err := cur.All(ctx, &out); err != nil {
+		return nil, wrap(what, err)
+	}
+	return out, nil
 }

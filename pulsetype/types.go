@@ -193,3 +193,11 @@ type Completion struct {
 	Result  AttemptResult
 	Next    NextStep
 }
+
+// CodeOrEmpty returns e's code, or "" for a nil e (no error).
+func (e *ErrorInfo) CodeOrEmpty() string {
+	if e == nil {
+		return ""
+	}
+	return e.Code
+}

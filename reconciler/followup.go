@@ -30,11 +30,7 @@ func Decide(n int, status pulsetype.Status, e *pulsetype.ErrorInfo, terminal boo
 	if status == pulsetype.StatusSuccess {
 		return pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}
 	}
-	code := ""
-	if e != nil {
-		code = e.Code
-	}
-	if retry, delay := policy.Next(n, code, terminal, retryAfter); retry {
+	if retry, delay := policy.Next(n, e.CodeOrEmpty(), terminal, retryAfter); retry {
 		return pulsetype.NextStep{Retry: true, Delay: delay}
 	}
 	return pulsetype.NextStep{EndStatus: pulsetype.StatusError, EndError: e}
