@@ -88,6 +88,10 @@ func newHTTPRequest(ctx context.Context, r *Request, ts time.Time, userAgent str
 	if err != nil {
 		return nil, invalid(err.Error())
 	}
+	// Without GetBody the request is not replayable: Go's transport would otherwise send a request carrying
+	// Idempotency-Key again, silently, when a reused keep-alive connection is closed before the answer. Each
+	// POST that leaves the sidecar must be one recorded attempt; a failed connection is a failed attempt.
+	req.GetBody = nil
 	h := req.Header
 	for name, value := range r.Headers {
 		if !validHeaderName(name) {

@@ -165,3 +165,30 @@ func TestSendTLS(t *testing.T) {
 		t.Errorf("verified send after an insecure one: got %v %q, want retry", res.Outcome, res.Message)
 	}
 }
+
+// A receiver that closes a reused keep-alive connection without answering must not get the request twice:
+// Go's transport replays a request carrying Idempotency-Key on a fresh connection unless it is made
+// non-replayable. One POST on the wire is one attempt.
+func TestSendNeverReplaysSilently(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) {
+		if calls.Add(1) == 2 { // the second request arrives on the kept-alive connection: drop it unanswered
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		}
+	})
+	c := New(Options{})
+	if res := c.Send(t.Context(), newRequest(rc.URL)); res.Outcome != OutcomeSuccess {
+		t.Fatalf("first send = %+v, want success", res)
+	}
+	res := c.Send(t.Context(), newRequest(rc.URL))
+	if got := calls.Load(); got != 2 {
+		t.Fatalf("receiver got %d requests for 2 sends, want 2 (no silent resend)", got)
+	}
+	if res.Outcome != OutcomeRetry || res.HTTPStatus != 0 {
+		t.Fatalf("second send = %v %d %q, want a failed attempt to retry by policy", res.Outcome, res.HTTPStatus, res.Message)
+	}
+}
