@@ -132,7 +132,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	metrics.CountPendingWith(store.PendingByGroup, pendingCountMaxAge, log)
 	recon := reconciler.New(store, owner, cfg.LockTimeout, metrics, log)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
-		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log,
+		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
 	})
 	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
 

@@ -57,6 +57,9 @@ type Options struct {
 	ShutdownTimeout time.Duration // grace for in-flight POSTs in Stop
 	Observer        Observer
 	Logger          zerolog.Logger
+	// Now returns the database's current time (lease.Clock.Now), against which an event's expiresAt is
+	// checked before each POST; nil uses time.Now.
+	Now func() time.Time
 }
 
 // Limits of the loop's batches.
@@ -131,6 +134,9 @@ type cachedEndpoint struct {
 func New(store Store, sender Sender, recoverer Recoverer, keeper *lease.Keeper, opts Options) *Dispatcher {
 	opts.Workers = max(opts.Workers, 1)
 	opts.RepairInterval = max(opts.RepairInterval, opts.PollInterval)
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	return &Dispatcher{
 		store: store, sender: sender, recoverer: recoverer, keeper: keeper, opts: opts,
 		log:  opts.Logger.With().Str("component", "dispatcher").Logger(),

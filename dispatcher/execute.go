@@ -77,7 +77,9 @@ func (d *Dispatcher) execute(j job) {
 				return
 			}
 		}
-		if ev == nil {
+		// Retention is checked on every path (local fan-out, polling, retries, replay, head of line) right
+		// before the POST: no POST starts at or after the event's expiresAt.
+		if ev == nil || ev.ExpiredAt(d.opts.Now()) {
 			res = failed(pulsetype.CodeEventExpired, "the event was removed by retention before this attempt ran", true)
 		} else {
 			res = d.post(postCtx, a, ep, ev)

@@ -23,7 +23,7 @@ type eventDoc struct {
 }
 
 func (d *eventDoc) event() *pulsetype.Event {
-	return &pulsetype.Event{ID: d.ID, Topic: d.Topic, Data: json.RawMessage(d.Data), Headers: d.Headers, CreatedAt: d.CreatedAt}
+	return &pulsetype.Event{ID: d.ID, Topic: d.Topic, Data: json.RawMessage(d.Data), Headers: d.Headers, CreatedAt: d.CreatedAt, ExpiresAt: d.ExpiresAt}
 }
 
 // subscriptionDoc is a document of <prefix>.subscriptions: one per consumer group, _id = the group.

@@ -34,7 +34,7 @@ func DeliveryID(consumerGroup, eventID string) string {
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
 	now := s.now()
 	for _, e := range events {
-		e.CreatedAt = now
+		e.CreatedAt, e.ExpiresAt = now, expiry(now, s.opts.EventRetention)
 	}
 	if len(events) == 1 {
 		_, err := s.events.InsertOne(ctx, s.newEventDoc(events[0], false))
@@ -131,7 +131,7 @@ func (s *Store) publishStaged(ctx context.Context, events []*pulsetype.Event) ([
 func (s *Store) newEventDoc(e *pulsetype.Event, staged bool) *eventDoc {
 	return &eventDoc{
 		ID: e.ID, Topic: e.Topic, Data: string(e.Data), Headers: e.Headers, CreatedAt: e.CreatedAt,
-		Fanout: !staged, Staged: staged, ExpiresAt: expiry(e.CreatedAt, s.opts.EventRetention),
+		Fanout: !staged, Staged: staged, ExpiresAt: e.ExpiresAt,
 	}
 }
 

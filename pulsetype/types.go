@@ -38,7 +38,13 @@ type Event struct {
 	Data      json.RawMessage   `json:"data"`
 	Headers   map[string]string `json:"headers,omitempty"`
 	CreatedAt time.Time         `json:"createdAt"`
+	// ExpiresAt is when retention removes the event (createdAt + PULSE_EVENT_RETENTION); nil keeps it
+	// forever. No attempt may start at or after it: such an attempt ends as event_expired.
+	ExpiresAt *time.Time `json:"-"`
 }
+
+// ExpiredAt reports whether retention has removed the event by time now.
+func (e *Event) ExpiredAt(now time.Time) bool { return e.ExpiresAt != nil && !now.Before(*e.ExpiresAt) }
 
 // Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}. It is the same
 // bytes on every attempt because every field comes from the stored event, and data is copied verbatim (no
