@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -88,4 +89,143 @@ func (s *sidecar) waitGroupDone(t *testing.T, group string, n int, timeout time.
 		return true
 	})
 	return out
+}
+
+// lastAttempt returns the delivery's last attempt, failing the test when it has none.
+func lastAttempt(t *testing.T, d deliveryView) attemptView {
+	t.Helper()
+	if len(d.Attempts) == 0 {
+		t.Fatalf("delivery %s has no attempts", d.ID)
+	}
+	return d.Attempts[len(d.Attempts)-1]
+}
+
+// getDelivery reads one delivery by id.
+func (s *sidecar) getDelivery(t *testing.T, id string) deliveryView {
+	t.Helper()
+	var d deliveryView
+	if code := do(t, "GET", s.URL+"/v1/deliveries/"+id, nil, &d); code != 200 {
+		t.Fatalf("GET delivery %s answered %d", id, code)
+	}
+	return d
+}
+
+// deliveryOf returns the id of the event's delivery to group, waiting until it exists.
+func (s *sidecar) deliveryOf(t *testing.T, eventID, group string) string {
+	t.Helper()
+	id := ""
+	waitFor(t, 20*time.Second, "the delivery of "+eventID+" to "+group, func() bool {
+		var ev eventView
+		do(t, "GET", s.URL+"/v1/events/"+eventID, nil, &ev)
+		for _, x := range ev.Deliveries {
+			if x.ConsumerGroup == group {
+				id = x.ID
+			}
+		}
+		return id != ""
+	})
+	return id
+}
+
+// A consumer group deleted while a delivery waits for its retry, then registered again at once through
+// another replica with another URL and topic: the pending delivery ends at once as endpoint_deleted, and
+// nothing of the old subscription ever reaches the new receiver.
+func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
+	b := setup(t)
+	s1, s2 := b.start(b.fastEnv()), b.start(b.fastEnv())
+	old, fresh := newReceiver(t, 500), newReceiver(t, 200)
+	s1.registerEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"invoice.paid"}, "retryDelay": "1s"})
+	paid := s1.publish(t, "invoice.paid", map[string]any{"invoice": 1})
+	did := s1.deliveryOf(t, paid, "billing")
+	waitFor(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool {
+		d := s1.getDelivery(t, did)
+		return len(d.Attempts) == 2 && d.Attempts[1].Status == "pending"
+	})
+	if code := do(t, "DELETE", s2.URL+"/v1/endpoints/billing", nil, nil); code != 204 {
+		t.Fatalf("DELETE answered %d", code)
+	}
+	d := s1.getDelivery(t, did)
+	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
+		t.Fatalf("right after the delete, delivery = %+v, want error with endpoint_deleted", d)
+	}
+	s2.registerEndpoint(t, "billing", map[string]any{"url": fresh.URL, "topics": []string{"user.created"}, "offsetReset": "latest"})
+	created := s1.publish(t, "user.created", map[string]any{"user": 1})
+	if got := s1.waitDelivery(t, created, "billing", 20*time.Second); got.Status != "success" {
+		t.Fatalf("delivery to the re-created group = %+v", got)
+	}
+	retryAt := d.Attempts[1].NextAttemptAt
+	waitFor(t, 20*time.Second, "the old retry's due time to pass by a second", func() bool { return time.Now().After(retryAt.Add(time.Second)) })
+	if got := postsByKey(fresh); got[paid] != 0 || got[created] != 1 {
+		t.Fatalf("the re-created group's receiver got %v, want only %s once", got, created)
+	}
+	if n := len(old.received()); n != 1 {
+		t.Fatalf("the deleted group's receiver got %d POSTs, want 1 (before the delete)", n)
+	}
+	if d := s1.getDelivery(t, did); d.Status != "error" || len(d.Attempts) != 2 {
+		t.Fatalf("the old delivery changed after the re-creation: %+v", d)
+	}
+	if strings.Contains(s1.logs.String()+s2.logs.String(), `"level":"error","consumer_group":"billing"`) {
+		t.Fatal("the deletion was logged at error level")
+	}
+}
+
+// A PUT that drops a topic ends the group's pending deliveries of that topic as unsubscribed; one that only
+// changes the URL keeps pending work, and the next attempt goes to the new URL.
+func TestPutDroppingATopicEndsItsDeliveries(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	failing, fixed := newReceiver(t, 500), newReceiver(t, 200)
+	s.registerEndpoint(t, "g", map[string]any{"url": failing.URL, "topics": []string{"a", "b"}, "retryDelay": "1s"})
+	ea, eb := s.publish(t, "a", 1), s.publish(t, "b", 2)
+	da, db := s.deliveryOf(t, ea, "g"), s.deliveryOf(t, eb, "g")
+	waitFor(t, 20*time.Second, "both deliveries to wait for a retry", func() bool {
+		return len(s.getDelivery(t, da).Attempts) == 2 && len(s.getDelivery(t, db).Attempts) == 2
+	})
+	s.registerEndpoint(t, "g", map[string]any{"url": fixed.URL, "topics": []string{"b"}, "retryDelay": "1s"})
+	d := s.getDelivery(t, da)
+	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "unsubscribed" {
+		t.Fatalf("delivery of the dropped topic = %+v, want error with unsubscribed", d)
+	}
+	if got := s.waitDelivery(t, eb, "g", 20*time.Second); got.Status != "success" {
+		t.Fatalf("delivery of the kept topic = %+v, want success at the new URL", got)
+	}
+	if got := postsByKey(fixed); got[ea] != 0 || got[eb] != 1 {
+		t.Fatalf("the new URL got %v, want only %s", got, eb)
+	}
+}
+
+// A POST in flight when its group is deleted finishes and is recorded; its failure does not carry the
+// delivery over to the group registered again under the same name.
+func TestInFlightAttemptOfADeletedGroupDoesNotReachItsSuccessor(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	release, arrived := make(chan struct{}), make(chan struct{}, 1)
+	old := newReceiver(t, 500)
+	old.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		w.WriteHeader(500)
+	})
+	fresh := newReceiver(t, 200)
+	s.registerEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"t"}, "retryDelay": "100ms"})
+	id := s.publish(t, "t", 1)
+	select {
+	case <-arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first POST did not arrive")
+	}
+	if code := do(t, "DELETE", s.URL+"/v1/endpoints/billing", nil, nil); code != 204 {
+		t.Fatalf("DELETE answered %d", code)
+	}
+	s.registerEndpoint(t, "billing", map[string]any{"url": fresh.URL, "topics": []string{"t"}})
+	close(release)
+	did := s.deliveryOf(t, id, "billing")
+	var d deliveryView
+	waitFor(t, 20*time.Second, "the old delivery to end", func() bool { d = s.getDelivery(t, did); return d.Status != "pending" })
+	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
+		t.Fatalf("old delivery = %+v, want error ending with endpoint_deleted", d)
+	}
+	if n := len(fresh.received()); n != 0 {
+		t.Fatalf("the re-created group's receiver got %d POSTs of the old subscription", n)
+	}
 }

@@ -118,8 +118,12 @@ func (b *bundle) tornState(group string, delivery bson.M, attempts ...bson.M) st
 		return eventID
 	}
 	deliveryID := pmongo.DeliveryID(group, eventID)
+	var sub struct {
+		Incarnation string `bson:"incarnation"`
+	}
+	_ = db.Collection("pulse.subscriptions").FindOne(ctx, bson.M{"_id": group}).Decode(&sub) // the group's registration, if any
 	doc := bson.M{"_id": deliveryID, "eventId": eventID, "consumerGroup": group, "topic": "t", "eventCreatedAt": now,
-		"status": "pending", "createdAt": now, "updatedAt": now}
+		"status": "pending", "createdAt": now, "updatedAt": now, "incarnation": sub.Incarnation}
 	for k, v := range delivery {
 		doc[k] = v
 	}
@@ -128,7 +132,7 @@ func (b *bundle) tornState(group string, delivery bson.M, attempts ...bson.M) st
 	}
 	for i, a := range attempts {
 		doc := bson.M{"_id": deliveryID + "-" + string(rune('1'+i)), "deliveryId": deliveryID, "eventId": eventID,
-			"consumerGroup": group, "topic": "t", "attempt": i + 1, "createdAt": now, "nextAttemptAt": now}
+			"consumerGroup": group, "topic": "t", "attempt": i + 1, "createdAt": now, "nextAttemptAt": now, "incarnation": sub.Incarnation}
 		for k, v := range a {
 			doc[k] = v
 		}

@@ -80,6 +80,31 @@ const (
 	maxRecordBatch = 256
 )
 
+// Fairness between consumer groups. Worker slots (Options.Workers) are shared by every group, each group
+// capped by its maxConcurrency; two rules keep slow, hanging or failing endpoints, however many, from
+// holding up a healthy one:
+//
+//   - The reserve: the last Workers/reserveShare free slots (at least one) go only to groups with nothing
+//     in flight. A healthy group's due attempt therefore finds a slot at once unless as many distinct groups
+//     as there are reserved slots are busy at the same moment.
+//   - The overflow: a POST still running after slowAfter gives its worker slot back and counts against an
+//     overflow of Workers more, so slots never stay held by hanging receivers for longer than slowAfter.
+//     At most 2 × Workers POSTs are in flight; once the overflow is full, slow POSTs keep their slots.
+const (
+	reserveShare = 4
+	slowAfter    = time.Second
+)
+
+// reserve returns how many of the worker slots are kept for groups with nothing in flight.
+func (d *Dispatcher) reserve() int { return max(1, d.opts.Workers/reserveShare) }
+
+// admitLocked reports whether group may take one more worker slot now, with taken slots already promised to
+// it in the batch being built and free slots left before this one; d.mu is held.
+func (d *Dispatcher) admitLocked(group string, taken, free int) bool {
+	busy := d.inflight[group] + taken
+	return free > 0 && busy < d.limitLocked(group) && (busy == 0 || free > d.reserve())
+}
+
 // Dispatcher claims and executes attempts. Start it once; Stop it once (it is safe twice).
 type Dispatcher struct {
 	store     Store
@@ -101,8 +126,9 @@ type Dispatcher struct {
 	backlog       bool // the database may hold due attempts this process had no capacity for
 	unmarked      []string
 	unmarkedSince time.Time
-	inflight      map[string]int // by consumer group
-	total         int
+	inflight      map[string]int // POSTs in flight by consumer group (maxConcurrency counts these)
+	total         int            // worker slots in use (PULSE_WORKERS counts these); see fairness
+	overflow      int            // POSTs that outlasted slowAfter and gave their slot back
 	eps           map[string]cachedEndpoint
 	ordered       map[string][]string // ordered consumer groups and their topics, refreshed every poll interval
 	orderedAt     time.Time
@@ -371,30 +397,24 @@ func (d *Dispatcher) claimReady(ctx context.Context) {
 }
 
 // takeReady removes from the ready queue up to maxReadyClaim attempts that the free capacity admits: the
-// worker slots left and each consumer group's maxConcurrency.
+// worker slots left, each consumer group's maxConcurrency and the reserve (see admitLocked).
 func (d *Dispatcher) takeReady() []job {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	free := min(d.opts.Workers-d.total, maxReadyClaim)
-	if free <= 0 || len(d.ready) == 0 {
+	if d.opts.Workers-d.total <= 0 || len(d.ready) == 0 {
 		return nil
 	}
-	room := map[string]int{}
+	taken := map[string]int{}
 	var take, keep []job
 	for _, j := range d.ready {
 		g := j.a.ConsumerGroup
-		r, ok := room[g]
-		if !ok {
-			r = d.limitLocked(g) - d.inflight[g]
-		}
-		if len(take) < free && r > 0 {
+		if len(take) < maxReadyClaim && d.admitLocked(g, taken[g], d.opts.Workers-d.total-len(take)) {
 			take = append(take, j)
 			d.readyBytes -= len(j.ev.Data)
-			r--
+			taken[g]++
 		} else {
 			keep = append(keep, j)
 		}
-		room[g] = r
 	}
 	d.ready = keep
 	return take
@@ -446,7 +466,7 @@ func (d *Dispatcher) claimDue(ctx context.Context, ordered []string) {
 // their groups returned.
 func (d *Dispatcher) launchAll(ctx context.Context, jobs []job) (released []string) {
 	for _, j := range jobs {
-		if ep, err := d.endpoint(ctx, j.a.ConsumerGroup); err == nil && ep != nil && ep.Ordered {
+		if ep, err := d.endpoint(ctx, j.a.ConsumerGroup, false); err == nil && ep != nil && ep.Ordered {
 			if err := d.store.ReleaseAttempt(ctx, j.a); err != nil {
 				d.logErr(ctx, err, "release attempt of an ordered group")
 			}
@@ -506,8 +526,11 @@ func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 			continue
 		}
 		for _, topic := range topics {
-			if _, free := d.capacity(); free == 0 || ctx.Err() != nil {
-				return groups
+			d.mu.Lock()
+			admit := d.admitLocked(group, 0, d.opts.Workers-d.total)
+			d.mu.Unlock()
+			if !admit || ctx.Err() != nil {
+				break
 			}
 			a, err := d.store.ClaimHead(ctx, d.opts.Owner, group, topic)
 			if err != nil {
@@ -530,19 +553,30 @@ func (d *Dispatcher) limitLocked(group string) int {
 	return pulsetype.DefaultMaxConcurrency
 }
 
-// capacity returns the consumer groups at their concurrency limit and how many worker slots are free.
+// capacity returns the consumer groups that may not take a worker slot now and how many attempts the next
+// claim may lease. Above the reserve a batch takes up to the free slots above it (never a group past its
+// maxConcurrency); within the reserve it takes one attempt of a group with nothing in flight (see
+// admitLocked).
 func (d *Dispatcher) capacity() (exclude []string, free int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.total >= d.opts.Workers {
+	slots := d.opts.Workers - d.total
+	if slots <= 0 {
 		return nil, 0
 	}
-	free = min(d.opts.Workers-d.total, maxClaimBatch)
+	free = min(max(slots-d.reserve(), 1), maxClaimBatch)
+	groups := map[string]bool{}
 	for group := range d.eps {
-		if room := d.limitLocked(group) - d.inflight[group]; room <= 0 {
+		groups[group] = true
+	}
+	for group := range d.inflight {
+		groups[group] = true
+	}
+	for group := range groups {
+		if !d.admitLocked(group, 0, slots) {
 			exclude = append(exclude, group)
 		} else {
-			free = min(free, room) // a batch never takes a group past its limit
+			free = min(free, d.limitLocked(group)-d.inflight[group]) // a batch never takes a group past its limit
 		}
 	}
 	return exclude, free

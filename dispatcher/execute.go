@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -27,13 +28,30 @@ func (d *Dispatcher) launch(j job) {
 	d.total++
 	d.mu.Unlock()
 	d.running.Add(1)
+	var done, overflowed bool // guarded by d.mu
+	slow := time.AfterFunc(slowAfter, func() {
+		d.mu.Lock()
+		if !done && d.overflow < d.opts.Workers {
+			overflowed = true
+			d.overflow++
+			d.total-- // the slot goes back to the pool (see fairness)
+		}
+		d.mu.Unlock()
+		signal(d.kick)
+	})
 	go func() {
 		defer func() {
+			slow.Stop()
 			d.mu.Lock()
+			done = true
 			if d.inflight[a.ConsumerGroup]--; d.inflight[a.ConsumerGroup] <= 0 {
 				delete(d.inflight, a.ConsumerGroup)
 			}
-			d.total--
+			if overflowed {
+				d.overflow--
+			} else {
+				d.total--
+			}
 			d.orderedKick[a.ConsumerGroup] = true // an ordered group's next head may be claimable now
 			d.mu.Unlock()
 			d.running.Done()
@@ -54,16 +72,26 @@ func (d *Dispatcher) execute(j job) {
 
 	log := d.log.With().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).
 		Str("delivery_id", a.DeliveryID).Int("attempt", a.Number).Logger()
-	ep, err := d.endpoint(postCtx, a.ConsumerGroup)
+	ep, err := d.endpoint(postCtx, a.ConsumerGroup, false)
+	if err == nil && !subscribed(ep, a) {
+		// The cache may predate a change made through another replica: decide on a fresh read.
+		ep, err = d.endpoint(postCtx, a.ConsumerGroup, true)
+	}
 	if err != nil {
 		d.abandon(postCtx, a, log, err)
 		return
 	}
 	var res pulsetype.AttemptResult
 	policy := pulsetype.RetryPolicy{}
+	// The subscription decides whether the attempt may run at all: a deleted group, a group deleted and
+	// registered again (another incarnation), or a topic the group dropped end the delivery without a POST.
 	switch {
 	case ep == nil:
-		res = failed(pulsetype.CodeHandlerError, "consumer group "+a.ConsumerGroup+" has no endpoint registered", true)
+		res = failed(pulsetype.CodeEndpointDeleted, "the consumer group "+a.ConsumerGroup+" was deleted", true)
+	case ep.Incarnation != a.Incarnation:
+		res = failed(pulsetype.CodeEndpointDeleted, "the consumer group "+a.ConsumerGroup+" was deleted and registered again; this delivery belongs to the earlier registration", true)
+	case !slices.Contains(ep.Topics, a.Topic):
+		res = failed(pulsetype.CodeUnsubscribed, "the consumer group "+a.ConsumerGroup+" no longer subscribes to topic "+a.Topic, true)
 	default:
 		policy = ep.Policy()
 		ev := j.ev
@@ -211,6 +239,9 @@ func (d *Dispatcher) record(batch []*completion) {
 		case c.Next.Retry:
 			outcome = "retry"
 			time.AfterFunc(c.Next.Delay, d.Wake)
+		case res.Error.Code == pulsetype.CodeEndpointDeleted || res.Error.Code == pulsetype.CodeUnsubscribed:
+			outcome = "error" // the subscription ended: a normal outcome, not a failure of the receiver
+			okLogs[i].Info().Str("error_code", res.Error.Code).Str("error", res.Error.Message).Msg("delivery ended: no longer subscribed")
 		default:
 			outcome = "error"
 			okLogs[i].Error().Str("error_code", res.Error.Code).Str("error", res.Error.Message).Int("http_status", res.HTTPStatus).
@@ -222,12 +253,19 @@ func (d *Dispatcher) record(batch []*completion) {
 	}
 }
 
-// endpoint returns the consumer group's endpoint (nil when it has none), cached for endpointCacheTTL.
-func (d *Dispatcher) endpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error) {
+// subscribed reports whether attempt a may run for endpoint ep: the group exists in the registration a was
+// created for and still subscribes to a's topic.
+func subscribed(ep *pulsetype.Endpoint, a *pulsetype.Attempt) bool {
+	return ep != nil && ep.Incarnation == a.Incarnation && slices.Contains(ep.Topics, a.Topic)
+}
+
+// endpoint returns the consumer group's endpoint (nil when it has none), cached for endpointCacheTTL unless
+// fresh is set.
+func (d *Dispatcher) endpoint(ctx context.Context, group string, fresh bool) (*pulsetype.Endpoint, error) {
 	d.mu.Lock()
 	c, ok := d.eps[group]
 	d.mu.Unlock()
-	if ok && time.Since(c.fetched) < endpointCacheTTL {
+	if ok && !fresh && time.Since(c.fetched) < endpointCacheTTL {
 		return c.ep, nil
 	}
 	ep, err := d.store.GetEndpoint(ctx, group)

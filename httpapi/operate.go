@@ -52,6 +52,8 @@ func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, pulsetype.ErrNotFound):
 		writeError(w, http.StatusNotFound, "delivery_not_found", fmt.Sprintf("no delivery %q (it may have expired)", id))
+	case errors.Is(err, pulsetype.ErrNotSubscribed):
+		writeError(w, http.StatusConflict, "not_subscribed", "the delivery's consumer group has no endpoint subscribed to its topic now; register one to retry it")
 	case errors.Is(err, pulsetype.ErrNotTerminal):
 		writeError(w, http.StatusConflict, "delivery_not_terminal", "the delivery is still pending; only a terminal delivery can be retried")
 	case err != nil:

@@ -16,10 +16,10 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-func newAttemptDoc(deliveryID, eventID, group, topic string, n int, now, nextAt time.Time) *attemptDoc {
+func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *attemptDoc {
 	return &attemptDoc{
-		ID: uuid.Must(uuid.NewV7()).String(), DeliveryID: deliveryID, EventID: eventID, ConsumerGroup: group,
-		Topic: topic, Attempt: n, Status: pulsetype.StatusPending, CreatedAt: now, NextAttemptAt: nextAt,
+		ID: uuid.Must(uuid.NewV7()).String(), DeliveryID: ref.DeliveryID, EventID: ref.EventID, ConsumerGroup: ref.ConsumerGroup,
+		Topic: ref.Topic, Incarnation: ref.Incarnation, Attempt: n, Status: pulsetype.StatusPending, CreatedAt: now, NextAttemptAt: nextAt,
 	}
 }
 
@@ -343,7 +343,7 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 		a := c.Attempt
 		switch {
 		case c.Next.Retry:
-			retries = append(retries, newAttemptDoc(a.DeliveryID, a.EventID, a.ConsumerGroup, a.Topic, a.Number+1, now, now.Add(c.Next.Delay)))
+			retries = append(retries, newAttemptDoc(a.Ref(), a.Number+1, now, now.Add(c.Next.Delay)))
 		case c.Next.EndStatus == pulsetype.StatusSuccess:
 			succeeded[a.Number] = append(succeeded[a.Number], a.DeliveryID)
 		default:
@@ -380,12 +380,12 @@ func endSet(status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo, n
 	return set
 }
 
-// CreateAttempt inserts attempt number n of a delivery, due after delay. It returns created=false when that
-// attempt already exists (another replica or an earlier try created it: the unique index on deliveryId +
-// attempt makes this exactly-once).
-func (s *Store) CreateAttempt(ctx context.Context, deliveryID, eventID, group, topic string, n int, delay time.Duration) (created bool, err error) {
+// CreateAttempt inserts attempt number n of the delivery ref names, due after delay. It returns created=false
+// when that attempt already exists (another replica or an earlier try created it: the unique index on
+// deliveryId + attempt makes this exactly-once).
+func (s *Store) CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n int, delay time.Duration) (created bool, err error) {
 	now := s.now()
-	_, err = s.history.InsertOne(ctx, newAttemptDoc(deliveryID, eventID, group, topic, n, now, now.Add(delay)))
+	_, err = s.history.InsertOne(ctx, newAttemptDoc(ref, n, now, now.Add(delay)))
 	if mongo.IsDuplicateKeyError(err) {
 		return false, nil
 	}

@@ -45,6 +45,8 @@ type subscriptionDoc struct {
 	InsecureSkipVerify     bool              `bson:"insecureSkipVerify,omitempty"`
 	CreatedAt              time.Time         `bson:"createdAt"`
 	UpdatedAt              time.Time         `bson:"updatedAt"`
+	// Incarnation is set once, when the group is created; see pulsetype.Endpoint.Incarnation.
+	Incarnation string `bson:"incarnation,omitempty"`
 	// Backfill is set while an earliest-offset group still has to receive the events retained before it was
 	// registered; the discovery lease (fenced by its token) lets one replica at a time advance its cursor.
 	Backfill *backfillState `bson:"backfill,omitempty"`
@@ -72,7 +74,7 @@ func (d *subscriptionDoc) endpoint() *pulsetype.Endpoint {
 		OffsetReset: d.OffsetReset, MaxRetries: &maxRetries, RetryDelay: durPtr(d.RetryDelayMs),
 		RetryBackoffMultiplier: &mult, MaxRetryDelay: durPtr(d.MaxRetryDelayMs), Timeout: durPtr(d.TimeoutMs),
 		MaxConcurrency: &conc, Headers: d.Headers, Secret: d.Secret, InsecureSkipVerify: d.InsecureSkipVerify,
-		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
+		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, Incarnation: d.Incarnation,
 	}
 }
 
@@ -93,13 +95,15 @@ type deliveryDoc struct {
 	// ReopenedAttempt is the attempt a retry or replay asked for; set before that attempt is inserted, so a
 	// crash in between is repaired by creating it.
 	ReopenedAttempt int `bson:"reopenedAttempt,omitempty"`
+	// Incarnation is the registration of the consumer group the delivery was created (or reopened) for.
+	Incarnation string `bson:"incarnation,omitempty"`
 }
 
 func (d *deliveryDoc) delivery() *pulsetype.Delivery {
 	return &pulsetype.Delivery{
 		ID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic, Status: d.Status,
 		EventCreatedAt: d.EventCreatedAt, CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, EndedAt: d.EndedAt,
-		FinalAttempt: d.FinalAttempt, Error: d.Error, ReopenedAttempt: d.ReopenedAttempt,
+		FinalAttempt: d.FinalAttempt, Error: d.Error, ReopenedAttempt: d.ReopenedAttempt, Incarnation: d.Incarnation,
 	}
 }
 
@@ -127,6 +131,7 @@ type attemptDoc struct {
 	Terminal      bool                 `bson:"terminal,omitempty"`
 	Error         *pulsetype.ErrorInfo `bson:"error,omitempty"`
 	ExpiresAt     *time.Time           `bson:"expiresAt,omitempty"`
+	Incarnation   string               `bson:"incarnation,omitempty"`
 }
 
 func (d *attemptDoc) attempt() *pulsetype.Attempt {
@@ -135,6 +140,6 @@ func (d *attemptDoc) attempt() *pulsetype.Attempt {
 		Number: d.Attempt, Status: d.Status, HTTPStatus: d.HTTPStatus, DurationMs: d.DurationMs, Error: d.Error,
 		ResponseBody: d.ResponseBody, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
 		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LockOwner: d.LockOwner, LockToken: d.LockToken,
-		LockedUntil: d.LockedUntil, Terminal: d.Terminal,
+		LockedUntil: d.LockedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
 	}
 }

@@ -3,8 +3,10 @@ package mongo
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 
+	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -13,8 +15,11 @@ import (
 )
 
 // PutEndpoint creates or replaces the endpoint of e.ConsumerGroup (e must be normalized) and returns it as
-// stored. created is true when the consumer group was new. Concurrent registrations of one group by several
-// replicas leave one subscription document (its _id is the group).
+// stored. created is true when the consumer group was new; a new group gets a fresh incarnation, a replaced
+// one keeps its own. Concurrent registrations of one group by several replicas leave one subscription
+// document (its _id is the group). A replacement that removes topics ends the group's pending deliveries of
+// those topics as error/unsubscribed (see endPending); one that changes only the URL, headers or policy
+// keeps pending work, which the next attempts deliver with the new settings.
 func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored *pulsetype.Endpoint, created bool, err error) {
 	now := s.now()
 	set := bson.M{
@@ -24,16 +29,17 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency, "headers": e.Headers,
 		"secret": e.Secret, "insecureSkipVerify": e.InsecureSkipVerify, "updatedAt": now,
 	}
-	setOnInsert := bson.M{"createdAt": now}
+	setOnInsert := bson.M{"createdAt": now, "incarnation": uuid.Must(uuid.NewV7()).String()}
+	prev, err := s.GetEndpoint(ctx, e.ConsumerGroup)
+	if err != nil && !errors.Is(err, pulsetype.ErrNotFound) {
+		return nil, false, err
+	}
 	if e.OffsetReset == pulsetype.OffsetEarliest {
 		// A new earliest-offset group receives every retained event: the backfill walks them once. An existing
 		// group that adds topics walks again (deliveries that exist already are duplicate-key no-ops).
-		prev, err := s.GetEndpoint(ctx, e.ConsumerGroup)
 		switch {
-		case errors.Is(err, pulsetype.ErrNotFound):
+		case prev == nil:
 			setOnInsert["backfill"] = backfillState{}
-		case err != nil:
-			return nil, false, err
 		case addsTopics(prev.Topics, e.Topics):
 			set["backfill"] = backfillState{}
 		}
@@ -48,7 +54,18 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 			return nil, false, wrap("put endpoint", err)
 		}
 		stored, err := s.GetEndpoint(ctx, e.ConsumerGroup)
-		return stored, res.UpsertedCount > 0, err
+		if err != nil {
+			return nil, false, err
+		}
+		if prev != nil && prev.Incarnation == stored.Incarnation {
+			if removed := missing(prev.Topics, stored.Topics); len(removed) > 0 {
+				if err := s.endPending(ctx, e.ConsumerGroup, removed, pulsetype.CodeUnsubscribed,
+					"the consumer group no longer subscribes to this topic"); err != nil {
+					return nil, false, err
+				}
+			}
+		}
+		return stored, res.UpsertedCount > 0, nil
 	}
 }
 
@@ -78,8 +95,8 @@ func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error
 	return out, nil
 }
 
-// DeleteEndpoint removes a consumer group's endpoint; pending deliveries of the group end with an error when
-// they come up. It returns pulsetype.ErrNotFound when the group has no endpoint.
+// DeleteEndpoint removes a consumer group's endpoint and ends its pending deliveries at once as
+// error/endpoint_deleted (see endPending). It returns pulsetype.ErrNotFound when the group has no endpoint.
 func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	res, err := s.subscriptions.DeleteOne(ctx, bson.M{"_id": group})
 	if err != nil {
@@ -88,12 +105,76 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	if res.DeletedCount == 0 {
 		return pulsetype.ErrNotFound
 	}
+	return s.endPending(ctx, group, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted")
+}
+
+// endPending ends the pending work of a consumer group (of topics only, when given) that its subscription no
+// longer wants, with error code and message, in three commands:
+//
+//  1. every pending attempt without a lease becomes error (terminal, with endedAt and expiresAt), so no
+//     replica can claim it any more;
+//  2. one query finds the deliveries whose attempt is leased: a POST in flight, left to finish and be
+//     recorded by its worker (its follow-up ends the delivery, or creates an attempt that the dispatcher ends
+//     with code without a POST, see dispatcher's endpoint check);
+//  3. every other pending delivery becomes error with code, endedAt and expiresAt.
+//
+// A claim racing step 1 can only take an attempt step 2 then sees as leased. Running it twice is harmless.
+// It logs one info line with how many deliveries it ended.
+func (s *Store) endPending(ctx context.Context, group string, topics []string, code, msg string) error {
+	now := s.now()
+	info := &pulsetype.ErrorInfo{Code: code, Message: msg}
+	exp := expiry(now, s.opts.HistoryRetention)
+	scope := func(extra bson.M) bson.M {
+		f := bson.M{"consumerGroup": group, "status": pulsetype.StatusPending}
+		if topics != nil {
+			f["topic"] = bson.M{"$in": topics}
+		}
+		maps.Copy(f, extra)
+		return f
+	}
+	attemptSet := bson.M{"status": pulsetype.StatusError, "endedAt": now, "terminal": true, "error": info}
+	if exp != nil {
+		attemptSet["expiresAt"] = exp
+	}
+	if _, err := s.history.UpdateMany(ctx, scope(bson.M{"lockedUntil": nil}), bson.M{"$set": attemptSet}); err != nil {
+		return wrap("end pending attempts", err)
+	}
+	leased, err := findAll[attemptDoc](ctx, s.history, "find leased attempts", scope(bson.M{"lockedUntil": bson.M{"$ne": nil}}),
+		options.Find().SetProjection(bson.M{"deliveryId": 1}))
+	if err != nil {
+		return err
+	}
+	busy := make([]string, len(leased))
+	for i, a := range leased {
+		busy[i] = a.DeliveryID
+	}
+	set := bson.M{"status": pulsetype.StatusError, "endedAt": now, "updatedAt": now, "error": info}
+	if exp != nil {
+		set["expiresAt"] = exp
+	}
+	res, err := s.deliveries.UpdateMany(ctx, scope(bson.M{"_id": bson.M{"$nin": busy}}), bson.M{"$set": set})
+	if err != nil {
+		return wrap("end pending deliveries", err)
+	}
+	s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", code).
+		Int64("ended", res.ModifiedCount).Int("in_flight", len(busy)).Msg("pending deliveries ended")
 	return nil
 }
 
 func (s *Store) subscriptionsFor(ctx context.Context, topics []string) ([]subscriptionDoc, error) {
 	return findAll[subscriptionDoc](ctx, s.subscriptions, "find subscriptions", bson.M{"topics": bson.M{"$in": topics}},
-		options.Find().SetProjection(bson.M{"_id": 1, "topics": 1, "offsetReset": 1, "createdAt": 1}))
+		options.Find().SetProjection(bson.M{"_id": 1, "topics": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1}))
+}
+
+// missing returns the topics of old that new lacks.
+func missing(old, new []string) []string {
+	var out []string
+	for _, t := range old {
+		if !slices.Contains(new, t) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 func addsTopics(old, new []string) bool {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,12 +71,19 @@ func decodeCursor(c string) (time.Time, string, error) {
 	return time.UnixMilli(n).UTC(), id, nil
 }
 
-// RetryDelivery gives a terminal delivery its next numbered attempt, due now. It first reopens the delivery
-// (status pending, reopenedAttempt = n+1, its end, error and expiresAt removed) with an update filtered on
-// its terminal status, then inserts attempt n+1; a crash in between is repaired by the reconciler, which
-// creates the attempt reopenedAttempt names. It returns the new attempt number, pulsetype.ErrNotFound, or
-// pulsetype.ErrNotTerminal when the delivery is pending.
+// RetryDelivery gives a terminal delivery its next numbered attempt, due now, for the consumer group's
+// current registration (an explicit retry may re-open a delivery made for an earlier registration of the
+// group). It first reopens the delivery (status pending, reopenedAttempt = n+1, incarnation = the group's,
+// its end, error and expiresAt removed) with an update filtered on its terminal status, then inserts attempt
+// n+1; a crash in between is repaired by the reconciler, which creates the attempt reopenedAttempt names. It
+// returns the new attempt number, pulsetype.ErrNotFound, pulsetype.ErrNotTerminal when the delivery is
+// pending, or pulsetype.ErrNotSubscribed when its group has no endpoint for its topic now.
 func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
+	return s.reopen(ctx, id, nil)
+}
+
+// reopen is RetryDelivery; ep is the delivery's consumer group's endpoint when the caller read it already.
+func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (int, error) {
 	d, attempts, err := s.GetDelivery(ctx, id)
 	if err != nil {
 		return 0, err
@@ -83,13 +91,23 @@ func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
 	if d.Status == pulsetype.StatusPending {
 		return 0, pulsetype.ErrNotTerminal
 	}
+	if ep == nil {
+		if ep, err = s.GetEndpoint(ctx, d.ConsumerGroup); errors.Is(err, pulsetype.ErrNotFound) {
+			return 0, pulsetype.ErrNotSubscribed
+		} else if err != nil {
+			return 0, err
+		}
+	}
+	if !slices.Contains(ep.Topics, d.Topic) {
+		return 0, pulsetype.ErrNotSubscribed
+	}
 	next := 1
 	if len(attempts) > 0 {
 		next = attempts[len(attempts)-1].Number + 1
 	}
 	now := s.now()
 	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": id, "status": d.Status},
-		bson.M{"$set": bson.M{"status": pulsetype.StatusPending, "updatedAt": now, "reopenedAttempt": next},
+		bson.M{"$set": bson.M{"status": pulsetype.StatusPending, "updatedAt": now, "reopenedAttempt": next, "incarnation": ep.Incarnation},
 			"$unset": bson.M{"endedAt": "", "expiresAt": "", "error": "", "finalAttempt": ""}})
 	if err != nil {
 		return 0, wrap("reopen delivery", err)
@@ -97,16 +115,22 @@ func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
 	if res.ModifiedCount == 0 {
 		return 0, pulsetype.ErrNotTerminal // reopened concurrently
 	}
-	if _, err := s.CreateAttempt(ctx, id, d.EventID, d.ConsumerGroup, d.Topic, next, 0); err != nil {
+	d.Incarnation = ep.Incarnation
+	if _, err := s.CreateAttempt(ctx, d.Ref(), next, 0); err != nil {
 		return 0, err
 	}
 	return next, nil
 }
 
 // ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of a consumer group in status whose
-// createdAt lies in [from, to), walking them once in id order in batches of 100, and returns how many it
-// reopened.
+// createdAt lies in [from, to) and whose topic the group subscribes to now, walking them once in id order in
+// batches of 100, and returns how many it reopened. It returns pulsetype.ErrNotFound when the group has no
+// endpoint.
 func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error) {
+	ep, err := s.GetEndpoint(ctx, group)
+	if err != nil {
+		return 0, err
+	}
 	total, after := 0, ""
 	for {
 		filter := bson.M{"consumerGroup": group, "status": status, "createdAt": bson.M{"$gte": from, "$lt": to},
@@ -117,11 +141,11 @@ func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulse
 			return total, err
 		}
 		for _, d := range batch {
-			_, err := s.RetryDelivery(ctx, d.ID)
+			_, err := s.reopen(ctx, d.ID, ep)
 			switch {
 			case err == nil:
 				total++
-			case !errors.Is(err, pulsetype.ErrNotTerminal) && !errors.Is(err, pulsetype.ErrNotFound):
+			case !errors.Is(err, pulsetype.ErrNotTerminal) && !errors.Is(err, pulsetype.ErrNotFound) && !errors.Is(err, pulsetype.ErrNotSubscribed):
 				return total, err
 			}
 		}

@@ -231,11 +231,11 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 				continue // offsetReset latest: the group registered after this event was published
 			}
 			d := &deliveryDoc{
-				ID: DeliveryID(sub.ID, e.ID), EventID: e.ID, ConsumerGroup: sub.ID, Topic: e.Topic,
+				ID: DeliveryID(sub.ID, e.ID), EventID: e.ID, ConsumerGroup: sub.ID, Topic: e.Topic, Incarnation: sub.Incarnation,
 				EventCreatedAt: e.CreatedAt, Status: pulsetype.StatusPending, CreatedAt: now, UpdatedAt: now,
 			}
 			deliveries = append(deliveries, d)
-			attempts = append(attempts, newAttemptDoc(d.ID, e.ID, sub.ID, e.Topic, 1, now, now))
+			attempts = append(attempts, newAttemptDoc(d.delivery().Ref(), 1, now, now))
 		}
 	}
 	if len(deliveries) == 0 {

@@ -608,7 +608,7 @@ func TestCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T) {
 	}
 
 	for i, want := range []bool{true, false} {
-		created, err := s.CreateAttempt(b.ctx, deliveryID, ev.ID, "billing", "t", 2, time.Second)
+		created, err := s.CreateAttempt(b.ctx, pulsetype.DeliveryRef{DeliveryID: deliveryID, EventID: ev.ID, ConsumerGroup: "billing", Topic: "t"}, 2, time.Second)
 		if err != nil || created != want {
 			t.Fatalf("CreateAttempt #%d of attempt 2 = %v, %v; want %v, nil", i+1, created, err, want)
 		}
@@ -629,7 +629,7 @@ func TestCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T) {
 	created := make([]bool, n)
 	errs := make([]error, n)
 	concurrently(n, func(i int) {
-		created[i], errs[i] = s.CreateAttempt(b.ctx, deliveryID, ev.ID, "billing", "t", 3, 0)
+		created[i], errs[i] = s.CreateAttempt(b.ctx, pulsetype.DeliveryRef{DeliveryID: deliveryID, EventID: ev.ID, ConsumerGroup: "billing", Topic: "t"}, 3, 0)
 	})
 	winners := 0
 	for i := range n {
@@ -816,6 +816,9 @@ func TestReplayVisitsEachDeliveryOnce(t *testing.T) {
 	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
 	ctx := context.Background()
 	if _, err := s.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.PutEndpoint(ctx, (&bundle{t: t}).endpoint("g", "t")); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()

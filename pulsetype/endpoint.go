@@ -95,6 +95,10 @@ type Endpoint struct {
 	InsecureSkipVerify     bool              `json:"insecureSkipVerify,omitempty"`
 	CreatedAt              time.Time         `json:"createdAt"`
 	UpdatedAt              time.Time         `json:"updatedAt"`
+	// Incarnation is a UUIDv7 given when the consumer group is created (not when it is replaced): a group
+	// deleted and registered again is a new subscription, and nothing pending from the earlier one reaches it.
+	// Empty for groups registered before incarnations existed.
+	Incarnation string `json:"-"`
 }
 
 // FieldError names the field of an endpoint or event that is invalid and why.

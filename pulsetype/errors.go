@@ -13,6 +13,9 @@ var (
 	ErrLeaseLost = errors.New("lease lost")
 	// ErrNotTerminal: a retry was asked for a delivery that is still pending.
 	ErrNotTerminal = errors.New("delivery is not terminal")
+	// ErrNotSubscribed: a retry was asked for a delivery whose consumer group has no endpoint now, or no longer
+	// subscribes to the delivery's topic.
+	ErrNotSubscribed = errors.New("the consumer group has no endpoint subscribed to the delivery's topic")
 )
 
 // ErrBadCursor: a list cursor that the sidecar did not issue.

@@ -20,11 +20,11 @@ type RetryPolicy struct {
 const Jitter = 0.2
 
 // Next returns whether attempt number (1-based), failed with code, gets a successor, and the delay before it.
-// It returns retry=false when the failure is terminal: a terminal response, at-most-once, event_expired, or
-// retries used up. The delay is the exponential backoff of cenkalti/backoff with ±20% jitter, capped by
+// It returns retry=false when the failure is terminal: a terminal response, at-most-once, event_expired,
+// endpoint_deleted, unsubscribed, or retries used up. The delay is the exponential backoff of cenkalti/backoff with ±20% jitter, capped by
 // MaxDelay, then raised (never lowered) to retryAfter, and capped by MaxDelay again.
 func (p RetryPolicy) Next(number int, code string, terminal bool, retryAfter time.Duration) (retry bool, delay time.Duration) {
-	if terminal || p.AtMostOnce || code == CodeEventExpired || number > p.MaxRetries {
+	if terminal || p.AtMostOnce || Ended(code) || number > p.MaxRetries {
 		return false, 0
 	}
 	b := backoff.NewExponentialBackOff(

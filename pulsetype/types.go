@@ -21,7 +21,18 @@ const (
 	CodeHandlerError = "handler_error" // the webhook answered with a failure, or could not be reached
 	CodeWorkerLost   = "worker_lost"   // the attempt's lease expired before it completed
 	CodeEventExpired = "event_expired" // retention removed the event before the attempt ran
+	// CodeEndpointDeleted ends the pending deliveries of a deleted consumer group (and any attempt of an
+	// earlier registration of a group registered again): a normal outcome, not a failure of the receiver.
+	CodeEndpointDeleted = "endpoint_deleted"
+	// CodeUnsubscribed ends the pending deliveries of a topic that a PUT removed from the consumer group.
+	CodeUnsubscribed = "unsubscribed"
 )
+
+// Ended reports whether code ends a delivery whatever retries remain: the event is gone, or the consumer
+// group no longer wants it.
+func Ended(code string) bool {
+	return code == CodeEventExpired || code == CodeEndpointDeleted || code == CodeUnsubscribed
+}
 
 // Lock states of a pending attempt, as shown by the inspection API.
 const (
@@ -104,6 +115,24 @@ type Delivery struct {
 	Error          *ErrorInfo `json:"error,omitempty"`
 	// ReopenedAttempt is the attempt number a manual retry or replay asked for (0 if none).
 	ReopenedAttempt int `json:"-"`
+	// Incarnation is the registration of the consumer group this delivery belongs to (Endpoint.Incarnation).
+	Incarnation string `json:"-"`
+}
+
+// DeliveryRef identifies a delivery and what each of its attempts carries: its event, consumer group, topic
+// and the registration (incarnation) of the group it was created for.
+type DeliveryRef struct {
+	DeliveryID, EventID, ConsumerGroup, Topic, Incarnation string
+}
+
+// Ref returns the delivery's reference.
+func (d *Delivery) Ref() DeliveryRef {
+	return DeliveryRef{DeliveryID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic, Incarnation: d.Incarnation}
+}
+
+// Ref returns the reference of the attempt's delivery.
+func (a *Attempt) Ref() DeliveryRef {
+	return DeliveryRef{DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic, Incarnation: a.Incarnation}
 }
 
 // Attempt is one history document: one try of a delivery. Lease fields are set while a worker holds it.
@@ -129,6 +158,9 @@ type Attempt struct {
 	LockedUntil   *time.Time `json:"-"`
 	// Terminal is true when the failure ended the delivery regardless of retries left (a terminal HTTP status).
 	Terminal bool `json:"-"`
+	// Incarnation is the registration of the consumer group the attempt's delivery was created for; an
+	// attempt runs only while it equals the group's current Endpoint.Incarnation.
+	Incarnation string `json:"-"`
 }
 
 // LockStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.

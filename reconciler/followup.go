@@ -10,7 +10,7 @@ import (
 
 // FollowUpStore is the storage FollowUp needs.
 type FollowUpStore interface {
-	CreateAttempt(ctx context.Context, deliveryID, eventID, group, topic string, n int, delay time.Duration) (bool, error)
+	CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n int, delay time.Duration) (bool, error)
 	EndDelivery(ctx context.Context, deliveryID string, status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo) (bool, error)
 }
 
@@ -42,7 +42,7 @@ func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, st
 	terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) (Step, error) {
 	next := Decide(a.Number, status, e, terminal, retryAfter, policy)
 	if next.Retry {
-		created, err := store.CreateAttempt(ctx, a.DeliveryID, a.EventID, a.ConsumerGroup, a.Topic, a.Number+1, next.Delay)
+		created, err := store.CreateAttempt(ctx, a.Ref(), a.Number+1, next.Delay)
 		if err != nil {
 			return Step{}, fmt.Errorf("create attempt %d: %w", a.Number+1, err)
 		}

@@ -162,7 +162,7 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 // repairOne repairs one pending delivery given its attempts in order.
 func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attempts []*pulsetype.Attempt) (bool, error) {
 	if len(attempts) == 0 {
-		created, err := r.store.CreateAttempt(ctx, d.ID, d.EventID, d.ConsumerGroup, d.Topic, 1, 0)
+		created, err := r.store.CreateAttempt(ctx, d.Ref(), 1, 0)
 		if created {
 			r.report(KindMissingFirstAttempt, d, 1)
 		}
@@ -173,7 +173,7 @@ func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attem
 		return false, nil
 	}
 	if d.ReopenedAttempt > last.Number { // a retry or replay reopened it and stopped before the attempt
-		created, err := r.store.CreateAttempt(ctx, d.ID, d.EventID, d.ConsumerGroup, d.Topic, d.ReopenedAttempt, 0)
+		created, err := r.store.CreateAttempt(ctx, d.Ref(), d.ReopenedAttempt, 0)
 		if created {
 			r.report(KindMissingRetry, d, 1)
 		}
