@@ -1,9 +1,13 @@
 package main
 
 import (
+	"cmp"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -228,4 +232,83 @@ func TestInFlightAttemptOfADeletedGroupDoesNotReachItsSuccessor(t *testing.T) {
 	if n := len(fresh.received()); n != 0 {
 		t.Fatalf("the re-created group's receiver got %d POSTs of the old subscription", n)
 	}
+}
+
+// hangingReceivers returns n receivers that hold every POST until the test ends, and a function that
+// counts the POSTs they hold at the moment.
+func hangingReceivers(t *testing.T, n int) ([]*receiver, func() int) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	held := 0
+	out := make([]*receiver, n)
+	for i := range out {
+		out[i] = newReceiver(t, 200)
+		out[i].Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			held++
+			mu.Unlock()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			mu.Lock()
+			held--
+			mu.Unlock()
+		})
+	}
+	t.Cleanup(func() { close(release) }) // runs before the receivers close (cleanups run last-in first-out)
+	return out, func() int { mu.Lock(); defer mu.Unlock(); return held }
+}
+
+// fairnessCase: slow groups whose receivers hang, each with backlog enough to fill its maxConcurrency, and
+// one event for a healthy group, delivered while every slow POST still hangs. It returns how long the
+// healthy event waited between its publish answer and its POST.
+func fairnessCase(t *testing.T, workers, slowGroups, events, maxConcurrency, busy int) time.Duration {
+	b := setup(t)
+	env := b.fastEnv()
+	if workers > 0 {
+		env["PULSE_WORKERS"] = strconv.Itoa(workers)
+	}
+	s := b.start(env)
+	slow, held := hangingReceivers(t, slowGroups)
+	healthy := newReceiver(t, 200)
+	for i, r := range slow {
+		s.registerEndpoint(t, fmt.Sprintf("slow%d", i), map[string]any{"url": r.URL, "topics": []string{fmt.Sprintf("s%d", i)},
+			"maxConcurrency": maxConcurrency, "timeout": "60s"})
+	}
+	s.registerEndpoint(t, "healthy", map[string]any{"url": healthy.URL, "topics": []string{"h"}})
+	for i := range slow {
+		batch := make([]map[string]any, events)
+		for j := range batch {
+			batch[j] = map[string]any{"topic": fmt.Sprintf("s%d", i), "data": j}
+		}
+		if code := do(t, "POST", s.URL+"/v1/events", batch, nil); code != 202 {
+			t.Fatalf("publish answered %d", code)
+		}
+	}
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d slow POSTs to hang", busy), func() bool { return held() >= busy })
+	start := time.Now()
+	id := s.publish(t, "h", "healthy")
+	// The slow POSTs hang for a minute: without fairness the healthy one would wait for that long. Five
+	// seconds is fifty times the ordinary scheduling delay, to absorb a loaded machine.
+	waitFor(t, 5*time.Second, "the healthy group's POST while every slow one hangs", func() bool { return postsByKey(healthy)[id] == 1 })
+	waited := healthy.received()[0].At.Sub(start)
+	if n := held(); n < busy {
+		t.Fatalf("only %d slow POSTs hang when the healthy one arrived; the case needs %d", n, busy)
+	}
+	t.Logf("%d workers, %d hanging groups × maxConcurrency %d: %d POSTs hang, the healthy group's POST came %s after its publish",
+		cmp.Or(workers, 64), slowGroups, maxConcurrency, held(), waited.Round(time.Millisecond))
+	return waited
+}
+
+// More hanging groups than PULSE_WORKERS / maxConcurrency (5 × 16 > 64): a healthy group's event is still
+// POSTed while all of them hang.
+func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
+	fairnessCase(t, 0, 5, 20, 16, 48)
+}
+
+// More hanging groups than worker slots (6 > 4): the slots they hold are given back after a second, and the
+// healthy group's event is POSTed while all of them hang.
+func TestMoreHangingGroupsThanWorkers(t *testing.T) {
+	fairnessCase(t, 4, 6, 2, 1, 6)
 }
