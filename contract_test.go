@@ -243,7 +243,11 @@ func hangingReceivers(t *testing.T, n int) ([]*receiver, func() int) {
 	out := make([]*receiver, n)
 	for i := range out {
 		out[i] = newReceiver(t, 200)
-		out[i].Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := out[i]
+		rc.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rc.mu.Lock()
+			rc.got = append(rc.got, received{Header: r.Header.Clone(), At: time.Now()})
+			rc.mu.Unlock()
 			mu.Lock()
 			held++
 			mu.Unlock()
@@ -304,7 +308,7 @@ func fairnessCase(t *testing.T, workers, slowGroups, events, maxConcurrency, bus
 // More hanging groups than PULSE_WORKERS / maxConcurrency (5 × 16 > 64): a healthy group's event is still
 // POSTed while all of them hang.
 func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
-	fairnessCase(t, 0, 5, 20, 16, 48)
+	fairnessCase(t, 0, 5, 20, 16, 64)
 }
 
 // More hanging groups than worker slots (6 > 4): the slots they hold are given back after a second, and the
@@ -312,3 +316,4 @@ func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
 func TestMoreHangingGroupsThanWorkers(t *testing.T) {
 	fairnessCase(t, 4, 6, 2, 1, 6)
 }
+
