@@ -316,4 +316,3 @@ func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
 func TestMoreHangingGroupsThanWorkers(t *testing.T) {
 	fairnessCase(t, 4, 6, 2, 1, 6)
 }
-
