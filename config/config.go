@@ -24,6 +24,15 @@ const (
 	DefaultRetention        = 168 * time.Hour
 	DefaultShutdownTimeout  = 25 * time.Second
 	DefaultMaxBodyBytes     = 1 << 20
+	// MaxBSONDocumentBytes is the most one MongoDB document may hold (16 MiB); each event is one document.
+	MaxBSONDocumentBytes = 16 << 20
+	// EventDocumentOverhead bounds, in bytes, what an event's document adds to its publish body: the id (≤ 128
+	// characters), topic (≤ 200), times, flags, field names and BSON framing take under 1 KiB, and each of at
+	// most 64 headers one byte more than its JSON spelling; data is stored as published (compacted) and no
+	// stored string is longer than its JSON spelling. The rest is margin.
+	EventDocumentOverhead = 16 << 10
+	// MaxMaxBodyBytes is the largest PULSE_MAX_BODY_BYTES: a body of that size still fits one document.
+	MaxMaxBodyBytes = MaxBSONDocumentBytes - EventDocumentOverhead
 	DefaultWorkers          = 64
 )
 
@@ -66,7 +75,8 @@ type Config struct {
 	LogLevel string `env:"PULSE_LOG_LEVEL" envDefault:"info"`
 	// LogFormat is json or console.
 	LogFormat string `env:"PULSE_LOG_FORMAT" envDefault:"json"`
-	// MaxBodyBytes bounds a publish request body, in bytes (413 above it).
+	// MaxBodyBytes bounds a publish request body, in bytes (413 above it); at most MaxMaxBodyBytes, so that
+	// the largest event fits one MongoDB document.
 	MaxBodyBytes int64 `env:"PULSE_MAX_BODY_BYTES" envDefault:"1048576"`
 	// Workers bounds the webhook POSTs in flight in this process, across all consumer groups.
 	Workers int `env:"PULSE_WORKERS" envDefault:"64"`
@@ -167,8 +177,9 @@ func (c *Config) Validate() error {
 	default:
 		return bad("PULSE_LOG_FORMAT", c.LogFormat, "json or console")
 	}
-	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 64<<20 {
-		return bad("PULSE_MAX_BODY_BYTES", c.MaxBodyBytes, "a byte count between 1024 and 67108864")
+	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > MaxMaxBodyBytes {
+		return bad("PULSE_MAX_BODY_BYTES", c.MaxBodyBytes, fmt.Sprintf("a byte count between 1024 and %d: the largest event of a body is stored as one MongoDB document, at most %d bytes (16 MiB), of which %d are kept for the event's id, topic, headers and times",
+			MaxMaxBodyBytes, MaxBSONDocumentBytes, EventDocumentOverhead))
 	}
 	if c.Workers < 1 || c.Workers > 10000 {
 		return bad("PULSE_WORKERS", c.Workers, "an integer between 1 and 10000")
