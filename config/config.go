@@ -24,6 +24,11 @@ const (
 	DefaultRetention        = 168 * time.Hour
 	DefaultShutdownTimeout  = 25 * time.Second
 	DefaultMaxBodyBytes     = 1 << 20
+	DefaultWorkers          = 64
+)
+
+// Limits of PULSE_MAX_BODY_BYTES.
+const (
 	// MaxBSONDocumentBytes is the most one MongoDB document may hold (16 MiB); each event is one document.
 	MaxBSONDocumentBytes = 16 << 20
 	// EventDocumentOverhead bounds, in bytes, what an event's document adds to its publish body: the id (≤ 128
@@ -33,7 +38,6 @@ const (
 	EventDocumentOverhead = 16 << 10
 	// MaxMaxBodyBytes is the largest PULSE_MAX_BODY_BYTES: a body of that size still fits one document.
 	MaxMaxBodyBytes = MaxBSONDocumentBytes - EventDocumentOverhead
-	DefaultWorkers          = 64
 )
 
 // Change stream modes (the seed's "Polling and Change Streams").
