@@ -125,6 +125,8 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{"PULSE_MAX_BODY_BYTES", "100"},
 		{"PULSE_MAX_BODY_BYTES", "16777216"}, // one event of 16 MiB cannot be one MongoDB document
 		{"PULSE_MAX_BODY_BYTES", "67108864"},
+		{"PULSE_OUTBOUND_PROXY", "sometimes"},
+		{"PULSE_OUTBOUND_PROXY", "env"}, // neither HTTP_PROXY nor HTTPS_PROXY
 		{"PULSE_LISTEN", "nope"},
 		{"PULSE_LISTEN", "8080"},
 		{"PULSE_COLLECTION_PREFIX", "a b"},
