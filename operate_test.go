@@ -98,8 +98,8 @@ func TestAuthAndMetrics(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		m, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode == 200 && strings.Contains(string(m), `pulse_events_published_total{topic="t"} 1`) &&
-			strings.Contains(string(m), `pulse_deliveries_total{consumer_group="g",outcome="success"} 1`) &&
+		return resp.StatusCode == 200 && strings.Contains(string(m), "pulse_events_published_total 1\n") &&
+			strings.Contains(string(m), `pulse_attempts_total{consumer_group="g",outcome="success"} 1`) &&
 			strings.Contains(string(m), `pulse_attempt_duration_seconds_count{consumer_group="g"} 1`)
 	})
 }

@@ -124,7 +124,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 
 	denies, _ := config.ParseCIDRs(cfg.DenyCIDRs)
 	allows, _ := config.ParseCIDRs(cfg.AllowCIDRs)
-	sender := webhook.New(webhook.Options{UserAgent: "pulse-sidecar/" + version, DenyCIDRs: denies, AllowCIDRs: allows, Logger: log})
+	sender := webhook.New(webhook.Options{UserAgent: "pulse-sidecar/" + version, DenyCIDRs: denies, AllowCIDRs: allows, Logger: log, Proxy: cfg.ProxyConfig()})
 	defer sender.CloseIdleConnections()
 	owner := uuid.Must(uuid.NewV7()).String()
 	keeper := lease.NewKeeper(store.Renew, cfg.LockTimeout, local, log)

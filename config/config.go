@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"reflect"
 	"strings"
 	"time"
 
 	"github.com/caarlos0/env/v11"
+	"golang.org/x/net/http/httpproxy"
 )
 
 // Defaults of the contract (../shared/design/http-contract.md).
@@ -25,6 +27,19 @@ const (
 	DefaultShutdownTimeout  = 25 * time.Second
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultWorkers          = 64
+)
+
+// Limits of PULSE_MAX_BODY_BYTES.
+const (
+	// MaxBSONDocumentBytes is the most one MongoDB document may hold (16 MiB); each event is one document.
+	MaxBSONDocumentBytes = 16 << 20
+	// EventDocumentOverhead bounds, in bytes, what an event's document adds to its publish body: the id (≤ 128
+	// characters), topic (≤ 200), times, flags, field names and BSON framing take under 1 KiB, and each of at
+	// most 64 headers one byte more than its JSON spelling; data is stored as published (compacted) and no
+	// stored string is longer than its JSON spelling. The rest is margin.
+	EventDocumentOverhead = 16 << 10
+	// MaxMaxBodyBytes is the largest PULSE_MAX_BODY_BYTES: a body of that size still fits one document.
+	MaxMaxBodyBytes = MaxBSONDocumentBytes - EventDocumentOverhead
 )
 
 // Change stream modes (the seed's "Polling and Change Streams").
@@ -66,7 +81,8 @@ type Config struct {
 	LogLevel string `env:"PULSE_LOG_LEVEL" envDefault:"info"`
 	// LogFormat is json or console.
 	LogFormat string `env:"PULSE_LOG_FORMAT" envDefault:"json"`
-	// MaxBodyBytes bounds a publish request body, in bytes (413 above it).
+	// MaxBodyBytes bounds a publish request body, in bytes (413 above it); at most MaxMaxBodyBytes, so that
+	// the largest event fits one MongoDB document.
 	MaxBodyBytes int64 `env:"PULSE_MAX_BODY_BYTES" envDefault:"1048576"`
 	// Workers bounds the webhook POSTs in flight in this process, across all consumer groups.
 	Workers int `env:"PULSE_WORKERS" envDefault:"64"`
@@ -74,6 +90,16 @@ type Config struct {
 	DenyCIDRs string `env:"PULSE_DENY_CIDRS"`
 	// AllowCIDRs are exceptions to the deny list and to the link-local guard (comma-separated).
 	AllowCIDRs string `env:"PULSE_ALLOW_CIDRS"`
+	// OutboundProxy is how webhook POSTs reach their receivers: empty or "none" (default) connects directly,
+	// whatever HTTP_PROXY says; "env" uses HTTPProxy, HTTPSProxy and NoProxy (net/http's rules).
+	OutboundProxy string `env:"PULSE_OUTBOUND_PROXY"`
+	// HTTPProxy is the proxy of http:// webhooks with PULSE_OUTBOUND_PROXY=env (HTTP_PROXY, else http_proxy).
+	HTTPProxy string `env:"HTTP_PROXY"`
+	// HTTPSProxy is the proxy of https:// webhooks (CONNECT) with PULSE_OUTBOUND_PROXY=env (HTTPS_PROXY, else
+	// https_proxy).
+	HTTPSProxy string `env:"HTTPS_PROXY"`
+	// NoProxy lists hosts, domains and CIDRs reached directly (NO_PROXY, else no_proxy); loopback always is.
+	NoProxy string `env:"NO_PROXY"`
 	// TestClockSkew shifts this process's wall clock; for tests of clock-skewed replicas only.
 	TestClockSkew time.Duration `env:"PULSE_TEST_CLOCK_SKEW"`
 }
@@ -90,6 +116,11 @@ func Load(getenv func(string) string) (*Config, error) {
 		fieldVar[t.Field(i).Name] = key
 		if v := getenv(key); v != "" {
 			environ[key] = v
+		}
+	}
+	for upper, lower := range map[string]string{"HTTP_PROXY": "http_proxy", "HTTPS_PROXY": "https_proxy", "NO_PROXY": "no_proxy"} {
+		if environ[upper] == "" && getenv(lower) != "" {
+			environ[upper] = getenv(lower)
 		}
 	}
 	if err := env.ParseWithOptions(cfg, env.Options{Environment: environ}); err != nil {
@@ -167,8 +198,9 @@ func (c *Config) Validate() error {
 	default:
 		return bad("PULSE_LOG_FORMAT", c.LogFormat, "json or console")
 	}
-	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 64<<20 {
-		return bad("PULSE_MAX_BODY_BYTES", c.MaxBodyBytes, "a byte count between 1024 and 67108864")
+	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > MaxMaxBodyBytes {
+		return bad("PULSE_MAX_BODY_BYTES", c.MaxBodyBytes, fmt.Sprintf("a byte count between 1024 and %d: the largest event of a body is stored as one MongoDB document, at most %d bytes (16 MiB), of which %d are kept for the event's id, topic, headers and times",
+			MaxMaxBodyBytes, MaxBSONDocumentBytes, EventDocumentOverhead))
 	}
 	if c.Workers < 1 || c.Workers > 10000 {
 		return bad("PULSE_WORKERS", c.Workers, "an integer between 1 and 10000")
@@ -179,7 +211,45 @@ func (c *Config) Validate() error {
 	if _, err := ParseCIDRs(c.AllowCIDRs); err != nil {
 		return bad("PULSE_ALLOW_CIDRS", c.AllowCIDRs, "comma-separated CIDRs such as 10.1.2.0/24 ("+err.Error()+")")
 	}
+	switch c.OutboundProxy {
+	case "", OutboundProxyNone:
+	case OutboundProxyEnv:
+		if c.HTTPProxy == "" && c.HTTPSProxy == "" {
+			return bad("PULSE_OUTBOUND_PROXY", c.OutboundProxy, "env together with HTTP_PROXY or HTTPS_PROXY (both are empty)")
+		}
+		for key, v := range map[string]string{"HTTP_PROXY": c.HTTPProxy, "HTTPS_PROXY": c.HTTPSProxy} {
+			if v != "" && !validProxyURL(v) {
+				return bad(key, v, "a proxy URL such as http://proxy.internal:3128")
+			}
+		}
+	default:
+		return bad("PULSE_OUTBOUND_PROXY", c.OutboundProxy, "none (connect directly) or env (HTTP_PROXY, HTTPS_PROXY, NO_PROXY)")
+	}
 	return nil
+}
+
+// Outbound proxy modes (PULSE_OUTBOUND_PROXY).
+const (
+	OutboundProxyNone = "none"
+	OutboundProxyEnv  = "env"
+)
+
+// validProxyURL reports whether v is a proxy setting net/http can use: http, https or socks5 URL with a
+// host, or a bare host[:port] (read as http).
+func validProxyURL(v string) bool {
+	if !strings.Contains(v, "://") {
+		v = "http://" + v
+	}
+	u, err := url.Parse(v)
+	return err == nil && u.Hostname() != "" && (u.Scheme == "http" || u.Scheme == "https" || u.Scheme == "socks5" || u.Scheme == "socks5h")
+}
+
+// ProxyConfig returns the outbound proxy settings, or nil when webhooks connect directly.
+func (c *Config) ProxyConfig() *httpproxy.Config {
+	if c.OutboundProxy != OutboundProxyEnv {
+		return nil
+	}
+	return &httpproxy.Config{HTTPProxy: c.HTTPProxy, HTTPSProxy: c.HTTPSProxy, NoProxy: c.NoProxy}
 }
 
 // ParseCIDRs parses a comma-separated list of CIDR prefixes; empty gives nil.

@@ -123,6 +123,10 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{"PULSE_WORKERS", "many"},
 		{"PULSE_MAX_BODY_BYTES", "1k"},
 		{"PULSE_MAX_BODY_BYTES", "100"},
+		{"PULSE_MAX_BODY_BYTES", "16777216"}, // one event of 16 MiB cannot be one MongoDB document
+		{"PULSE_MAX_BODY_BYTES", "67108864"},
+		{"PULSE_OUTBOUND_PROXY", "sometimes"},
+		{"PULSE_OUTBOUND_PROXY", "env"}, // neither HTTP_PROXY nor HTTPS_PROXY
 		{"PULSE_LISTEN", "nope"},
 		{"PULSE_LISTEN", "8080"},
 		{"PULSE_COLLECTION_PREFIX", "a b"},
@@ -149,6 +153,19 @@ func TestLoadRejectsBadValues(t *testing.T) {
 				t.Errorf("Load returned a config with its error: %+v", cfg)
 			}
 		})
+	}
+}
+
+// PULSE_MAX_BODY_BYTES stops at what one MongoDB document can hold, and says why.
+func TestMaxBodyBytesFitsOneDocument(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load(getenv(map[string]string{"PULSE_MAX_BODY_BYTES": "16760832"}))
+	if err != nil || cfg.MaxBodyBytes != 16760832 || config.MaxMaxBodyBytes != 16760832 {
+		t.Fatalf("Load(PULSE_MAX_BODY_BYTES=16760832) = %v; want the largest limit accepted", err)
+	}
+	_, err = config.Load(getenv(map[string]string{"PULSE_MAX_BODY_BYTES": "16760833"}))
+	if err == nil || !strings.Contains(err.Error(), "MongoDB document") || !strings.Contains(err.Error(), "16 MiB") {
+		t.Fatalf("Load(PULSE_MAX_BODY_BYTES=16760833) = %v; want an error giving the MongoDB document limit as the reason", err)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"mime"
 	"net/http"
 	"regexp"
-	"time"
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
@@ -181,9 +180,9 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 }
 
 type publishedBody struct {
-	ID        string    `json:"id"`
-	Topic     string    `json:"topic"`
-	CreatedAt time.Time `json:"createdAt"`
+	ID        string              `json:"id"`
+	Topic     string              `json:"topic"`
+	CreatedAt pulsetype.Timestamp `json:"createdAt"`
 }
 
 func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
@@ -232,7 +231,7 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 	var fresh []*pulsetype.Event
 	out := make([]publishedBody, len(published))
 	for i, p := range published {
-		out[i] = publishedBody{ID: p.Event.ID, Topic: p.Event.Topic, CreatedAt: p.Event.CreatedAt}
+		out[i] = publishedBody{ID: p.Event.ID, Topic: p.Event.Topic, CreatedAt: pulsetype.Timestamp(p.Event.CreatedAt)}
 		if !p.Existing {
 			status = http.StatusAccepted
 			fresh = append(fresh, p.Event)
@@ -252,12 +251,12 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 }
 
 type eventBody struct {
-	ID         string            `json:"id"`
-	Topic      string            `json:"topic"`
-	CreatedAt  time.Time         `json:"createdAt"`
-	Data       json.RawMessage   `json:"data"`
-	Headers    map[string]string `json:"headers"`
-	Deliveries []eventDelivery   `json:"deliveries"`
+	ID         string              `json:"id"`
+	Topic      string              `json:"topic"`
+	CreatedAt  pulsetype.Timestamp `json:"createdAt"`
+	Data       json.RawMessage     `json:"data"`
+	Headers    map[string]string   `json:"headers"`
+	Deliveries []eventDelivery     `json:"deliveries"`
 }
 
 type eventDelivery struct {
@@ -294,7 +293,7 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: ev.CreatedAt, Data: ev.Data, Headers: ev.Headers, Deliveries: []eventDelivery{}}
+	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: pulsetype.Timestamp(ev.CreatedAt), Data: ev.Data, Headers: ev.Headers, Deliveries: []eventDelivery{}}
 	if body.Headers == nil {
 		body.Headers = map[string]string{}
 	}
@@ -304,9 +303,30 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
+// deliveryBody is a delivery with "attempts": its attempts in order. It is written by hand because an
+// embedded *Delivery would promote Delivery.MarshalJSON and drop the attempts.
 type deliveryBody struct {
-	*pulsetype.Delivery
-	Attempts []*pulsetype.Attempt `json:"attempts"`
+	Delivery *pulsetype.Delivery
+	Attempts []*pulsetype.Attempt
+}
+
+func (b deliveryBody) MarshalJSON() ([]byte, error) {
+	out, err := b.Delivery.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	out = append(out[:len(out)-1], `,"attempts":[`...)
+	for i, a := range b.Attempts {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		j, err := a.MarshalJSON()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, j...)
+	}
+	return append(out, "]}"...), nil
 }
 
 func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {

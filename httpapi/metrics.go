@@ -12,28 +12,34 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// Attempt outcomes counted by pulse_attempts_total: success, retry (failed, another attempt follows) and
+// error (failed, the delivery is terminal).
+var attemptOutcomes = []string{"success", "retry", "error"}
+
 // Metrics holds the sidecar's Prometheus metrics. It implements dispatcher.Observer and
-// reconciler.Observer. Label values are bounded: topics, consumer groups, outcomes and repair kinds, never
-// event or delivery ids. It is safe for concurrent use.
+// reconciler.Observer. Every label set is bounded: consumer groups (bounded by registration), attempt
+// outcomes and repair kinds; never topics (clients choose them freely), event or delivery ids. It is safe
+// for concurrent use.
 type Metrics struct {
 	registry   *prometheus.Registry
-	published  *prometheus.CounterVec
-	deliveries *prometheus.CounterVec
+	published  prometheus.Counter
+	attempts   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	pending    *prometheus.GaugeVec
 	leaseLost  prometheus.Counter
 	workerLost prometheus.Counter
 	reconciled *prometheus.CounterVec
+	groups     *groupCollector
 }
 
 // NewMetrics registers the metrics (and the Go and process collectors) in a registry of their own.
 func NewMetrics() *Metrics {
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
-		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_events_published_total",
-			Help: "Events stored by this process, by topic (idempotent re-publishes excluded)."}, []string{"topic"}),
-		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_deliveries_total",
-			Help: "Attempts finished by this process, by consumer group and outcome (success, retry, error = terminal)."},
+		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_events_published_total",
+			Help: "Events stored by this process (idempotent re-publishes excluded)."}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_attempts_total",
+			Help: "Webhook attempts finished by this process, by consumer group and outcome (success; retry: failed, another attempt follows; error: failed, the delivery is terminal)."},
 			[]string{"consumer_group", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pulse_attempt_duration_seconds",
 			Help: "Duration of webhook POSTs, by consumer group.", Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10)},
@@ -48,7 +54,8 @@ func NewMetrics() *Metrics {
 		reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_reconciled_total",
 			Help: "Partial states this process repaired, by kind."}, []string{"kind"}),
 	}
-	m.registry.MustRegister(m.published, m.deliveries, m.duration, m.leaseLost, m.workerLost, m.reconciled,
+	m.groups = &groupCollector{m: m}
+	m.registry.MustRegister(m.published, m.groups, m.leaseLost, m.workerLost, m.reconciled,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -58,12 +65,13 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 }
 
-// Published counts an event stored by this process.
-func (m *Metrics) Published(topic string) { m.published.WithLabelValues(topic).Inc() }
+// Published counts an event stored by this process. The topic is not a label: clients choose topics
+// freely, so a label would make one series per topic.
+func (m *Metrics) Published(string) { m.published.Inc() }
 
 // AttemptDone counts a finished attempt (outcome success, retry or error) and observes its duration.
 func (m *Metrics) AttemptDone(group, outcome string, d time.Duration) {
-	m.deliveries.WithLabelValues(group, outcome).Inc()
+	m.attempts.WithLabelValues(group, outcome).Inc()
 	m.duration.WithLabelValues(group).Observe(d.Seconds())
 }
 
@@ -76,43 +84,74 @@ func (m *Metrics) WorkerLost(string) { m.workerLost.Inc() }
 // Reconciled counts a repaired partial state.
 func (m *Metrics) Reconciled(kind string) { m.reconciled.WithLabelValues(kind).Inc() }
 
-// pendingCollector serves pulse_deliveries_pending: it counts pending deliveries when scraped, at most once
-// per maxAge (a scrape in between gets the last count), so nobody pays for the count unless it is read.
-type pendingCollector struct {
-	gauge  *prometheus.GaugeVec
+// groupCollector serves the per-group series: pulse_attempts_total, pulse_attempt_duration_seconds and
+// pulse_deliveries_pending. When a count is set (CountPendingWith), a scrape counts pending deliveries at
+// most once per maxAge (a scrape in between gets the last count), so nobody pays for the count unless it is
+// read; the groups of that count (every registered group, and any group with deliveries still pending) get
+// their attempt series at 0 before their first attempt, and the series of groups that left it are removed,
+// so the label set follows registration.
+type groupCollector struct {
+	m      *Metrics
 	count  func(context.Context) (map[string]int64, error)
 	maxAge time.Duration
 	log    zerolog.Logger
 
 	mu      sync.Mutex
 	sampled time.Time
+	known   map[string]bool
 }
 
-func (c *pendingCollector) Describe(ch chan<- *prometheus.Desc) { c.gauge.Describe(ch) }
+func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
+	c.m.attempts.Describe(ch)
+	c.m.duration.Describe(ch)
+	c.m.pending.Describe(ch)
+}
 
-func (c *pendingCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.sampled) >= c.maxAge {
+	if c.count != nil && time.Since(c.sampled) >= c.maxAge {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		counts, err := c.count(ctx)
 		cancel()
 		if err == nil {
-			c.gauge.Reset()
-			for group, n := range counts {
-				c.gauge.WithLabelValues(group).Set(float64(n))
-			}
+			c.refresh(counts)
 			c.sampled = time.Now()
 		} else {
 			c.log.Warn().Err(err).Msg("counting pending deliveries for /metrics failed: serving the last count")
 		}
 	}
-	c.gauge.Collect(ch)
+	c.m.attempts.Collect(ch)
+	c.m.duration.Collect(ch)
+	c.m.pending.Collect(ch)
+}
+
+// refresh sets the pending gauge from counts and makes the per-group series follow its groups.
+func (c *groupCollector) refresh(counts map[string]int64) {
+	c.m.pending.Reset()
+	for group := range c.known {
+		if _, ok := counts[group]; !ok {
+			c.m.attempts.DeletePartialMatch(prometheus.Labels{"consumer_group": group})
+			c.m.duration.DeleteLabelValues(group)
+		}
+	}
+	c.known = make(map[string]bool, len(counts))
+	for group, n := range counts {
+		c.known[group] = true
+		c.m.pending.WithLabelValues(group).Set(float64(n))
+		for _, o := range attemptOutcomes {
+			c.m.attempts.WithLabelValues(group, o)
+		}
+		c.m.duration.WithLabelValues(group)
+	}
 }
 
 // CountPendingWith makes /metrics serve pulse_deliveries_pending from count (pending deliveries by consumer
-// group, registered groups with none included as 0), called on scrape at most once per maxAge. Call it once,
-// before serving.
+// group, registered groups with none included as 0), called on scrape at most once per maxAge, and give the
+// groups of that count their pulse_attempts_total and pulse_attempt_duration_seconds series at 0. Call it
+// once, before serving.
 func (m *Metrics) CountPendingWith(count func(context.Context) (map[string]int64, error), maxAge time.Duration, log zerolog.Logger) {
-	m.registry.MustRegister(&pendingCollector{gauge: m.pending, count: count, maxAge: maxAge, log: log})
+	m.groups.mu.Lock()
+	defer m.groups.mu.Unlock()
+	m.groups.count, m.groups.maxAge, m.groups.log = count, maxAge, log
 }

@@ -62,3 +62,25 @@ func TestPendingCountedOnScrape(t *testing.T) {
 		t.Errorf("count called %d times with maxAge 0, want 2", n)
 	}
 }
+
+// The per-group series follow the groups of the count: a group gets its attempt series at 0 on the first
+// scrape, and loses them when it leaves the count (deleted, nothing pending), so the label set stays bounded.
+func TestGroupSeriesFollowRegistration(t *testing.T) {
+	m := NewMetrics()
+	counts := map[string]int64{"billing": 0}
+	m.CountPendingWith(func(context.Context) (map[string]int64, error) { return counts, nil }, 0, zerolog.Nop())
+	scrape := func() string {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	if body := scrape(); !strings.Contains(body, `pulse_attempts_total{consumer_group="billing",outcome="error"} 0`) {
+		t.Fatalf("a registered group has no attempt series at 0:\n%s", body)
+	}
+	m.AttemptDone("billing", "success", time.Millisecond)
+	counts = map[string]int64{"audit": 0}
+	body := scrape()
+	if strings.Contains(body, `consumer_group="billing"`) || !strings.Contains(body, `pulse_attempts_total{consumer_group="audit",outcome="success"} 0`) {
+		t.Fatalf("series did not follow the groups:\n%s", body)
+	}
+}

@@ -1,7 +1,6 @@
 package mongo
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -135,8 +134,12 @@ func (s *Store) newEventDoc(e *pulsetype.Event, staged bool) *eventDoc {
 	}
 }
 
+// sameContent reports whether a re-publish of a stored id carries the same event: the same topic and
+// headers, and data holding the same JSON value however it is spelled (pulsetype.SameJSON: member order,
+// whitespace, escapes and number spelling do not matter).
 func sameContent(d *eventDoc, e *pulsetype.Event) bool {
-	return d.Topic == e.Topic && bytes.Equal([]byte(d.Data), e.Data) && maps.Equal(d.Headers, e.Headers)
+	return d.Topic == e.Topic && maps.Equal(d.Headers, e.Headers) &&
+		(d.Data == string(e.Data) || pulsetype.SameJSON([]byte(d.Data), e.Data))
 }
 
 // findEvents returns every stored event with these ids (staged and expired ones included: Publish decides

@@ -4,8 +4,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -193,20 +195,44 @@ func (e *Endpoint) Normalize() error {
 	if *e.MaxConcurrency < 1 || *e.MaxConcurrency > 1000 {
 		return &FieldError{"maxConcurrency", "must be between 1 and 1000"}
 	}
-	for k, v := range e.Headers {
-		if !headerNamePattern.MatchString(k) {
-			return &FieldError{"headers", fmt.Sprintf("%q is not a valid header name (RFC 9110 token)", k)}
-		}
-		for _, r := range v {
-			if (r < 0x20 && r != '\t') || r == 0x7f {
-				return &FieldError{"headers", fmt.Sprintf("value of %q contains a control character", k)}
-			}
-		}
+	if err := checkHeaders(e.Headers); err != nil {
+		return err
 	}
 	if e.Secret != "" {
 		key, ok := strings.CutPrefix(e.Secret, "whsec_")
 		if raw, err := base64.StdEncoding.DecodeString(key); !ok || err != nil || len(raw) < 16 {
 			return &FieldError{"secret", "must be whsec_ followed by the base64 of at least 16 random bytes (Standard Webhooks)"}
+		}
+	}
+	return nil
+}
+
+// RedactedHeaderValue is what reads show in place of every endpoint header value. A PUT that sends it back as
+// a value is refused, so a GET-modify-PUT cannot overwrite a credential with the placeholder.
+const RedactedHeaderValue = "<redacted>"
+
+// checkHeaders validates endpoint headers: RFC 9110 token names, no two names equal but for case (HTTP
+// header names are case-insensitive, so only one of them could be sent), no control characters in values,
+// and no value equal to RedactedHeaderValue. It never quotes a value: values are often credentials.
+func checkHeaders(h map[string]string) error {
+	names := slices.Sorted(maps.Keys(h)) // deterministic: the same body always names the same pair
+	byFold := make(map[string]string, len(h))
+	for _, k := range names {
+		if !headerNamePattern.MatchString(k) {
+			return &FieldError{"headers", fmt.Sprintf("%q is not a valid header name (RFC 9110 token)", k)}
+		}
+		if prev, dup := byFold[strings.ToLower(k)]; dup {
+			return &FieldError{"headers", fmt.Sprintf("%q and %q differ only in case; header names are case-insensitive, keep one", prev, k)}
+		}
+		byFold[strings.ToLower(k)] = k
+		v := h[k]
+		for _, r := range v {
+			if (r < 0x20 && r != '\t') || r == 0x7f {
+				return &FieldError{"headers", fmt.Sprintf("value of %q contains a control character", k)}
+			}
+		}
+		if v == RedactedHeaderValue {
+			return &FieldError{"headers", fmt.Sprintf("value of %q is the placeholder %s that reads return; send the real value", k, RedactedHeaderValue)}
 		}
 	}
 	return nil
@@ -223,8 +249,17 @@ func fillDuration(p **Duration, def time.Duration, field string, min, max time.D
 	return nil
 }
 
-// Redacted returns a copy whose secret shows only its prefix and last 4 characters ("whsec_…abcd").
+// Redacted returns a copy fit for reads and logs: the secret shows only its prefix and last 4 characters
+// ("whsec_…abcd") and every header value is RedactedHeaderValue (the names stay). The original is not
+// changed.
 func (e Endpoint) Redacted() Endpoint {
+	if e.Headers != nil {
+		h := make(map[string]string, len(e.Headers))
+		for k := range e.Headers {
+			h[k] = RedactedHeaderValue
+		}
+		e.Headers = h
+	}
 	if len(e.Secret) >= 30 {
 		e.Secret = "whsec_…" + e.Secret[len(e.Secret)-4:]
 	} else if e.Secret != "" {

@@ -3,6 +3,7 @@ package pulsetype_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,6 +144,9 @@ func TestEndpointNormalizeRejects(t *testing.T) {
 		{"maxConcurrency zero", func(e *pulsetype.Endpoint) { e.MaxConcurrency = intPtr(0) }, "maxConcurrency"},
 		{"header name with a colon", func(e *pulsetype.Endpoint) { e.Headers = map[string]string{"X-A:": "v"} }, "headers"},
 		{"header value with a newline", func(e *pulsetype.Endpoint) { e.Headers = map[string]string{"X-A": "v\r\nX-B: w"} }, "headers"},
+		{"header value is the redaction placeholder", func(e *pulsetype.Endpoint) {
+			e.Headers = map[string]string{"Authorization": pulsetype.RedactedHeaderValue}
+		}, "headers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -177,6 +181,37 @@ func TestEndpointRedacted(t *testing.T) {
 		if e.Secret != tt.secret {
 			t.Errorf("Redacted() changed the original secret to %q", e.Secret)
 		}
+	}
+}
+
+// Header values are credentials as often as not: a redacted copy keeps the names and hides every value.
+func TestEndpointRedactedHidesHeaderValues(t *testing.T) {
+	t.Parallel()
+	e := pulsetype.Endpoint{Headers: map[string]string{"Authorization": "Bearer tok-123", "X-Env": "prod"}}
+	got := e.Redacted().Headers
+	want := map[string]string{"Authorization": pulsetype.RedactedHeaderValue, "X-Env": pulsetype.RedactedHeaderValue}
+	if len(got) != len(want) || got["Authorization"] != want["Authorization"] || got["X-Env"] != want["X-Env"] {
+		t.Errorf("Redacted().Headers = %v, want %v", got, want)
+	}
+	if e.Headers["Authorization"] != "Bearer tok-123" {
+		t.Errorf("Redacted() changed the original headers to %v", e.Headers)
+	}
+}
+
+// Header names differing only in case would both be sent as one header (the value alternating between
+// attempts): Normalize refuses them, naming both keys.
+func TestEndpointHeaderNamesDifferingInCase(t *testing.T) {
+	t.Parallel()
+	e := validEndpoint(func(e *pulsetype.Endpoint) {
+		e.Headers = map[string]string{"X-Tenant": "a", "x-tenant": "b", "X-Env": "prod"}
+	})
+	err := e.Normalize()
+	var fe *pulsetype.FieldError
+	if !errors.As(err, &fe) || fe.Field != "headers" {
+		t.Fatalf("Normalize() = %v, want a headers FieldError", err)
+	}
+	if want := `"X-Tenant" and "x-tenant" differ only in case`; !strings.Contains(fe.Message, want) {
+		t.Errorf("message %q lacks %q", fe.Message, want)
 	}
 }
 

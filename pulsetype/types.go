@@ -57,7 +57,9 @@ type Event struct {
 // ExpiredAt reports whether retention has removed the event by time now.
 func (e *Event) ExpiredAt(now time.Time) bool { return e.ExpiresAt != nil && !now.Before(*e.ExpiresAt) }
 
-// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}. It is the same
+// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}, createdAt in
+// TimeLayout (milliseconds, as stored, so the in-memory event of the first attempt and the stored one of a
+// retry give the same bytes). It is the same
 // bytes on every attempt because every field comes from the stored event, and data is copied verbatim (no
 // re-encoding, no HTML escaping).
 func (e *Event) Envelope() []byte {
@@ -86,7 +88,7 @@ func (e *Event) Envelope() []byte {
 	out = append(out, `,"topic":`...)
 	out = append(out, str(e.Topic)...)
 	out = append(out, `,"createdAt":`...)
-	out = append(out, str(e.CreatedAt.UTC().Format(time.RFC3339Nano))...)
+	out = append(out, str(FormatTime(e.CreatedAt))...)
 	out = append(out, `,"data":`...)
 	out = append(out, data...)
 	out = append(out, `,"headers":`...)

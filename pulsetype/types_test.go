@@ -20,24 +20,24 @@ func TestEventEnvelope(t *testing.T) {
 		{
 			name:  "data kept verbatim, no HTML escaping",
 			event: pulsetype.Event{ID: "evt-1", Topic: "payment.captured", Data: json.RawMessage(`{"a":1.50,"b":"<&>"}`), CreatedAt: created},
-			want:  `{"id":"evt-1","topic":"payment.captured","createdAt":"2025-03-04T04:06:07.89Z","data":{"a":1.50,"b":"<&>"},"headers":{}}`,
+			want:  `{"id":"evt-1","topic":"payment.captured","createdAt":"2025-03-04T04:06:07.890Z","data":{"a":1.50,"b":"<&>"},"headers":{}}`,
 		},
 		{
 			name: "unicode escapes and key order of data survive",
 			event: pulsetype.Event{ID: "evt-2", Topic: "t", Data: json.RawMessage(`{"z":"\u00e9","a":[1e2,-0.0]}`),
 				CreatedAt: created},
-			want: `{"id":"evt-2","topic":"t","createdAt":"2025-03-04T04:06:07.89Z","data":{"z":"\u00e9","a":[1e2,-0.0]},"headers":{}}`,
+			want: `{"id":"evt-2","topic":"t","createdAt":"2025-03-04T04:06:07.890Z","data":{"z":"\u00e9","a":[1e2,-0.0]},"headers":{}}`,
 		},
 		{
 			name: "headers sorted, strings escaped without HTML escaping",
 			event: pulsetype.Event{ID: `id"<1>`, Topic: "t", Data: json.RawMessage(`[]`),
 				Headers: map[string]string{"b": "<2>", "a": "x&y", "c": "line\nbreak"}, CreatedAt: created},
-			want: `{"id":"id\"<1>","topic":"t","createdAt":"2025-03-04T04:06:07.89Z","data":[],"headers":{"a":"x&y","b":"<2>","c":"line\nbreak"}}`,
+			want: `{"id":"id\"<1>","topic":"t","createdAt":"2025-03-04T04:06:07.890Z","data":[],"headers":{"a":"x&y","b":"<2>","c":"line\nbreak"}}`,
 		},
 		{
 			name:  "empty data is null",
 			event: pulsetype.Event{ID: "evt-3", Topic: "t", CreatedAt: created},
-			want:  `{"id":"evt-3","topic":"t","createdAt":"2025-03-04T04:06:07.89Z","data":null,"headers":{}}`,
+			want:  `{"id":"evt-3","topic":"t","createdAt":"2025-03-04T04:06:07.890Z","data":null,"headers":{}}`,
 		},
 	}
 	for _, tt := range tests {

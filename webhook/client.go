@@ -7,10 +7,12 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/net/http/httpproxy"
 )
 
 const (
@@ -44,6 +46,14 @@ type Options struct {
 	AllowCIDRs []netip.Prefix
 	// Logger receives one warning per request sent with TLS verification disabled. The zero Logger discards.
 	Logger zerolog.Logger
+	// Proxy, when non-nil, sends requests through proxies by net/http's rules (HTTPProxy for http URLs,
+	// HTTPSProxy for https URLs through CONNECT, NoProxy exceptions; loopback destinations are never
+	// proxied). Before a request goes to a proxy its destination is resolved and every address checked
+	// against the deny and allow lists; the proxies' own addresses are not checked. Default nil: no proxy,
+	// whatever the environment says.
+	Proxy *httpproxy.Config
+	// LookupNetIP resolves destinations sent through a proxy. Default net.DefaultResolver.LookupNetIP.
+	LookupNetIP func(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
 // Client sends delivery attempts. It holds two connection pools, one verifying TLS certificates and one not,
@@ -60,6 +70,12 @@ type Client struct {
 func New(opts Options) *Client {
 	g := newGuard(opts.DenyCIDRs, opts.AllowCIDRs)
 	dialer := &net.Dialer{KeepAlive: keepAlive, Control: g.control}
+	var proxy func(*http.Request) (*url.URL, error)
+	dial := dialer.DialContext
+	if opts.Proxy != nil {
+		r := newProxyRouter(opts.Proxy, g, opts.LookupNetIP)
+		proxy, dial = r.proxy, r.dialContext(dialer, &net.Dialer{KeepAlive: keepAlive})
+	}
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	ua := opts.UserAgent
 	if ua == "" {
@@ -67,11 +83,11 @@ func New(opts Options) *Client {
 	}
 	return &Client{
 		secure: &http.Client{
-			Transport:     newTransport(dialer, nil),
+			Transport:     newTransport(proxy, dial, nil),
 			CheckRedirect: noRedirect,
 		},
 		insecure: &http.Client{
-			Transport:     newTransport(dialer, &tls.Config{InsecureSkipVerify: true}), //nolint:gosec // per-endpoint opt-in, logged
+			Transport:     newTransport(proxy, dial, &tls.Config{InsecureSkipVerify: true}), //nolint:gosec // per-endpoint opt-in, logged
 			CheckRedirect: noRedirect,
 		},
 		userAgent: ua,
@@ -80,13 +96,13 @@ func New(opts Options) *Client {
 	}
 }
 
-// newTransport builds a pooled transport. Proxy is deliberately nil: through a proxy the guard would check
-// the proxy's address instead of the receiver's. No transport timeout is set; the request context carries the
-// single per-attempt deadline.
-func newTransport(dialer *net.Dialer, tlsConf *tls.Config) *http.Transport {
+// newTransport builds a pooled transport. proxy is nil unless Options.Proxy is set (then a proxyRouter checks
+// the destination before handing it to the proxy: the dial guard alone would see only the proxy's address).
+// No transport timeout is set; the request context carries the single per-attempt deadline.
+func newTransport(proxy func(*http.Request) (*url.URL, error), dial func(context.Context, string, string) (net.Conn, error), tlsConf *tls.Config) *http.Transport {
 	return &http.Transport{
-		Proxy:                  nil,
-		DialContext:            dialer.DialContext,
+		Proxy:                  proxy,
+		DialContext:            dial,
 		TLSClientConfig:        tlsConf,
 		ForceAttemptHTTP2:      true, // needed for HTTP/2 over https with a custom dialer and TLS config
 		MaxIdleConns:           maxIdleConns,
