@@ -134,7 +134,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
 		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
 	})
-	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
+	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, DatabaseTimeout: cfg.DatabaseTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
 
 	var endpointsHash [32]byte
 	if cfg.EndpointsFile != "" {

@@ -25,6 +25,7 @@ const (
 	DefaultPollInterval     = time.Second
 	DefaultRetention        = 168 * time.Hour
 	DefaultShutdownTimeout  = 25 * time.Second
+	DefaultDatabaseTimeout  = 5 * time.Second
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultWorkers          = 64
 )
@@ -75,6 +76,10 @@ type Config struct {
 	HistoryRetention time.Duration `env:"PULSE_HISTORY_RETENTION" envDefault:"168h"`
 	// EndpointsFile is a YAML or JSON list of endpoints registered at start.
 	EndpointsFile string `env:"PULSE_ENDPOINTS_FILE"`
+	// DatabaseTimeout bounds how long an API request waits for the database; past it (or at once when the
+	// driver reports the database unreachable or refusing writes) the request answers 503
+	// database_unavailable with Retry-After. Replay is exempt: it walks a whole window.
+	DatabaseTimeout time.Duration `env:"PULSE_DATABASE_TIMEOUT" envDefault:"5s"`
 	// ShutdownTimeout is the grace for in-flight deliveries after SIGTERM.
 	ShutdownTimeout time.Duration `env:"PULSE_SHUTDOWN_TIMEOUT" envDefault:"25s"`
 	// LogLevel is debug, info, warn or error.
@@ -184,6 +189,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HistoryRetention < 0 {
 		return bad("PULSE_HISTORY_RETENTION", c.HistoryRetention, "a duration ≥ 0 (0 keeps forever)")
+	}
+	if c.DatabaseTimeout < 100*time.Millisecond || c.DatabaseTimeout > 5*time.Minute {
+		return bad("PULSE_DATABASE_TIMEOUT", c.DatabaseTimeout, "a duration between 100ms and 5m")
 	}
 	if c.ShutdownTimeout < 0 || c.ShutdownTimeout > time.Hour {
 		return bad("PULSE_SHUTDOWN_TIMEOUT", c.ShutdownTimeout, "a duration between 0 and 1h")

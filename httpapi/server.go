@@ -1,7 +1,9 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"crypto/subtle"
 	"encoding/json"
 	"net/http"
@@ -28,6 +30,7 @@ type Store interface {
 	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
 	DeleteEndpoint(ctx context.Context, group string) error
 	Ping(ctx context.Context) error
+	ProbeWrite(ctx context.Context) error
 	ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error)
 	RetryDelivery(ctx context.Context, id string) (int, error)
 	ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error)
@@ -45,6 +48,9 @@ type Notifier interface {
 type Options struct {
 	APIToken     string // when set, /v1 requires "Authorization: Bearer <token>"
 	MaxBodyBytes int64  // publish body limit in bytes
+	// DatabaseTimeout bounds the database work of each /v1 request but replay; past it the request answers
+	// 503 database_unavailable. Zero means DefaultDatabaseTimeout.
+	DatabaseTimeout time.Duration
 	Logger       zerolog.Logger
 	// Metrics, when set, is served at GET /metrics and counts publishes.
 	Metrics *Metrics
@@ -59,8 +65,18 @@ type Server struct {
 	draining atomic.Bool
 }
 
+// DefaultDatabaseTimeout is Options.DatabaseTimeout when zero.
+const DefaultDatabaseTimeout = 5 * time.Second
+
+// retryAfterSeconds is the Retry-After of a 503 database_unavailable answer.
+const retryAfterSeconds = "2"
+
+// errDatabaseTimeout is the cause of a request context that ran out of DatabaseTimeout.
+var errDatabaseTimeout = errors.New("the database did not answer within PULSE_DATABASE_TIMEOUT")
+
 // New returns the API server.
 func New(store Store, notify Notifier, opts Options) *Server {
+	opts.DatabaseTimeout = cmp.Or(opts.DatabaseTimeout, DefaultDatabaseTimeout)
 	return &Server{store: store, notify: notify, opts: opts, log: opts.Logger.With().Str("component", "httpapi").Logger()}
 }
 
@@ -86,25 +102,45 @@ func (s *Server) Handler() http.Handler {
 	}
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.auth)
-		r.Post("/events", s.publish)
-		r.Get("/events/{id}", s.getEvent)
-		r.Get("/deliveries", s.listDeliveries)
-		r.Get("/deliveries/{id}", s.getDelivery)
-		r.Post("/deliveries/{id}/retry", s.retryDelivery)
-		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
-		r.Get("/endpoints", s.listEndpoints)
-		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
-		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
-		r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
+		r.Post("/endpoints/{consumerGroup}/replay", s.replay) // walks a whole window: no database bound
+		r.Group(func(r chi.Router) {
+			r.Use(s.boundDatabase)
+			r.Post("/events", s.publish)
+			r.Get("/events/{id}", s.getEvent)
+			r.Get("/deliveries", s.listDeliveries)
+			r.Get("/deliveries/{id}", s.getDelivery)
+			r.Post("/deliveries/{id}/retry", s.retryDelivery)
+			r.Get("/endpoints", s.listEndpoints)
+			r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
+			r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
+			r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
+		})
 	})
 	return r
 }
 
+// boundDatabase gives a request's context the DatabaseTimeout, with errDatabaseTimeout as its cause.
+func (s *Server) boundDatabase(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeoutCause(r.Context(), s.opts.DatabaseTimeout, errDatabaseTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// readyz answers 200 when the database answers a ping and accepts a write within 2 s each, and the
+// sidecar is not shutting down; 503 otherwise.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.Ping(ctx); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "database_unreachable", "the database does not answer: "+err.Error())
+		s.unavailable(w, "the database does not answer: "+firstLine(err))
+		return
+	}
+	ctx, cancel = context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.ProbeWrite(ctx); err != nil {
+		s.unavailable(w, "the database refuses writes: "+firstLine(err))
 		return
 	}
 	if s.draining.Load() {
@@ -153,15 +189,36 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-// internalError answers 500 without leaking driver details beyond one line, and logs the error.
+// internalError answers a store error the handler has no other answer for: 503 database_unavailable with
+// Retry-After when the database is unreachable, refuses writes, or did not answer within DatabaseTimeout
+// (logged at warn); 500 internal_error otherwise (logged at error). Neither leaks more than the error's
+// first line. A client that left gets no answer.
 func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
-	if r.Context().Err() != nil {
+	timedOut := errors.Is(context.Cause(r.Context()), errDatabaseTimeout)
+	if r.Context().Err() != nil && !timedOut {
+		return // the client left
+	}
+	if timedOut || errors.Is(err, pulsetype.ErrUnavailable) {
+		s.log.Warn().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("database unavailable: answered 503")
+		msg := firstLine(err)
+		if timedOut {
+			msg = errDatabaseTimeout.Error() + " (" + s.opts.DatabaseTimeout.String() + ")"
+		}
+		s.unavailable(w, "the database is unavailable, retry later (a publish retried with the same event id is stored once): "+msg)
 		return
 	}
 	s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("request failed")
-	msg := err.Error()
-	if i := strings.IndexByte(msg, '\n'); i >= 0 {
-		msg = msg[:i]
-	}
-	writeError(w, http.StatusInternalServerError, "internal_error", "the request could not be completed: "+msg)
+	writeError(w, http.StatusInternalServerError, "internal_error", "the request could not be completed: "+firstLine(err))
+}
+
+// unavailable answers 503 database_unavailable with Retry-After.
+func (s *Server) unavailable(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", retryAfterSeconds)
+	writeError(w, http.StatusServiceUnavailable, "database_unavailable", msg)
+}
+
+// firstLine returns the first line of err's message.
+func firstLine(err error) string {
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	return msg
 }

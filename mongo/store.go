@@ -7,8 +7,12 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // Options configure a Store. Zero durations mean "keep forever" for retention.
@@ -91,11 +95,56 @@ func isNotImplemented(err error) bool {
 	return false
 }
 
+// wrap prefixes err with op; an error that says the database is unavailable (see unavailable) also wraps
+// pulsetype.ErrUnavailable.
 func wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
+	if unavailable(err) {
+		return fmt.Errorf("%s: %w: %w", op, pulsetype.ErrUnavailable, err)
+	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// unavailableCodes are server error codes that mean "not now" rather than "not this request": MongoDB's
+// HostUnreachable 6, HostNotFound 7, NetworkTimeout 89, ShutdownInProgress 91, PrimarySteppedDown 189,
+// ExceededTimeLimit 262, NotWritablePrimary 10107, InterruptedAtShutdown 11600,
+// InterruptedDueToReplStateChange 11602, NotPrimaryNoSecondaryOk 13435, NotPrimaryOrSecondary 13436,
+// OutOfDiskSpace 14031; and InternalError 1, which the embedded database (FerretDB) answers when its storage
+// fails, for example "database or disk is full".
+var unavailableCodes = map[int32]bool{1: true, 6: true, 7: true, 89: true, 91: true, 189: true, 262: true, 10107: true,
+	11600: true, 11602: true, 13435: true, 13436: true, 14031: true}
+
+// unavailable reports whether err means the database cannot serve now: a network error, a timeout (server
+// selection included), a deadline, or a server error code of unavailableCodes (as a command error, a write
+// error or a write concern error).
+func unavailable(err error) bool {
+	if mongo.IsNetworkError(err) || mongo.IsTimeout(err) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var sse topology.ServerSelectionError
+	if errors.As(err, &sse) {
+		return true
+	}
+	var se mongo.ServerError
+	if !errors.As(err, &se) {
+		return false
+	}
+	for code := range unavailableCodes {
+		if se.HasErrorCode(int(code)) {
+			return true
+		}
+	}
+	return false
+}
+
+// ProbeWrite upserts one small document in <prefix>.readiness to learn whether the database accepts writes
+// (for /readyz: a full disk or a lost primary answers reads but not writes). It returns the wrapped error.
+func (s *Store) ProbeWrite(ctx context.Context) error {
+	_, err := s.db.Collection(s.opts.CollectionPrefix+".readiness").UpdateOne(ctx, bson.M{"_id": "probe"},
+		bson.M{"$set": bson.M{"at": s.now()}}, options.UpdateOne().SetUpsert(true))
+	return wrap("probe a write", err)
 }
 
 // findAll runs a find on coll and decodes every matching document into a T, reading the cursor to its end.

@@ -16,6 +16,9 @@ var (
 	// ErrNotSubscribed: a retry was asked for a delivery whose consumer group has no endpoint now, or no longer
 	// subscribes to the delivery's topic.
 	ErrNotSubscribed = errors.New("the consumer group has no endpoint subscribed to the delivery's topic")
+	// ErrUnavailable: the database cannot be reached, timed out, or refuses writes (disk full, no primary,
+	// shutting down). It wraps the driver's error; the API answers 503 database_unavailable.
+	ErrUnavailable = errors.New("database unavailable")
 )
 
 // ErrBadCursor: a list cursor that the sidecar did not issue.

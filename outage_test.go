@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pulse-sidecar/pulse/internal/testdb"
+)
+
+// privateDB is a `pulse devdb` process of one test's own, so the test can kill it without disturbing others.
+type privateDB struct {
+	URI  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startPrivateDB starts `pulse devdb --listen listen --data-dir dir` and returns once it printed its URI; it
+// is killed in t.Cleanup.
+func startPrivateDB(t *testing.T, listen, dir string) *privateDB {
+	t.Helper()
+	cmd := exec.Command(testdb.Binary(t), "devdb", "--listen", listen, "--data-dir", dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	db := &privateDB{cmd: cmd, done: make(chan struct{})}
+	uri := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "devdb: "); ok {
+				uri <- u
+			}
+		}
+		_ = cmd.Wait()
+		close(db.done)
+	}()
+	t.Cleanup(db.kill)
+	select {
+	case db.URI = <-uri:
+	case <-db.done:
+		t.Fatal("devdb exited before printing its URI")
+	case <-time.After(60 * time.Second):
+		t.Fatal("devdb printed no URI within 60s")
+	}
+	return db
+}
+
+// kill sends SIGKILL and waits until the process is gone; it is safe twice.
+func (db *privateDB) kill() {
+	_ = db.cmd.Process.Signal(syscall.SIGKILL)
+	<-db.done
+}
+
+// timedStatus sends a request and returns its status, the error code of its body, its Retry-After and how
+// long it took.
+func timedStatus(t *testing.T, method, url string, body any) (int, string, string, time.Duration) {
+	t.Helper()
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	start := time.Now()
+	var rd io.Reader
+	if body != nil {
+		raw, _ := json.Marshal(body)
+		rd = bytes.NewReader(raw)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(raw, &e)
+	return resp.StatusCode, e.Error.Code, resp.Header.Get("Retry-After"), took
+}
+
+// The database process is killed: publishes and reads answer 503 database_unavailable with Retry-After
+// within PULSE_DATABASE_TIMEOUT, /readyz says so, and after the database returns, publishing again with the
+// id of a publish that got a 503 stores it once.
+func TestDatabaseDownAnswers503Fast(t *testing.T) {
+	b := setup(t)
+	db := startPrivateDB(t, "127.0.0.1:0", t.TempDir())
+	env := b.fastEnv()
+	env["PULSE_MONGODB_URI"] = db.URI
+	env["PULSE_DATABASE_TIMEOUT"] = "1s"
+	s := b.start(env)
+	rcv := newReceiver(t, 200)
+	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
+	s.publish(t, "t", "before")
+
+	db.kill()
+	for i, req := range []struct{ method, path string }{
+		{"POST", "/v1/events"}, {"POST", "/v1/events"}, {"GET", "/v1/endpoints"}, {"GET", "/v1/deliveries"},
+	} {
+		var body any
+		if req.method == "POST" {
+			body = map[string]any{"id": "during-outage", "topic": "t", "data": i}
+		}
+		code, errCode, retryAfter, took := timedStatus(t, req.method, s.URL+req.path, body)
+		t.Logf("%s %s during the outage: %d %s Retry-After %q in %s", req.method, req.path, code, errCode, retryAfter, took.Round(time.Millisecond))
+		if code != 503 || errCode != "database_unavailable" || retryAfter == "" {
+			t.Fatalf("%s %s during the outage = %d %q Retry-After %q, want 503 database_unavailable with Retry-After", req.method, req.path, code, errCode, retryAfter)
+		}
+		if took > 5*time.Second { // PULSE_DATABASE_TIMEOUT is 1s; before, the driver's 30 s server selection
+			t.Fatalf("%s %s took %s to answer during the outage", req.method, req.path, took)
+		}
+	}
+	if code, errCode, _, _ := timedStatus(t, "GET", s.URL+"/readyz", nil); code != 503 || errCode != "database_unavailable" {
+		t.Fatalf("/readyz during the outage = %d %q", code, errCode)
+	}
+
+	u := strings.TrimSuffix(strings.TrimPrefix(db.URI, "mongodb://"), "/")
+	startPrivateDB(t, u, db.cmd.Args[len(db.cmd.Args)-1]) // the same port and data directory
+	var code int
+	waitFor(t, 30*time.Second, "a publish to succeed after the outage", func() bool {
+		code, _, _, _ = timedStatus(t, "POST", s.URL+"/v1/events", map[string]any{"id": "during-outage", "topic": "t", "data": 0})
+		return code == 202 || code == 200
+	})
+	if code, _, _, _ := timedStatus(t, "POST", s.URL+"/v1/events", map[string]any{"id": "during-outage", "topic": "t", "data": 0}); code != 200 {
+		t.Fatalf("publishing the same id again answered %d, want 200 (stored once)", code)
+	}
+	if d := s.waitDelivery(t, "during-outage", "g", 30*time.Second); d.Status != "success" {
+		t.Fatalf("delivery after the outage = %+v", d)
+	}
+	waitFor(t, 20*time.Second, "/readyz to answer 200", func() bool {
+		code, _, _, _ := timedStatus(t, "GET", s.URL+"/readyz", nil)
+		return code == 200
+	})
+}
+
+// The embedded database's disk is full: publishes answer 503 database_unavailable (never a bare 500), and
+// /readyz turns 503 although the database still answers pings.
+func TestDiskFullAnswers503(t *testing.T) {
+	b := setup(t)
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Skipf("cannot mount a small tmpfs to fill (needs root): %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	db := startPrivateDB(t, "127.0.0.1:0", dir)
+	env := b.fastEnv()
+	env["PULSE_MONGODB_URI"] = db.URI
+	s := b.start(env)
+	code, errCode := 0, ""
+	for size := 256 << 10; size >= 256; size /= 4 { // fill with ever smaller events until none fits
+		for i := 0; i < 1000; i++ {
+			code, errCode, _, _ = timedStatus(t, "POST", s.URL+"/v1/events", map[string]any{"topic": "t", "data": strings.Repeat("x", size)})
+			if code != 202 {
+				break
+			}
+		}
+	}
+	if code != 503 || errCode != "database_unavailable" {
+		t.Fatalf("publish on a full disk = %d %q, want 503 database_unavailable", code, errCode)
+	}
+	if code, errCode, _, _ := timedStatus(t, "GET", s.URL+"/readyz", nil); code != 503 || errCode != "database_unavailable" {
+		t.Fatalf("/readyz on a full disk = %d %q, want 503 database_unavailable", code, errCode)
+	}
+}
