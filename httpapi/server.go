@@ -3,9 +3,9 @@ package httpapi
 import (
 	"cmp"
 	"context"
-	"errors"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -51,7 +51,7 @@ type Options struct {
 	// DatabaseTimeout bounds the database work of each /v1 request but replay; past it the request answers
 	// 503 database_unavailable. Zero means DefaultDatabaseTimeout.
 	DatabaseTimeout time.Duration
-	Logger       zerolog.Logger
+	Logger          zerolog.Logger
 	// Metrics, when set, is served at GET /metrics and counts publishes.
 	Metrics *Metrics
 }
