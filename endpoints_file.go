@@ -45,13 +45,14 @@ func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, 
 // watchEndpointsFile re-applies the file whenever its content changes, until ctx is done. An invalid new
 // version is logged and skipped; the endpoints registered before stay.
 func watchEndpointsFile(ctx context.Context, path string, applied [32]byte, store endpointPutter, changed func(string), log zerolog.Logger) {
-	t := time.NewTicker(endpointsFilePoll)
+	t := time.NewTimer(pulsetype.Jittered(endpointsFilePoll))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			t.Reset(pulsetype.Jittered(endpointsFilePoll))
 		}
 		raw, err := os.ReadFile(path)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/mongo"
 	"github.com/pulse-sidecar/pulse/mongo/devdb"
+	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/reconciler"
 	"github.com/pulse-sidecar/pulse/webhook"
 )
@@ -192,8 +194,10 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 
 // chores keeps the lease clock in step with the database and sweeps expired documents.
 func chores(ctx context.Context, log zerolog.Logger, clock *lease.Clock, serverTime func(context.Context) (time.Time, error), store *mongo.Store) {
-	syncT := time.NewTicker(clockSyncInterval)
-	sweepT := time.NewTicker(sweepInterval)
+	// Both periods are jittered (lease.Jitter); the first sweep comes at a random point of its period, so
+	// replicas started together sweep apart.
+	syncT := time.NewTimer(pulsetype.Jittered(clockSyncInterval))
+	sweepT := time.NewTimer(rand.N(sweepInterval))
 	defer syncT.Stop()
 	defer sweepT.Stop()
 	for {
@@ -201,10 +205,12 @@ func chores(ctx context.Context, log zerolog.Logger, clock *lease.Clock, serverT
 		case <-ctx.Done():
 			return
 		case <-syncT.C:
+			syncT.Reset(pulsetype.Jittered(clockSyncInterval))
 			if err := clock.Sync(ctx, serverTime); err != nil && ctx.Err() == nil {
 				log.Warn().Err(err).Msg("clock sync with the database failed")
 			}
 		case <-sweepT.C:
+			sweepT.Reset(pulsetype.Jittered(sweepInterval))
 			if n, err := store.Sweep(ctx); err != nil && ctx.Err() == nil {
 				log.Warn().Err(err).Msg("retention sweep failed")
 			} else if n > 0 {

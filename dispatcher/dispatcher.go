@@ -131,7 +131,7 @@ type Dispatcher struct {
 	overflow      int            // POSTs that outlasted slowAfter and gave their slot back
 	eps           map[string]cachedEndpoint
 	ordered       map[string][]string // ordered consumer groups and their topics, refreshed every poll interval
-	orderedAt     time.Time
+	orderedNext   time.Time // when the endpoints are listed again (jittered)
 	orderedKick   map[string]bool // groups whose head of line may have moved (an attempt ended or was created)
 
 	lastPoll   time.Time
@@ -234,10 +234,10 @@ func (d *Dispatcher) loop(ctx context.Context) {
 	defer close(d.loopDone)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	var lastReap, lastRepair time.Time
+	var nextReap, nextRepair time.Time
 	poll := true
 	for {
-		worked := d.turn(ctx, poll, &lastReap, &lastRepair)
+		worked := d.turn(ctx, poll, &nextReap, &nextRepair)
 		if ctx.Err() != nil {
 			return
 		}
@@ -245,7 +245,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			poll = true
 			continue
 		}
-		timer.Reset(d.opts.PollInterval)
+		timer.Reset(pulsetype.Jittered(d.opts.PollInterval))
 		select {
 		case <-ctx.Done():
 			return
@@ -270,27 +270,27 @@ func (d *Dispatcher) reapInterval() time.Duration {
 // while they find work). The database is asked for due work when poll is set (a poll interval without
 // local work, a wake-up, recovery work), when a backlog may wait there, and at least every reap interval
 // while local work keeps the loop busy; local work (fan-out, claims of attempts created here) runs always.
-func (d *Dispatcher) turn(ctx context.Context, poll bool, lastReap, lastRepair *time.Time) bool {
+func (d *Dispatcher) turn(ctx context.Context, poll bool, nextReap, nextRepair *time.Time) bool {
 	worked := false
 	d.fanOut(ctx)
 	d.flushMarks(ctx, false)
-	if time.Since(*lastReap) >= d.reapInterval() {
+	if now := time.Now(); !now.Before(*nextReap) {
 		reaped, err := d.recoverer.ReapOne(ctx)
 		if err != nil {
 			d.logErr(ctx, err, "reap")
 		}
 		if !reaped {
-			*lastReap = time.Now()
+			*nextReap = now.Add(pulsetype.Jittered(d.reapInterval()))
 		}
 		worked = worked || reaped
 	}
-	if time.Since(*lastRepair) >= d.opts.RepairInterval {
+	if now := time.Now(); !now.Before(*nextRepair) {
 		n, err := d.recoverer.Repair(ctx)
 		if err != nil {
 			d.logErr(ctx, err, "repair")
 		}
 		if n == 0 {
-			*lastRepair = time.Now()
+			*nextRepair = now.Add(pulsetype.Jittered(d.opts.RepairInterval))
 		}
 		worked = worked || n > 0
 	}
@@ -471,7 +471,7 @@ func (d *Dispatcher) launchAll(ctx context.Context, jobs []job) (released []stri
 				d.logErr(ctx, err, "release attempt of an ordered group")
 			}
 			d.mu.Lock()
-			d.orderedAt = time.Time{}
+			d.orderedNext = time.Time{}
 			d.mu.Unlock()
 			if !slices.Contains(released, j.a.ConsumerGroup) {
 				released = append(released, j.a.ConsumerGroup)
@@ -495,7 +495,7 @@ func (d *Dispatcher) logErr(ctx context.Context, err error, step string) {
 // only at groups whose head may have moved since the last turn.
 func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 	d.mu.Lock()
-	stale := time.Since(d.orderedAt) >= max(d.opts.PollInterval, endpointCacheTTL)
+	stale := !time.Now().Before(d.orderedNext)
 	ordered := d.ordered
 	kicked := d.orderedKick
 	d.orderedKick = map[string]bool{}
@@ -515,7 +515,7 @@ func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 				// Every group's limits are known before its attempts are claimed (maxConcurrency).
 				d.eps[ep.ConsumerGroup] = cachedEndpoint{ep: ep, fetched: now}
 			}
-			d.ordered, d.orderedAt = ordered, now
+			d.ordered, d.orderedNext = ordered, now.Add(pulsetype.Jittered(max(d.opts.PollInterval, endpointCacheTTL)))
 			d.mu.Unlock()
 		}
 	}

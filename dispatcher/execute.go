@@ -289,7 +289,7 @@ func (d *Dispatcher) EndpointChanged(group string) {
 		c.fetched = time.Time{} // re-read before use; the next turn re-lists every endpoint first
 		d.eps[group] = c
 	}
-	d.orderedAt = time.Time{}
+	d.orderedNext = time.Time{}
 	d.mu.Unlock()
 	d.Wake()
 }

@@ -83,7 +83,7 @@ func (k *Keeper) Stop() {
 
 func (k *Keeper) loop(ctx context.Context) {
 	defer close(k.done)
-	t := time.NewTicker(k.Interval())
+	t := time.NewTimer(pulsetype.Jittered(k.Interval()))
 	defer t.Stop()
 	for {
 		select {
@@ -91,6 +91,7 @@ func (k *Keeper) loop(ctx context.Context) {
 			return
 		case <-t.C:
 			k.beat(ctx)
+			t.Reset(pulsetype.Jittered(k.Interval()))
 		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // WatchEvents runs a change stream on the events collection and calls wake for every inserted or committed
@@ -32,7 +34,7 @@ func (s *Store) WatchEvents(ctx context.Context, retry time.Duration, wake func(
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(retry):
+		case <-time.After(pulsetype.Jittered(retry)):
 		}
 	}
 }
