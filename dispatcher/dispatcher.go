@@ -131,8 +131,8 @@ type Dispatcher struct {
 	overflow      int            // POSTs that outlasted slowAfter and gave their slot back
 	eps           map[string]cachedEndpoint
 	ordered       map[string][]string // ordered consumer groups and their topics, refreshed every poll interval
-	orderedNext   time.Time // when the endpoints are listed again (jittered)
-	orderedKick   map[string]bool // groups whose head of line may have moved (an attempt ended or was created)
+	orderedNext   time.Time           // when the endpoints are listed again (jittered)
+	orderedKick   map[string]bool     // groups whose head of line may have moved (an attempt ended or was created)
 
 	lastPoll   time.Time
 	cancelLoop context.CancelFunc
