@@ -2,8 +2,10 @@ package devdb_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"io"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/pulse-sidecar/pulse/internal/cli"
 	"github.com/pulse-sidecar/pulse/mongo/devdb"
 )
 
@@ -139,8 +142,23 @@ func TestRunCommand(t *testing.T) {
 
 func TestRunCommandRejectsBadFlags(t *testing.T) {
 	t.Parallel()
-	err := devdb.RunCommand(t.Context(), []string{"--no-such-flag"}, io.Discard)
-	if err == nil || errors.Is(err, context.Canceled) {
-		t.Fatalf("RunCommand(--no-such-flag) = %v, want a flag error", err)
+	for _, args := range [][]string{{"--no-such-flag"}, {"stray"}, {"--listen"}} {
+		err := devdb.RunCommand(t.Context(), args, io.Discard)
+		var ue *cli.UsageError
+		if !errors.As(err, &ue) || !strings.Contains(ue.Usage, "-data-dir") {
+			t.Errorf("RunCommand(%q) = %v, want a *cli.UsageError with the usage", args, err)
+		}
+	}
+}
+
+// -h, --help and help print the usage to stdout and start nothing.
+func TestRunCommandHelp(t *testing.T) {
+	t.Parallel()
+	for _, arg := range []string{"-h", "--help", "help"} {
+		var out bytes.Buffer
+		err := devdb.RunCommand(t.Context(), []string{"--data-dir", t.TempDir() + "/none", arg}, &out)
+		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "Usage: pulse devdb") || !strings.Contains(out.String(), "-listen") {
+			t.Errorf("RunCommand(%s) = %v, stdout:\n%s", arg, err, out.String())
+		}
 	}
 }
