@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -71,3 +75,34 @@ func TestCommandLineConventions(t *testing.T) {
 		}
 	}
 }
+// pulse healthcheck reads PULSE_LISTEN as serve does, and dials a wildcard address on loopback.
+func TestHealthcheckReadsListen(t *testing.T) {
+	t.Parallel()
+	status := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+			return
+		}
+		w.WriteHeader(status)
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	for _, listen := range []string{"127.0.0.1:" + port, "0.0.0.0:" + port} {
+		env := map[string]string{"PULSE_LISTEN": listen}
+		if err := run(t.Context(), []string{"healthcheck"}, func(k string) string { return env[k] }, io.Discard); err != nil {
+			t.Errorf("healthcheck with PULSE_LISTEN=%s: %v", listen, err)
+		}
+	}
+	status = http.StatusServiceUnavailable
+	env := map[string]string{"PULSE_LISTEN": "127.0.0.1:" + port}
+	if err := run(t.Context(), []string{"healthcheck"}, func(k string) string { return env[k] }, io.Discard); err == nil {
+		t.Error("healthcheck passed while /readyz answered 503")
+	}
+	env["PULSE_LISTEN"] = "nonsense"
+	if err := run(t.Context(), []string{"healthcheck"}, func(k string) string { return env[k] }, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "PULSE_LISTEN") {
+		t.Errorf("healthcheck with a bad PULSE_LISTEN: %v, want an error naming it", err)
+	}
+}
+
