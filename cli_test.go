@@ -75,6 +75,7 @@ func TestCommandLineConventions(t *testing.T) {
 		}
 	}
 }
+
 // pulse healthcheck reads PULSE_LISTEN as serve does, and dials a wildcard address on loopback.
 func TestHealthcheckReadsListen(t *testing.T) {
 	t.Parallel()
@@ -105,4 +106,3 @@ func TestHealthcheckReadsListen(t *testing.T) {
 		t.Errorf("healthcheck with a bad PULSE_LISTEN: %v, want an error naming it", err)
 	}
 }
-
