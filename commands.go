@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"time"
 
 	"github.com/pulse-sidecar/pulse/config"
@@ -17,7 +18,7 @@ import (
 
 // runDevDB runs the embedded development database on its own (pulse devdb --listen --data-dir).
 func runDevDB(ctx context.Context, args []string, stdout io.Writer) error {
-	return devdb.RunCommand(ctx, args, stdout)
+	return devdb.RunCommand(ctx, args, stdout, os.Stderr)
 }
 
 const healthcheckSynopsis = `Usage: pulse healthcheck [flags]

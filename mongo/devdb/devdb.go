@@ -43,17 +43,22 @@ var ferretNewMu sync.Mutex
 // Config configures Start.
 type Config struct {
 	// DataDir is the directory of the SQLite databases, created (with parents) if missing. It is
-	// required unless PostgreSQLURL is set, and ignored when it is.
+	// required unless PostgreSQLURL is set, and ignored when it is. A running Server writes FerretDB's
+	// own log to DatabaseLogName in it.
 	DataDir string
 	// PostgreSQLURL, when set, makes FerretDB use its postgresql handler with this connection string
 	// (for example "postgres://127.0.0.1:5432/ferretdb") instead of SQLite. Default: empty.
 	PostgreSQLURL string
 	// Listen is the host:port the proxy listens on. Default DefaultListen (a free loopback port).
 	Listen string
-	// Logger receives the proxy's logs and FerretDB's logs at warn level and above. Default: nil,
-	// which discards them.
+	// Logger receives the proxy's logs and FerretDB's errors. FerretDB's warnings (one multi-line
+	// record per command it refuses, such as a TTL index or endSessions) go only to the log file in
+	// DataDir. Default: nil, which discards them.
 	Logger *slog.Logger
 }
+
+// DatabaseLogName is the file in the data directory that receives FerretDB's warnings and errors.
+const DatabaseLogName = "ferretdb.log"
 
 // Server is a running FerretDB with the linearizing proxy in front of it. Its methods are safe for
 // concurrent use.
@@ -62,6 +67,7 @@ type Server struct {
 	uri     string
 	cancel  context.CancelFunc
 	runDone chan struct{}
+	dbLog   *os.File
 
 	stopOnce sync.Once
 	stopErr  error
@@ -76,10 +82,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	fcfg := &ferretdb.Config{
-		Listener: ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
-		Logger:   slog.New(minLevelHandler{min: slog.LevelWarn, next: logger.Handler()}).With("component", "ferretdb"),
-	}
+	dbLogger := slog.New(minLevelHandler{min: slog.LevelError, next: logger.Handler()})
+	var dbLog *os.File
+	fcfg := &ferretdb.Config{Listener: ferretdb.ListenerConfig{TCP: "127.0.0.1:0"}}
 	if cfg.PostgreSQLURL != "" {
 		fcfg.Handler, fcfg.PostgreSQLURL = "postgresql", cfg.PostgreSQLURL
 	} else {
@@ -93,18 +98,27 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("devdb: create data dir: %w", err)
 		}
+		if dbLog, err = os.OpenFile(filepath.Join(dir, DatabaseLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+			return nil, fmt.Errorf("devdb: database log: %w", err)
+		}
+		fileHandler := slog.NewTextHandler(dbLog, &slog.HandlerOptions{Level: slog.LevelWarn})
+		dbLogger = slog.New(teeHandler{fileHandler, dbLogger.Handler()})
 		fcfg.Handler = "sqlite"
 		fcfg.SQLiteURL = (&url.URL{Scheme: "file", Path: filepath.ToSlash(dir) + "/"}).String()
 	}
+	fcfg.Logger = dbLogger.With("component", "ferretdb")
 
 	ferretNewMu.Lock()
 	f, err := ferretdb.New(fcfg)
 	ferretNewMu.Unlock()
 	if err != nil {
+		if dbLog != nil {
+			_ = dbLog.Close()
+		}
 		return nil, fmt.Errorf("devdb: start ferretdb: %w", err)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	s := &Server{cancel: cancel, runDone: make(chan struct{})}
+	s := &Server{cancel: cancel, runDone: make(chan struct{}), dbLog: dbLog}
 	go func() {
 		defer close(s.runDone)
 		_ = f.Run(runCtx) // always nil; it returns once runCtx is canceled and everything is closed
@@ -139,6 +153,9 @@ func (s *Server) Stop() error {
 		}
 		s.cancel()
 		<-s.runDone
+		if s.dbLog != nil {
+			_ = s.dbLog.Close()
+		}
 	})
 	return s.stopErr
 }
@@ -220,4 +237,42 @@ func (h minLevelHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h minLevelHandler) WithGroup(name string) slog.Handler {
 	return minLevelHandler{min: h.min, next: h.next.WithGroup(name)}
+}
+
+// teeHandler hands every record to each of its handlers that is enabled for its level.
+type teeHandler []slog.Handler
+
+func (t teeHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	for _, h := range t {
+		if h.Enabled(ctx, l) {
+			return true
+		}
+	}
+	return false
+}
+
+func (t teeHandler) Handle(ctx context.Context, r slog.Record) error {
+	var errs []error
+	for _, h := range t {
+		if h.Enabled(ctx, r.Level) {
+			errs = append(errs, h.Handle(ctx, r.Clone()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (t teeHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	out := make(teeHandler, len(t))
+	for i, h := range t {
+		out[i] = h.WithAttrs(as)
+	}
+	return out
+}
+
+func (t teeHandler) WithGroup(name string) slog.Handler {
+	out := make(teeHandler, len(t))
+	for i, h := range t {
+		out[i] = h.WithGroup(name)
+	}
+	return out
 }

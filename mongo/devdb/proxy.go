@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -165,7 +166,7 @@ var errClientGone = errors.New("client closed the connection while its request w
 func (p *Proxy) relay(client, upstream net.Conn) error {
 	for {
 		req, err := readMessage(client)
-		if errors.Is(err, io.EOF) {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) { // a client that left: nothing to report
 			return nil
 		}
 		if err != nil {
