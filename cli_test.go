@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -9,10 +10,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/mongo/devdb"
 )
 
 // runBinary runs the pulse binary with args and an environment of PATH and HOME only, and returns its exit
@@ -104,5 +109,40 @@ func TestHealthcheckReadsListen(t *testing.T) {
 	if err := run(t.Context(), []string{"healthcheck"}, func(k string) string { return env[k] }, io.Discard); err == nil ||
 		!strings.Contains(err.Error(), "PULSE_LISTEN") {
 		t.Errorf("healthcheck with a bad PULSE_LISTEN: %v, want an error naming it", err)
+	}
+}
+
+// A sidecar whose PULSE_DATA_DIR is in use by another process stops with one line naming the variable and
+// the holder; one whose port is busy stops before it creates the data directory.
+func TestServeDataDirLockAndBusyPort(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	holder, err := devdb.Start(t.Context(), devdb.Config{DataDir: dir})
+	if err != nil {
+		t.Fatalf("devdb.Start: %v", err)
+	}
+	defer holder.Stop()
+	env := map[string]string{"PULSE_DATA_DIR": dir, "PULSE_LISTEN": "127.0.0.1:0"}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // a sidecar that starts anyway ends here
+	defer cancel()
+	err = run(ctx, nil, func(k string) string { return env[k] }, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "PULSE_DATA_DIR") ||
+		!strings.Contains(err.Error(), "process "+strconv.Itoa(os.Getpid())) {
+		t.Errorf("serve on a data directory in use: %v, want one line naming PULSE_DATA_DIR and process %d", err, os.Getpid())
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fresh := filepath.Join(t.TempDir(), "data")
+	env = map[string]string{"PULSE_DATA_DIR": fresh, "PULSE_LISTEN": ln.Addr().String()}
+	err = run(ctx, nil, func(k string) string { return env[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "PULSE_LISTEN") {
+		t.Errorf("serve on a busy port: %v, want an error naming PULSE_LISTEN", err)
+	}
+	if _, statErr := os.Stat(fresh); !errors.Is(statErr, os.ErrNotExist) {
+		t.Errorf("serve on a busy port created PULSE_DATA_DIR (stat: %v)", statErr)
 	}
 }

@@ -85,11 +85,17 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		return err
 	}
 	log := newLogger(cfg, stdout)
+	// Bind the API's address first: a busy port stops the process before anything is started or written.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("PULSE_LISTEN=%q: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
 	uri := cfg.MongoDBURI
 	if uri == "" {
 		db, err := devdb.Start(ctx, devdb.Config{DataDir: cfg.DataDir, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
-			return fmt.Errorf("start the embedded development database in %s: %w", cfg.DataDir, err)
+			return fmt.Errorf("PULSE_DATA_DIR=%q: start the embedded development database: %w", cfg.DataDir, err)
 		}
 		defer db.Stop()
 		uri = db.URI()
@@ -166,11 +172,6 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		if endpointsHash, err = applyEndpointsFile(startCtx, cfg.EndpointsFile, store, func(string) {}); err != nil {
 			return err
 		}
-	}
-
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("PULSE_LISTEN=%q: %w", cfg.Listen, err)
 	}
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))

@@ -30,7 +30,8 @@ const commandSynopsis = `Usage: pulse devdb [flags]
 
 Runs the embedded development database (FerretDB behind a proxy that makes its read-modify-writes atomic)
 on its own, for sidecars started with PULSE_MONGODB_URI=<the printed URI>. It prints "devdb: <URI>" once
-it accepts connections and runs until interrupted. FerretDB's own warnings go to ferretdb.log in the data directory; the console shows its errors only.`
+it accepts connections and runs until interrupted. Only one process at a time may use a data directory.
+FerretDB's own warnings go to ferretdb.log in the data directory; the console shows its errors only.`
 
 // RunCommand implements `pulse devdb [--listen host:port] [--data-dir dir] [--postgresql-url url]`:
 // it starts a Server, prints ReadyPrefix and the server's URI as one line to stdout, then blocks until
@@ -39,7 +40,8 @@ it accepts connections and runs until interrupted. FerretDB's own warnings go to
 //
 // It returns nil after a clean shutdown (also when ctx ends during the start), an error wrapping
 // flag.ErrHelp after printing the usage to stdout for -h, --help or help, a *cli.UsageError for bad
-// flags or arguments, and an error for a failed start or a failed stop.
+// flags or arguments, and an error for a failed start (a *LockedError when the data directory is in
+// use) or a failed stop.
 func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("devdb", flag.ContinueOnError)
 	listen := fs.String("listen", DefaultCommandListen, "`host:port` the MongoDB wire-protocol proxy listens on (port 0 picks a free port)")

@@ -43,8 +43,8 @@ var ferretNewMu sync.Mutex
 // Config configures Start.
 type Config struct {
 	// DataDir is the directory of the SQLite databases, created (with parents) if missing. It is
-	// required unless PostgreSQLURL is set, and ignored when it is. A running Server writes FerretDB's
-	// own log to DatabaseLogName in it.
+	// required unless PostgreSQLURL is set, and ignored when it is. A running Server holds it locked
+	// (see LockFileName) and writes FerretDB's own log to DatabaseLogName in it.
 	DataDir string
 	// PostgreSQLURL, when set, makes FerretDB use its postgresql handler with this connection string
 	// (for example "postgres://127.0.0.1:5432/ferretdb") instead of SQLite. Default: empty.
@@ -67,41 +67,60 @@ type Server struct {
 	uri     string
 	cancel  context.CancelFunc
 	runDone chan struct{}
+	lock    *dirLock
 	dbLog   *os.File
 
 	stopOnce sync.Once
 	stopErr  error
 }
 
-// Start starts FerretDB on a free loopback port and the proxy on cfg.Listen, and returns once a ping
-// through the proxy succeeds. ctx bounds the start only; the server runs until Stop. It returns an
-// error if the configuration is invalid, the data directory cannot be created, FerretDB or the proxy
-// cannot start, or ctx ends before the database answers.
+// Start binds the proxy's address (cfg.Listen) first, then creates and locks the data directory, starts
+// FerretDB on a free loopback port behind the proxy, and returns once a ping through the proxy succeeds:
+// a busy address fails before anything is written. ctx bounds the start only; the server runs until
+// Stop. It returns a *LockedError if another Server holds the data directory, and an error if the
+// configuration is invalid, the data directory cannot be created, FerretDB or the proxy cannot start,
+// or ctx ends before the database answers.
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	var dir string
+	if cfg.PostgreSQLURL == "" {
+		if cfg.DataDir == "" {
+			return nil, errors.New("devdb: DataDir is empty and PostgreSQLURL is not set")
+		}
+		var err error
+		if dir, err = filepath.Abs(cfg.DataDir); err != nil {
+			return nil, fmt.Errorf("devdb: data dir %q: %w", cfg.DataDir, err)
+		}
+	}
+	ln, err := net.Listen("tcp", cmp.Or(cfg.Listen, DefaultListen))
+	if err != nil {
+		return nil, fmt.Errorf("devdb: proxy listen: %w", err)
+	}
+	s := &Server{cancel: func() {}, runDone: make(chan struct{})}
+	close(s.runDone) // until FerretDB runs
+	fail := func(err error) (*Server, error) {
+		_ = ln.Close()
+		return nil, errors.Join(err, s.Stop())
+	}
+
 	dbLogger := slog.New(minLevelHandler{min: slog.LevelError, next: logger.Handler()})
-	var dbLog *os.File
 	fcfg := &ferretdb.Config{Listener: ferretdb.ListenerConfig{TCP: "127.0.0.1:0"}}
 	if cfg.PostgreSQLURL != "" {
 		fcfg.Handler, fcfg.PostgreSQLURL = "postgresql", cfg.PostgreSQLURL
 	} else {
-		if cfg.DataDir == "" {
-			return nil, errors.New("devdb: DataDir is empty and PostgreSQLURL is not set")
-		}
-		dir, err := filepath.Abs(cfg.DataDir)
-		if err != nil {
-			return nil, fmt.Errorf("devdb: data dir %q: %w", cfg.DataDir, err)
-		}
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("devdb: create data dir: %w", err)
+			return fail(fmt.Errorf("devdb: create data dir: %w", err))
 		}
-		if dbLog, err = os.OpenFile(filepath.Join(dir, DatabaseLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
-			return nil, fmt.Errorf("devdb: database log: %w", err)
+		if s.lock, err = lockDir(dir); err != nil {
+			return fail(fmt.Errorf("devdb: %w", err))
 		}
-		fileHandler := slog.NewTextHandler(dbLog, &slog.HandlerOptions{Level: slog.LevelWarn})
+		if s.dbLog, err = os.OpenFile(filepath.Join(dir, DatabaseLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+			return fail(fmt.Errorf("devdb: database log: %w", err))
+		}
+		fileHandler := slog.NewTextHandler(s.dbLog, &slog.HandlerOptions{Level: slog.LevelWarn})
 		dbLogger = slog.New(teeHandler{fileHandler, dbLogger.Handler()})
 		fcfg.Handler = "sqlite"
 		fcfg.SQLiteURL = (&url.URL{Scheme: "file", Path: filepath.ToSlash(dir) + "/"}).String()
@@ -112,26 +131,20 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	f, err := ferretdb.New(fcfg)
 	ferretNewMu.Unlock()
 	if err != nil {
-		if dbLog != nil {
-			_ = dbLog.Close()
-		}
-		return nil, fmt.Errorf("devdb: start ferretdb: %w", err)
+		return fail(fmt.Errorf("devdb: start ferretdb: %w", err))
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	s := &Server{cancel: cancel, runDone: make(chan struct{}), dbLog: dbLog}
+	s.cancel, s.runDone = cancel, make(chan struct{})
 	go func() {
 		defer close(s.runDone)
 		_ = f.Run(runCtx) // always nil; it returns once runCtx is canceled and everything is closed
 	}()
 	upstream, err := url.Parse(f.MongoDBURI()) // FerretDB's own listener, bound by New
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("devdb: ferretdb uri: %w", err), s.Stop())
+		return fail(fmt.Errorf("devdb: ferretdb uri: %w", err))
 	}
 
-	s.proxy, err = ListenProxy(cmp.Or(cfg.Listen, DefaultListen), upstream.Host, logger.With("component", "devdb-proxy"))
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("devdb: %w", err), s.Stop())
-	}
+	s.proxy = NewProxy(ln, upstream.Host, logger.With("component", "devdb-proxy"))
 	s.uri = (&url.URL{Scheme: "mongodb", Host: s.proxy.Addr().String(), Path: "/"}).String()
 
 	if err := waitReady(ctx, s.proxy.Addr().String()); err != nil {
@@ -156,6 +169,7 @@ func (s *Server) Stop() error {
 		if s.dbLog != nil {
 			_ = s.dbLog.Close()
 		}
+		s.lock.release() // last: FerretDB has closed its files
 	})
 	return s.stopErr
 }

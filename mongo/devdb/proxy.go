@@ -61,6 +61,11 @@ func ListenProxy(listen, upstream string, logger *slog.Logger) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy listen: %w", err)
 	}
+	return NewProxy(ln, upstream, logger), nil
+}
+
+// NewProxy is ListenProxy on a listener the caller has bound; the proxy owns ln from then on.
+func NewProxy(ln net.Listener, upstream string, logger *slog.Logger) *Proxy {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -73,7 +78,7 @@ func ListenProxy(listen, upstream string, logger *slog.Logger) (*Proxy, error) {
 	}
 	p.wg.Add(1)
 	go p.acceptLoop()
-	return p, nil
+	return p
 }
 
 // Addr returns the address the proxy listens on.
