@@ -21,7 +21,7 @@ const (
 	namespace = "pulse-test"
 )
 
-// contractEnv lists the sidecar's configuration variables (shared/design/http-contract.md).
+// contractEnv lists the sidecar's configuration variables (the README's Configuration table).
 var contractEnv = []string{
 	"PULSE_MONGODB_URI", "PULSE_DATABASE", "PULSE_COLLECTION_PREFIX", "PULSE_DATA_DIR", "PULSE_LISTEN",
 	"PULSE_API_TOKEN", "PULSE_LOCK_TIMEOUT", "PULSE_POLL_INTERVAL", "PULSE_CHANGE_STREAMS",

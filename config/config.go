@@ -13,7 +13,7 @@ import (
 	"github.com/caarlos0/env/v11"
 )
 
-// Defaults of the contract (../shared/design/http-contract.md).
+// Defaults, as documented in the README's Configuration table.
 const (
 	DefaultDatabase         = "pulse"
 	DefaultCollectionPrefix = "pulse"
@@ -27,7 +27,7 @@ const (
 	DefaultWorkers          = 64
 )
 
-// Change stream modes (the seed's "Polling and Change Streams").
+// Change stream modes (docs/delivery.md, "Polling and change streams").
 const (
 	ChangeStreamsAuto     = "auto"
 	ChangeStreamsRequired = "required"
