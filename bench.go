@@ -26,6 +26,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/event"
 	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/internal/cli"
 )
 
 // benchResult holds the figures `pulse bench` prints.
@@ -49,6 +51,12 @@ type benchResult struct {
 // receiver, publishes --events events one request per event with --concurrency concurrent clients spread
 // over the replicas, waits for every delivery, then measures raw single-document updates by _id on the same
 // database at the same concurrency. It prints a table and one machine-readable line starting with "bench:".
+// benchSynopsis starts the text of `pulse bench --help`.
+const benchSynopsis = `Usage: pulse bench [flags]
+
+Measures delivery throughput, latency and database commands per delivery against a fresh embedded
+development database (or --mongodb-uri), and prints a table and one machine-readable line starting "bench:".`
+
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	events := fs.Int("events", 1000, "events to publish")
@@ -57,17 +65,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	concurrency := fs.Int("concurrency", 8, "concurrent publishing clients (and raw-update clients)")
 	uri := fs.String("mongodb-uri", getenv("PULSE_MONGODB_URI"), "database to use instead of a fresh embedded development database (default $PULSE_MONGODB_URI)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if err := cli.Parse(fs, args, benchSynopsis, stdout); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("bench takes only flags, got %q (see pulse bench --help)", fs.Args())
-	}
 	if *events < 1 || *groups < 1 || *concurrency < 1 || *replicas < 1 {
-		return errors.New("bench: --events, --groups, --replicas and --concurrency must be at least 1")
+		return cli.Usagef(cli.Usage(fs, benchSynopsis), "bench: --events, --groups, --replicas and --concurrency must be at least 1")
 	}
 	publishers := concurrency
 	ctx, cancel := context.WithTimeout(ctx, *timeout)

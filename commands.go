@@ -5,29 +5,48 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
+	"os"
 	"time"
 
+	"github.com/pulse-sidecar/pulse/config"
+	"github.com/pulse-sidecar/pulse/internal/cli"
 	"github.com/pulse-sidecar/pulse/mongo/devdb"
 )
 
 // runDevDB runs the embedded development database on its own (pulse devdb --listen --data-dir).
 func runDevDB(ctx context.Context, args []string, stdout io.Writer) error {
-	return devdb.RunCommand(ctx, args, stdout)
+	return devdb.RunCommand(ctx, args, stdout, os.Stderr)
 }
 
-// healthcheck GETs a URL (default http://127.0.0.1:8080/readyz) and returns an error unless it answers 200:
-// the container healthcheck of an image without a shell.
-func healthcheck(ctx context.Context, args []string) error {
+const healthcheckSynopsis = `Usage: pulse healthcheck [flags]
+
+Exits 0 when GET /readyz of the sidecar answers 200, 1 otherwise: the container healthcheck of an image
+without a shell. The sidecar's address is read from PULSE_LISTEN, as serve reads it (a wildcard host such as
+0.0.0.0 or [::] is reached on loopback); --url overrides it.`
+
+// healthcheck GETs the sidecar's /readyz (at PULSE_LISTEN, or --url) and returns an error unless it answers
+// 200: the container healthcheck of an image without a shell. It blocks for at most --timeout.
+func healthcheck(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
-	url := fs.String("url", "http://127.0.0.1:8080/readyz", "URL that must answer 200")
+	rawURL := fs.String("url", "", "`URL` that must answer 200 (default http://<PULSE_LISTEN>/readyz)")
 	timeout := fs.Duration("timeout", 3*time.Second, "deadline of the request")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args, healthcheckSynopsis, stdout); err != nil {
 		return err
+	}
+	target := *rawURL
+	if target == "" {
+		cfg, err := config.Load(getenv)
+		if err != nil {
+			return err
+		}
+		target = readyURL(cfg.Listen)
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, *url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		return err
 	}
@@ -37,7 +56,23 @@ func healthcheck(ctx context.Context, args []string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s answered %s", *url, resp.Status)
+		return fmt.Errorf("%s answered %s", target, resp.Status)
 	}
 	return nil
+}
+
+// readyURL returns the /readyz URL of a sidecar listening on listen (PULSE_LISTEN): a wildcard or empty host
+// becomes the loopback address of its family, since a wildcard is an address to bind, not to dial.
+func readyURL(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil { // config.Validate has accepted it; keep it as written
+		return "http://" + listen + "/readyz"
+	}
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "::":
+		host = "::1"
+	}
+	return (&url.URL{Scheme: "http", Host: net.JoinHostPort(host, port), Path: "/readyz"}).String()
 }

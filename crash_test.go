@@ -59,8 +59,8 @@ func waitClosed(t *testing.T, ch chan struct{}, timeout time.Duration, what stri
 	}
 }
 
-// Crash windows "during the handler" and "after a side effect but before history success" (the seed's
-// table): a sidecar is SIGKILLed while its webhook call is in flight (the receiver has or has not done its
+// Crash windows "during the handler" and "after a side effect but before history success" (docs/delivery.md,
+// "Crash windows"): a sidecar is SIGKILLed while its webhook call is in flight (the receiver has or has not done its
 // side effect yet); once the lease expires, a restarted replica records attempt 1 as worker_lost and POSTs
 // attempt 2 with the same Idempotency-Key. The handler runs again.
 func TestSIGKILLDuringWebhookIsRecoveredAsWorkerLost(t *testing.T) {
@@ -143,7 +143,7 @@ func (b *bundle) tornState(group string, delivery bson.M, attempts ...bson.M) st
 	return eventID
 }
 
-// Every other row of the seed's crash-window table, and the reconciler's partial states, written straight
+// Every other row of the crash-window table (docs/delivery.md), and the reconciler's partial states, written straight
 // into the database: a running sidecar repairs each, and the receiver sees exactly the POSTs the table
 // allows.
 func TestCrashWindowsAreRepaired(t *testing.T) {

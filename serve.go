@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -22,6 +25,7 @@ import (
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/dispatcher"
 	"github.com/pulse-sidecar/pulse/httpapi"
+	"github.com/pulse-sidecar/pulse/internal/cli"
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/mongo"
 	"github.com/pulse-sidecar/pulse/mongo/devdb"
@@ -44,10 +48,31 @@ const (
 // in-flight POSTs finish and be recorded within PULSE_SHUTDOWN_TIMEOUT, the HTTP server closes, then the
 // database is disconnected.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	if len(args) > 0 {
-		return fmt.Errorf("serve takes no arguments (configuration comes from PULSE_* variables), got %q", args)
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	if err := cli.Parse(fs, args, serveUsage(), stdout); err != nil {
+		return err
 	}
 	return serveWith(ctx, getenv, stdout, serveHooks{})
+}
+
+// serveUsage is the text of `pulse serve --help`: the configuration variables with their defaults, read
+// from config.Config's tags so that the list cannot fall behind.
+func serveUsage() string {
+	var b strings.Builder
+	b.WriteString("Usage: pulse [serve]\n\nRuns the sidecar. It takes no flags: the configuration comes from these environment\nvariables (see the README for each one):\n\n")
+	t := reflect.TypeOf(config.Config{})
+	for i := range t.NumField() {
+		name := t.Field(i).Tag.Get("env")
+		if name == "" {
+			continue
+		}
+		if def, ok := t.Field(i).Tag.Lookup("envDefault"); ok {
+			fmt.Fprintf(&b, "  %-26s default %s\n", name, def)
+		} else {
+			fmt.Fprintf(&b, "  %s\n", name)
+		}
+	}
+	return b.String()
 }
 
 // serveHooks let `pulse bench` observe a sidecar it runs in-process; the zero value changes nothing.
@@ -62,11 +87,17 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		return err
 	}
 	log := newLogger(cfg, stdout)
+	// Bind the API's address first: a busy port stops the process before anything is started or written.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("PULSE_LISTEN=%q: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
 	uri := cfg.MongoDBURI
 	if uri == "" {
 		db, err := devdb.Start(ctx, devdb.Config{DataDir: cfg.DataDir, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
-			return fmt.Errorf("start the embedded development database in %s: %w", cfg.DataDir, err)
+			return fmt.Errorf("PULSE_DATA_DIR=%q: start the embedded development database: %w", cfg.DataDir, err)
 		}
 		defer db.Stop()
 		uri = db.URI()
@@ -145,10 +176,6 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		}
 	}
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("PULSE_LISTEN=%q: %w", cfg.Listen, err)
-	}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
 	_ = keeper.Start(bg)

@@ -21,7 +21,7 @@ const (
 	namespace = "pulse-test"
 )
 
-// contractEnv lists the sidecar's configuration variables (shared/design/http-contract.md).
+// contractEnv lists the sidecar's configuration variables (the README's Configuration table).
 var contractEnv = []string{
 	"PULSE_MONGODB_URI", "PULSE_DATABASE", "PULSE_COLLECTION_PREFIX", "PULSE_DATA_DIR", "PULSE_LISTEN",
 	"PULSE_API_TOKEN", "PULSE_LOCK_TIMEOUT", "PULSE_POLL_INTERVAL", "PULSE_CHANGE_STREAMS",
@@ -257,27 +257,41 @@ func decodeEndpoints(t *testing.T, content []byte) []map[string]any {
 	return eps
 }
 
-func TestChartDefaults(t *testing.T) {
+// withURI is the MongoDB URI every render needs unless it names an existing Secret or opts in to devDatabase.
+var withURI = []string{"--set", "secret.mongodbUri=mongodb://mongo-0.mongo:27017/?replicaSet=rs0"}
+
+// Without a MongoDB URI the render fails, unless the development database is chosen explicitly.
+func TestChartDefaultsNeedAMongoDBURI(t *testing.T) {
 	t.Parallel()
-	r := render(t)
-	if got := r.kinds(); !slices.Equal(got, []string{"Secret"}) {
-		t.Fatalf("default render = %v, want just the Secret (the sidecar goes into your own Deployment)", got)
+	if _, err := helmTemplate(t, chartDir); err == nil || !strings.Contains(err.Error(), "no MongoDB URI") ||
+		!strings.Contains(err.Error(), "devDatabase=true") {
+		t.Fatalf("default render: err = %v, want a failure naming secret.mongodbUri and devDatabase=true", err)
 	}
-	name, s := only(t, "Secret", r.secrets)
-	if name != release+"-pulse-sidecar" {
-		t.Errorf("Secret name = %q", name)
-	}
-	if uri, ok := s.StringData["mongodb-uri"]; !ok || uri != "" {
-		t.Errorf("Secret stringData = %v, want an empty mongodb-uri (embedded development database)", s.StringData)
-	}
-	if _, ok := s.StringData["api-token"]; ok {
-		t.Error("Secret has an api-token although apiToken is empty")
+	for _, args := range [][]string{withURI, {"--set", "devDatabase=true"}} {
+		r := render(t, args...)
+		if got := r.kinds(); !slices.Equal(got, []string{"Secret"}) {
+			t.Fatalf("render %v = %v, want just the Secret (the sidecar goes into your own Deployment)", args, got)
+		}
+		name, s := only(t, "Secret", r.secrets)
+		if name != release+"-pulse-sidecar" {
+			t.Errorf("Secret name = %q", name)
+		}
+		want := strings.TrimPrefix(args[1], "secret.mongodbUri=")
+		if args[1] == "devDatabase=true" {
+			want = "" // the embedded development database
+		}
+		if uri, ok := s.StringData["mongodb-uri"]; !ok || uri != want {
+			t.Errorf("render %v: Secret stringData = %v, want mongodb-uri %q", args, s.StringData, want)
+		}
+		if _, ok := s.StringData["api-token"]; ok {
+			t.Error("Secret has an api-token although apiToken is empty")
+		}
 	}
 }
 
 func TestChartExampleAndServiceMonitor(t *testing.T) {
 	t.Parallel()
-	r := render(t, "--set", "example.enabled=true", "--set", "serviceMonitor.enabled=true")
+	r := render(t, append(slices.Clone(withURI), "--set", "example.enabled=true", "--set", "serviceMonitor.enabled=true")...)
 	if got, want := r.kinds(), []string{"Deployment", "Secret", "Service", "ServiceMonitor"}; !slices.Equal(got, want) {
 		t.Fatalf("kinds = %v, want %v", got, want)
 	}
@@ -416,14 +430,14 @@ func TestChartRejectsBadValues(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := helmTemplate(t, chartDir, tc.args...)
+			_, err := helmTemplate(t, chartDir, append(slices.Clone(withURI), tc.args...)...)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("helm template %v: err = %v, want one containing %q", tc.args, err, tc.want)
 			}
 		})
 	}
 	// The same check accepts a grace period above a fractional timeout.
-	if _, err := helmTemplate(t, chartDir, "--set", "terminationGracePeriodSeconds=3", "--set", "shutdownTimeout=2500ms"); err != nil {
+	if _, err := helmTemplate(t, chartDir, append(slices.Clone(withURI), "--set", "terminationGracePeriodSeconds=3", "--set", "shutdownTimeout=2500ms")...); err != nil {
 		t.Errorf("grace 3s above shutdown 2.5s rejected: %v", err)
 	}
 }

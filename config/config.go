@@ -15,7 +15,7 @@ import (
 	"golang.org/x/net/http/httpproxy"
 )
 
-// Defaults of the contract (../shared/design/http-contract.md).
+// Defaults, as documented in the README's Configuration table.
 const (
 	DefaultDatabase         = "pulse"
 	DefaultCollectionPrefix = "pulse"
@@ -43,7 +43,7 @@ const (
 	MaxMaxBodyBytes = MaxBSONDocumentBytes - EventDocumentOverhead
 )
 
-// Change stream modes (the seed's "Polling and Change Streams").
+// Change stream modes (docs/delivery.md, "Polling and change streams").
 const (
 	ChangeStreamsAuto     = "auto"
 	ChangeStreamsRequired = "required"

@@ -1,4 +1,4 @@
-// Package dispatcher runs the sidecar's worker loop (the seed's "Recovery after a crash" order): reap one
+// Package dispatcher runs the sidecar's worker loop (docs/delivery.md, "Recovery after a crash"): reap one
 // expired attempt, repair partial states, fan out newly published events, then claim due attempts up to the
 // free capacity and POST each to its consumer group's webhook.
 //
@@ -11,7 +11,7 @@
 //   - the loop sleeps at most one poll interval; a publish to this process, a freed worker slot or a retry
 //     coming due wakes it at once.
 //
-// Cost (issue 8): the database is the shared bottleneck, so the loop batches what the seed allows. Events
+// Cost (issue 8): the database is the shared bottleneck, so the loop batches what those invariants allow. Events
 // published through this process are fanned out in batches and their first attempts are claimed by id with
 // the event already in memory (no query for due work, no read of the payload); attempts found by polling are
 // claimed several per round trip and their events read with one query; the results finished meanwhile are

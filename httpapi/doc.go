@@ -1,4 +1,4 @@
-// Package httpapi serves the sidecar's public HTTP contract (../shared/design/http-contract.md) with chi:
+// Package httpapi serves the sidecar's public HTTP API (the README's API section) with chi:
 // ingest (POST /v1/events), endpoint registration, inspection, /healthz and /readyz.
 //
 // Invariants: every 4xx/5xx body is {"error": {"code": "<snake_case>", "message": "<sentence>"}}; a rejected

@@ -1,7 +1,7 @@
 // Package lease holds what the sidecar's leases rest on: the clock they trust and the heartbeat that renews
 // them.
 //
-// Invariants (the seed's "Leases, heartbeats, and fencing"):
+// Invariants (docs/delivery.md, "Leases, heartbeats and fencing"):
 //   - the database is authoritative: a lease is held only while the database says so, and every renewal and
 //     completion write is fenced by the lease's token;
 //   - lease times follow the database's clock (Clock measures its offset from the server's localTime), so a

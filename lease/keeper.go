@@ -18,7 +18,7 @@ var ErrLost = errors.New("lease lost")
 // RenewFunc renews the given leases with one fenced write and returns the ones that were lost.
 type RenewFunc func(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error)
 
-// Keeper renews the leases this process holds every third of the lock timeout (the seed's heartbeat) and
+// Keeper renews the leases this process holds every third of the lock timeout (docs/delivery.md) and
 // cancels the work of a lease that was lost. It is safe for concurrent use.
 type Keeper struct {
 	renew       RenewFunc
@@ -47,7 +47,7 @@ func NewKeeper(renew RenewFunc, lockTimeout time.Duration, local func() time.Tim
 		log: log.With().Str("component", "heartbeat").Logger()}
 }
 
-// Interval returns the heartbeat period: a third of the lock timeout, at least 10 ms (the reference's rule).
+// Interval returns the heartbeat period: a third of the lock timeout, at least 10 ms.
 func (k *Keeper) Interval() time.Duration { return max(k.lockTimeout/3, 10*time.Millisecond) }
 
 // Hold starts renewing the lease; cancel is called with ErrLost if it is lost.

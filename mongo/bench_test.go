@@ -54,7 +54,7 @@ func benchStore(b *testing.B) (*Store, *atomic.Int64) {
 // iteration publishes 32 events (64 deliveries), so each sub-benchmark grows the collections alike:
 //   - batched/N: the dispatcher's path for events published to this process, N events at a time: FanOut,
 //     ClaimAttempts with the created attempts, FinishAttempts and FollowUps of all results, ClearFanOut;
-//   - one-by-one: the same deliveries made the way the reference's loop makes them: per attempt one claim
+//   - one-by-one: the same deliveries made one attempt at a time: per attempt one claim
 //     query and one fenced claim, one event read, one result write and one delivery end.
 //
 // Run: go test -run '^$' -bench DeliveryPath -benchtime 10x ./mongo/

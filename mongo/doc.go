@@ -11,6 +11,6 @@
 //     replica's own wall clock alone;
 //   - expiresAt is written only when a document becomes terminal; reads treat expired documents as gone;
 //   - indexes are created when missing and verified at every start; an incompatible one stops the start and
-//     is never dropped (the seed's "Startup safety");
+//     is never dropped (docs/delivery.md, "Collections, retention and startup safety");
 //   - driver errors are translated here: mongo.ErrNoDocuments never leaves this package.
 package mongo

@@ -269,7 +269,7 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 }
 
 // FanOutStale runs FanOut for up to limit events still marked for fan-out and created more than age ago:
-// events whose publisher died before fanning them out (the seed's "discovery interrupted" state). It
+// events whose publisher died before fanning them out (docs/delivery.md, "Recovery after a crash"). It
 // returns how many first attempts it inserted.
 func (s *Store) FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error) {
 	cutoff := s.now().Add(-age)

@@ -212,7 +212,7 @@ func describe(keys bson.D, unique bool, expireAfterSeconds *int64, variant bool)
 	return string(b)
 }
 
-// supportsChangeStreams reports whether the server is a replica set member or mongos (the seed: change
+// supportsChangeStreams reports whether the server is a replica set member or mongos (change
 // streams exist only there).
 func (s *Store) supportsChangeStreams(ctx context.Context) bool {
 	var hello struct {

@@ -12,7 +12,7 @@ import (
 )
 
 // WatchEvents runs a change stream on the events collection and calls wake for every inserted or committed
-// event, until ctx is done. It blocks. Change streams only wake sleeping dispatchers (the seed): polling and
+// event, until ctx is done. It blocks. Change streams only wake sleeping dispatchers (docs/delivery.md): polling and
 // reconciliation still guarantee progress, so a missed notification loses nothing. When the stream fails
 // (or cannot be opened) the error is logged and the stream reopened after retry.
 func (s *Store) WatchEvents(ctx context.Context, retry time.Duration, wake func(), log zerolog.Logger) {

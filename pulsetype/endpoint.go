@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Delivery modes of an endpoint (the seed's guarantees).
+// Delivery modes of an endpoint (docs/delivery.md, "Guarantees").
 const (
 	AtLeastOnce = "at-least-once"
 	AtMostOnce  = "at-most-once"
@@ -25,7 +25,7 @@ const (
 	OffsetEarliest = "earliest" // every event still retained
 )
 
-// Endpoint defaults (../shared/design/http-contract.md).
+// Endpoint defaults, as documented in the README's API section.
 const (
 	DefaultMaxRetries             = 8
 	DefaultRetryDelay             = time.Second

@@ -7,7 +7,7 @@ import (
 )
 
 // RetryPolicy decides whether a failed attempt gets a successor and when. Defaults and the delay formula
-// (delay × multiplier^(attempt−1)) come from the reference (../shared/design/pulse-reference.md).
+// (delay × multiplier^(attempt−1)) are those of docs/delivery.md, "Retries".
 type RetryPolicy struct {
 	AtMostOnce bool
 	MaxRetries int           // retries after the first attempt

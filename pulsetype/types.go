@@ -16,7 +16,7 @@ const (
 	StatusError   Status = "error"
 )
 
-// Error codes written to an attempt's history (the seed's table).
+// Error codes written to an attempt's history (docs/delivery.md, "Retries").
 const (
 	CodeHandlerError = "handler_error" // the webhook answered with a failure, or could not be reached
 	CodeWorkerLost   = "worker_lost"   // the attempt's lease expired before it completed
@@ -218,7 +218,7 @@ type LeaseKey struct {
 // Key returns the attempt's lease key (its id and lock token).
 func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.LockToken} }
 
-// NextStep is what follows an ended attempt, by the seed's lifecycle: either attempt Number+1 is created,
+// NextStep is what follows an ended attempt, by the lifecycle of docs/delivery.md: either attempt Number+1 is created,
 // due after Delay, or the delivery ends with EndStatus and EndError.
 type NextStep struct {
 	Retry     bool

@@ -1,4 +1,4 @@
-// Package reconciler holds the sidecar's recovery steps (the seed's "Recovery after a crash"): reaping
+// Package reconciler holds the sidecar's recovery steps (docs/delivery.md, "Recovery after a crash"): reaping
 // attempts whose lease expired as worker_lost, and repairing every partial state a crash can leave between
 // two writes:
 //   - a delivery whose first attempt does not exist → create attempt 1;

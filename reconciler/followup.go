@@ -22,7 +22,7 @@ type Step struct {
 	Created bool          // this call wrote the change (false: another replica had already done it)
 }
 
-// Decide returns what follows attempt number n that ended with status and e (the seed's lifecycle): success
+// Decide returns what follows attempt number n that ended with status and e (docs/delivery.md, "Lifecycle"): success
 // ends the delivery; an error gets attempt n+1 while policy allows it (terminal reports a non-retryable
 // answer, retryAfter a receiver's Retry-After), and otherwise ends the delivery with that error. It reads
 // nothing and writes nothing.

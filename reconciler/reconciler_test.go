@@ -81,8 +81,8 @@ func (b *bundle) count(t *testing.T, coll string, filter bson.M) int64 {
 	return n
 }
 
-// Each partial state of the seed, repaired by 6 replicas at once: exactly one repair wins, the others are
-// no-ops, and the database ends in the one state the seed prescribes.
+// Each partial state of docs/delivery.md, repaired by 6 replicas at once: exactly one repair wins, the others are
+// no-ops, and the database ends in the one state that page prescribes.
 func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 	now := time.Now().UTC()
 	old := now.Add(-time.Hour)

@@ -3,6 +3,7 @@ package testdb
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -57,6 +58,7 @@ func startServer() (string, error) {
 
 	started := make(chan error, 1)
 	exited := make(chan error, 1)
+	done := make(chan struct{})
 	go func() {
 		// The parent-death signal is sent when the thread that forked the child exits, not only the
 		// process: keep this goroutine on its thread, and the thread alive, until the child is gone.
@@ -65,8 +67,12 @@ func startServer() (string, error) {
 			started <- err
 			return
 		}
+		stateMu.Lock()
+		child, childDone = cmd.Process, done
+		stateMu.Unlock()
 		started <- nil
 		exited <- cmd.Wait()
+		close(done)
 	}()
 	err = <-started
 	_ = stdoutW.Close()
@@ -115,18 +121,25 @@ func readTail(path string) string {
 
 // makeProcessDir removes the directories left by test processes that are gone, then creates this
 // process's directory, named dirPrefix + pid + "-" + random.
+// It fails unless Main runs the tests, since nothing else would remove the directory.
 func makeProcessDir() (string, error) {
+	if !mainRunning.Load() {
+		return "", errors.New("the test package's TestMain must call testdb.Main (func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }), which removes the temporary directory")
+	}
 	sweepDeadProcessDirs()
 	dir, err := os.MkdirTemp("", dirPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return "", fmt.Errorf("temp dir: %w", err)
 	}
+	stateMu.Lock()
+	procDir = dir
+	stateMu.Unlock()
 	return dir, nil
 }
 
 // sweepDeadProcessDirs removes every dirPrefix directory in the temp directory whose owner process
-// no longer exists. Test processes cannot clean up after themselves (no TestMain), so each one
-// cleans up after its predecessors. Errors are ignored: the sweep is best effort.
+// no longer exists: those of test processes that died before Main could clean up. Errors are
+// ignored: the sweep is best effort.
 func sweepDeadProcessDirs() {
 	entries, err := os.ReadDir(os.TempDir())
 	if err != nil {

@@ -10,8 +10,15 @@
 //   - PULSE_TEST_POSTGRES_URL: run the child devdb on FerretDB's postgresql handler.
 //   - PULSE_TEST_BINARY: use this pulse binary instead of building one.
 //
+// A package that uses it calls Main from its TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
+//
 // Invariants: every test gets its own database, dropped when it ends; the child process dies with
-// the test process (on Linux, through the parent-death signal).
+// the test process (on Linux, through the parent-death signal); the process's temporary directory
+// (binary, data, devdb log) is removed when its tests end, passed or failed. A test process that
+// dies without returning from Main (a panic, a timeout, SIGKILL) leaves its directory to the next
+// test process, which removes the directories of dead ones.
 package testdb
 
 import (
@@ -25,6 +32,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,7 +59,54 @@ var (
 	procDirOnce = sync.OnceValues(makeProcessDir)
 	binaryOnce  = sync.OnceValues(buildBinary)
 	serverOnce  = sync.OnceValues(startServer)
+
+	// mainRunning is set by Main: without it nobody would remove the temporary directory.
+	mainRunning atomic.Bool
+
+	// stateMu guards what Main's cleanup undoes.
+	stateMu   sync.Mutex
+	procDir   string        // this process's temporary directory, once made
+	childDone chan struct{} // closed once the devdb child has exited, when one was started
+	child     *os.Process
 )
+
+// Main runs the tests of m (m.Run), then stops the database server started for them and removes this
+// process's temporary directory, whether the tests passed or failed. It returns the exit code for
+// os.Exit: m.Run's, or 1 when the cleanup fails (the reason goes to stderr). URI, Database and Binary
+// fail a test whose package's TestMain does not call Main.
+func Main(m *testing.M) int {
+	mainRunning.Store(true)
+	code := m.Run()
+	if err := cleanup(); err != nil {
+		fmt.Fprintf(os.Stderr, "testdb: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// cleanup kills the devdb child, waits until it has exited, and removes the process's directory.
+func cleanup() error {
+	stateMu.Lock()
+	dir, proc, done := procDir, child, childDone
+	stateMu.Unlock()
+	if proc != nil {
+		_ = proc.Kill()
+		select {
+		case <-done:
+		case <-time.After(connectTimeout):
+			return fmt.Errorf("devdb child %d did not exit within %s of SIGKILL; %s stays", proc.Pid, connectTimeout, dir)
+		}
+	}
+	if dir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
 
 // URI returns the base URI of the test database server for this test process. It is
 // PULSE_TEST_MONGODB_URI when set. Otherwise the first call builds the pulse binary (see Binary),

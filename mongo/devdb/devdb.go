@@ -43,17 +43,22 @@ var ferretNewMu sync.Mutex
 // Config configures Start.
 type Config struct {
 	// DataDir is the directory of the SQLite databases, created (with parents) if missing. It is
-	// required unless PostgreSQLURL is set, and ignored when it is.
+	// required unless PostgreSQLURL is set, and ignored when it is. A running Server holds it locked
+	// (see LockFileName) and writes FerretDB's own log to DatabaseLogName in it.
 	DataDir string
 	// PostgreSQLURL, when set, makes FerretDB use its postgresql handler with this connection string
 	// (for example "postgres://127.0.0.1:5432/ferretdb") instead of SQLite. Default: empty.
 	PostgreSQLURL string
 	// Listen is the host:port the proxy listens on. Default DefaultListen (a free loopback port).
 	Listen string
-	// Logger receives the proxy's logs and FerretDB's logs at warn level and above. Default: nil,
-	// which discards them.
+	// Logger receives the proxy's logs and FerretDB's errors. FerretDB's warnings (one multi-line
+	// record per command it refuses, such as a TTL index or endSessions) go only to the log file in
+	// DataDir. Default: nil, which discards them.
 	Logger *slog.Logger
 }
+
+// DatabaseLogName is the file in the data directory that receives FerretDB's warnings and errors.
+const DatabaseLogName = "ferretdb.log"
 
 // Server is a running FerretDB with the linearizing proxy in front of it. Its methods are safe for
 // concurrent use.
@@ -62,62 +67,84 @@ type Server struct {
 	uri     string
 	cancel  context.CancelFunc
 	runDone chan struct{}
+	lock    *dirLock
+	dbLog   *os.File
 
 	stopOnce sync.Once
 	stopErr  error
 }
 
-// Start starts FerretDB on a free loopback port and the proxy on cfg.Listen, and returns once a ping
-// through the proxy succeeds. ctx bounds the start only; the server runs until Stop. It returns an
-// error if the configuration is invalid, the data directory cannot be created, FerretDB or the proxy
-// cannot start, or ctx ends before the database answers.
+// Start binds the proxy's address (cfg.Listen) first, then creates and locks the data directory, starts
+// FerretDB on a free loopback port behind the proxy, and returns once a ping through the proxy succeeds:
+// a busy address fails before anything is written. ctx bounds the start only; the server runs until
+// Stop. It returns a *LockedError if another Server holds the data directory, and an error if the
+// configuration is invalid, the data directory cannot be created, FerretDB or the proxy cannot start,
+// or ctx ends before the database answers.
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	fcfg := &ferretdb.Config{
-		Listener: ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
-		Logger:   slog.New(minLevelHandler{min: slog.LevelWarn, next: logger.Handler()}).With("component", "ferretdb"),
-	}
-	if cfg.PostgreSQLURL != "" {
-		fcfg.Handler, fcfg.PostgreSQLURL = "postgresql", cfg.PostgreSQLURL
-	} else {
+	var dir string
+	if cfg.PostgreSQLURL == "" {
 		if cfg.DataDir == "" {
 			return nil, errors.New("devdb: DataDir is empty and PostgreSQLURL is not set")
 		}
-		dir, err := filepath.Abs(cfg.DataDir)
-		if err != nil {
+		var err error
+		if dir, err = filepath.Abs(cfg.DataDir); err != nil {
 			return nil, fmt.Errorf("devdb: data dir %q: %w", cfg.DataDir, err)
 		}
+	}
+	ln, err := net.Listen("tcp", cmp.Or(cfg.Listen, DefaultListen))
+	if err != nil {
+		return nil, fmt.Errorf("devdb: proxy listen: %w", err)
+	}
+	s := &Server{cancel: func() {}, runDone: make(chan struct{})}
+	close(s.runDone) // until FerretDB runs
+	fail := func(err error) (*Server, error) {
+		_ = ln.Close()
+		return nil, errors.Join(err, s.Stop())
+	}
+
+	dbLogger := slog.New(minLevelHandler{min: slog.LevelError, next: logger.Handler()})
+	fcfg := &ferretdb.Config{Listener: ferretdb.ListenerConfig{TCP: "127.0.0.1:0"}}
+	if cfg.PostgreSQLURL != "" {
+		fcfg.Handler, fcfg.PostgreSQLURL = "postgresql", cfg.PostgreSQLURL
+	} else {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("devdb: create data dir: %w", err)
+			return fail(fmt.Errorf("devdb: create data dir: %w", err))
 		}
+		if s.lock, err = lockDir(dir); err != nil {
+			return fail(fmt.Errorf("devdb: %w", err))
+		}
+		if s.dbLog, err = os.OpenFile(filepath.Join(dir, DatabaseLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+			return fail(fmt.Errorf("devdb: database log: %w", err))
+		}
+		fileHandler := slog.NewTextHandler(s.dbLog, &slog.HandlerOptions{Level: slog.LevelWarn})
+		dbLogger = slog.New(teeHandler{fileHandler, dbLogger.Handler()})
 		fcfg.Handler = "sqlite"
 		fcfg.SQLiteURL = (&url.URL{Scheme: "file", Path: filepath.ToSlash(dir) + "/"}).String()
 	}
+	fcfg.Logger = dbLogger.With("component", "ferretdb")
 
 	ferretNewMu.Lock()
 	f, err := ferretdb.New(fcfg)
 	ferretNewMu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("devdb: start ferretdb: %w", err)
+		return fail(fmt.Errorf("devdb: start ferretdb: %w", err))
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	s := &Server{cancel: cancel, runDone: make(chan struct{})}
+	s.cancel, s.runDone = cancel, make(chan struct{})
 	go func() {
 		defer close(s.runDone)
 		_ = f.Run(runCtx) // always nil; it returns once runCtx is canceled and everything is closed
 	}()
 	upstream, err := url.Parse(f.MongoDBURI()) // FerretDB's own listener, bound by New
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("devdb: ferretdb uri: %w", err), s.Stop())
+		return fail(fmt.Errorf("devdb: ferretdb uri: %w", err))
 	}
 
-	s.proxy, err = ListenProxy(cmp.Or(cfg.Listen, DefaultListen), upstream.Host, logger.With("component", "devdb-proxy"))
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("devdb: %w", err), s.Stop())
-	}
+	s.proxy = NewProxy(ln, upstream.Host, logger.With("component", "devdb-proxy"))
 	s.uri = (&url.URL{Scheme: "mongodb", Host: s.proxy.Addr().String(), Path: "/"}).String()
 
 	if err := waitReady(ctx, s.proxy.Addr().String()); err != nil {
@@ -139,6 +166,10 @@ func (s *Server) Stop() error {
 		}
 		s.cancel()
 		<-s.runDone
+		if s.dbLog != nil {
+			_ = s.dbLog.Close()
+		}
+		s.lock.release() // last: FerretDB has closed its files
 	})
 	return s.stopErr
 }
@@ -220,4 +251,42 @@ func (h minLevelHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h minLevelHandler) WithGroup(name string) slog.Handler {
 	return minLevelHandler{min: h.min, next: h.next.WithGroup(name)}
+}
+
+// teeHandler hands every record to each of its handlers that is enabled for its level.
+type teeHandler []slog.Handler
+
+func (t teeHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	for _, h := range t {
+		if h.Enabled(ctx, l) {
+			return true
+		}
+	}
+	return false
+}
+
+func (t teeHandler) Handle(ctx context.Context, r slog.Record) error {
+	var errs []error
+	for _, h := range t {
+		if h.Enabled(ctx, r.Level) {
+			errs = append(errs, h.Handle(ctx, r.Clone()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (t teeHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	out := make(teeHandler, len(t))
+	for i, h := range t {
+		out[i] = h.WithAttrs(as)
+	}
+	return out
+}
+
+func (t teeHandler) WithGroup(name string) slog.Handler {
+	out := make(teeHandler, len(t))
+	for i, h := range t {
+		out[i] = h.WithGroup(name)
+	}
+	return out
 }

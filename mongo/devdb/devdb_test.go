@@ -2,10 +2,16 @@ package devdb_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"io"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +19,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/pulse-sidecar/pulse/internal/cli"
 	"github.com/pulse-sidecar/pulse/mongo/devdb"
 )
 
@@ -88,15 +95,20 @@ func TestStartRejectsEmptyConfig(t *testing.T) {
 	}
 }
 
+// RunCommand prints the URI and keeps FerretDB's warnings off the console: a session that makes FerretDB
+// warn (an existing collection, a TTL index, endSessions) leaves stderr empty and the warnings in the data
+// directory's log file.
 func TestRunCommand(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
+	dataDir := t.TempDir()
+	var stderr syncBuffer
 
 	r, w := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- devdb.RunCommand(ctx, []string{"--listen", "127.0.0.1:0", "--data-dir", t.TempDir()}, w)
+		done <- devdb.RunCommand(ctx, []string{"--listen", "127.0.0.1:0", "--data-dir", dataDir}, w, &stderr)
 		_ = w.Close()
 	}()
 
@@ -122,8 +134,28 @@ func TestRunCommand(t *testing.T) {
 	if !ok || !strings.HasPrefix(uri, "mongodb://127.0.0.1:") {
 		t.Fatalf("stdout line = %q, want %q followed by the URI", line, devdb.ReadyPrefix)
 	}
-	if err := connect(t, uri).Ping(ctx, nil); err != nil {
+	client := connect(t, uri)
+	if err := client.Ping(ctx, nil); err != nil {
 		t.Fatalf("Ping %s: %v", uri, err)
+	}
+	db := client.Database("console")
+	for range 2 {
+		_ = db.CreateCollection(ctx, "c") // the second answers "already exists"
+	}
+	ttl := mongo.IndexModel{Keys: bson.D{{Key: "at", Value: 1}}, Options: options.Index().SetExpireAfterSeconds(60)}
+	_, _ = db.Collection("c").Indexes().CreateOne(ctx, ttl) // not implemented by FerretDB
+	if err := client.Disconnect(ctx); err != nil {          // sends endSessions, unknown to FerretDB
+		t.Fatalf("Disconnect: %v", err)
+	}
+	// A client that resets its connection (a killed sidecar) is not worth a console line either.
+	conn, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(uri, "mongodb://"), "/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.(*net.TCPConn).SetLinger(0)
+	_ = conn.Close()
+	if err := connect(t, uri).Ping(ctx, nil); err != nil {
+		t.Fatalf("Ping after a reset: %v", err)
 	}
 
 	cancel()
@@ -135,12 +167,52 @@ func TestRunCommand(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("RunCommand did not return within a minute of cancel")
 	}
+	if stderr.String() != "" {
+		t.Errorf("the console got FerretDB's warnings:\n%s", stderr.String())
+	}
+	log, err := os.ReadFile(filepath.Join(dataDir, devdb.DatabaseLogName))
+	if err != nil || !strings.Contains(string(log), "expireAfterSeconds") {
+		t.Errorf("%s has no warning about the TTL index (%v):\n%s", devdb.DatabaseLogName, err, log)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestRunCommandRejectsBadFlags(t *testing.T) {
 	t.Parallel()
-	err := devdb.RunCommand(t.Context(), []string{"--no-such-flag"}, io.Discard)
-	if err == nil || errors.Is(err, context.Canceled) {
-		t.Fatalf("RunCommand(--no-such-flag) = %v, want a flag error", err)
+	for _, args := range [][]string{{"--no-such-flag"}, {"stray"}, {"--listen"}} {
+		err := devdb.RunCommand(t.Context(), args, io.Discard, io.Discard)
+		var ue *cli.UsageError
+		if !errors.As(err, &ue) || !strings.Contains(ue.Usage, "-data-dir") {
+			t.Errorf("RunCommand(%q) = %v, want a *cli.UsageError with the usage", args, err)
+		}
+	}
+}
+
+// -h, --help and help print the usage to stdout and start nothing.
+func TestRunCommandHelp(t *testing.T) {
+	t.Parallel()
+	for _, arg := range []string{"-h", "--help", "help"} {
+		var out bytes.Buffer
+		err := devdb.RunCommand(t.Context(), []string{"--data-dir", t.TempDir() + "/none", arg}, &out, io.Discard)
+		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "Usage: pulse devdb") || !strings.Contains(out.String(), "-listen") {
+			t.Errorf("RunCommand(%s) = %v, stdout:\n%s", arg, err, out.String())
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -60,6 +61,11 @@ func ListenProxy(listen, upstream string, logger *slog.Logger) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy listen: %w", err)
 	}
+	return NewProxy(ln, upstream, logger), nil
+}
+
+// NewProxy is ListenProxy on a listener the caller has bound; the proxy owns ln from then on.
+func NewProxy(ln net.Listener, upstream string, logger *slog.Logger) *Proxy {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -72,7 +78,7 @@ func ListenProxy(listen, upstream string, logger *slog.Logger) (*Proxy, error) {
 	}
 	p.wg.Add(1)
 	go p.acceptLoop()
-	return p, nil
+	return p
 }
 
 // Addr returns the address the proxy listens on.
@@ -165,7 +171,7 @@ var errClientGone = errors.New("client closed the connection while its request w
 func (p *Proxy) relay(client, upstream net.Conn) error {
 	for {
 		req, err := readMessage(client)
-		if errors.Is(err, io.EOF) {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) { // a client that left: nothing to report
 			return nil
 		}
 		if err != nil {

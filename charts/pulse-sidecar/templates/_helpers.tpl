@@ -81,6 +81,9 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
 {{- if not $v.secret.mongodbUriKey -}}
 {{- fail "pulse-sidecar: secret.mongodbUriKey must name the Secret key holding the MongoDB URI" -}}
 {{- end -}}
+{{- if and (not $v.secret.existingSecret) (not $v.secret.mongodbUri) (not $v.devDatabase) -}}
+{{- fail "pulse-sidecar: no MongoDB URI: set secret.mongodbUri, or secret.existingSecret (a Secret holding the URI under secret.mongodbUriKey); or set devDatabase=true to run the embedded development database inside the pod (emptyDir: data lost with the pod, development only)" -}}
+{{- end -}}
 {{- if gt (len (toString $v.portName)) 15 -}}
 {{- fail (printf "pulse-sidecar: portName %q is longer than 15 characters" (toString $v.portName)) -}}
 {{- end -}}
