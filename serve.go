@@ -114,7 +114,9 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	if dbName == "" {
 		dbName = config.DefaultDatabase
 	}
-	clientOpts := options.Client().ApplyURI(uri).SetAppName("pulse-sidecar")
+	// An unreachable database fails each command after PULSE_DATABASE_TIMEOUT (server selection) instead of
+	// the driver's 30 s, so API requests answer 503 database_unavailable within that bound.
+	clientOpts := options.Client().ApplyURI(uri).SetAppName("pulse-sidecar").SetServerSelectionTimeout(cfg.DatabaseTimeout)
 	if hooks.monitor != nil {
 		clientOpts.SetMonitor(hooks.monitor)
 	}
@@ -167,7 +169,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
 		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
 	})
-	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, DatabaseTimeout: cfg.DatabaseTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
+	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
 
 	var endpointsHash [32]byte
 	if cfg.EndpointsFile != "" {

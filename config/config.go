@@ -76,9 +76,9 @@ type Config struct {
 	HistoryRetention time.Duration `env:"PULSE_HISTORY_RETENTION" envDefault:"168h"`
 	// EndpointsFile is a YAML or JSON list of endpoints registered at start.
 	EndpointsFile string `env:"PULSE_ENDPOINTS_FILE"`
-	// DatabaseTimeout bounds how long an API request waits for the database; past it (or at once when the
-	// driver reports the database unreachable or refusing writes) the request answers 503
-	// database_unavailable with Retry-After. Replay is exempt: it walks a whole window.
+	// DatabaseTimeout bounds how long a database command waits for a reachable server (the driver's server
+	// selection timeout): while the database is unreachable an API request answers 503 database_unavailable
+	// with Retry-After within it, and at once when the database answers but refuses writes.
 	DatabaseTimeout time.Duration `env:"PULSE_DATABASE_TIMEOUT" envDefault:"5s"`
 	// ShutdownTimeout is the grace for in-flight deliveries after SIGTERM.
 	ShutdownTimeout time.Duration `env:"PULSE_SHUTDOWN_TIMEOUT" envDefault:"25s"`

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -48,9 +47,6 @@ type Notifier interface {
 type Options struct {
 	APIToken     string // when set, /v1 requires "Authorization: Bearer <token>"
 	MaxBodyBytes int64  // publish body limit in bytes
-	// DatabaseTimeout bounds the database work of each /v1 request but replay; past it the request answers
-	// 503 database_unavailable. Zero means DefaultDatabaseTimeout.
-	DatabaseTimeout time.Duration
 	Logger          zerolog.Logger
 	// Metrics, when set, is served at GET /metrics and counts publishes.
 	Metrics *Metrics
@@ -65,18 +61,11 @@ type Server struct {
 	draining atomic.Bool
 }
 
-// DefaultDatabaseTimeout is Options.DatabaseTimeout when zero.
-const DefaultDatabaseTimeout = 5 * time.Second
-
 // retryAfterSeconds is the Retry-After of a 503 database_unavailable answer.
 const retryAfterSeconds = "2"
 
-// errDatabaseTimeout is the cause of a request context that ran out of DatabaseTimeout.
-var errDatabaseTimeout = errors.New("the database did not answer within PULSE_DATABASE_TIMEOUT")
-
 // New returns the API server.
 func New(store Store, notify Notifier, opts Options) *Server {
-	opts.DatabaseTimeout = cmp.Or(opts.DatabaseTimeout, DefaultDatabaseTimeout)
 	return &Server{store: store, notify: notify, opts: opts, log: opts.Logger.With().Str("component", "httpapi").Logger()}
 }
 
@@ -102,30 +91,18 @@ func (s *Server) Handler() http.Handler {
 	}
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.auth)
-		r.Post("/endpoints/{consumerGroup}/replay", s.replay) // walks a whole window: no database bound
-		r.Group(func(r chi.Router) {
-			r.Use(s.boundDatabase)
-			r.Post("/events", s.publish)
-			r.Get("/events/{id}", s.getEvent)
-			r.Get("/deliveries", s.listDeliveries)
-			r.Get("/deliveries/{id}", s.getDelivery)
-			r.Post("/deliveries/{id}/retry", s.retryDelivery)
-			r.Get("/endpoints", s.listEndpoints)
-			r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
-			r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
-			r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
-		})
+		r.Post("/events", s.publish)
+		r.Get("/events/{id}", s.getEvent)
+		r.Get("/deliveries", s.listDeliveries)
+		r.Get("/deliveries/{id}", s.getDelivery)
+		r.Post("/deliveries/{id}/retry", s.retryDelivery)
+		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
+		r.Get("/endpoints", s.listEndpoints)
+		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
+		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
+		r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
 	})
 	return r
-}
-
-// boundDatabase gives a request's context the DatabaseTimeout, with errDatabaseTimeout as its cause.
-func (s *Server) boundDatabase(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeoutCause(r.Context(), s.opts.DatabaseTimeout, errDatabaseTimeout)
-		defer cancel()
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
 }
 
 // readyz answers 200 when the database answers a ping and accepts a write within 2 s each, and the
@@ -190,21 +167,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // internalError answers a store error the handler has no other answer for: 503 database_unavailable with
-// Retry-After when the database is unreachable, refuses writes, or did not answer within DatabaseTimeout
-// (logged at warn); 500 internal_error otherwise (logged at error). Neither leaks more than the error's
-// first line. A client that left gets no answer.
+// Retry-After when the store says the database is unavailable (pulsetype.ErrUnavailable: unreachable for
+// PULSE_DATABASE_TIMEOUT, timed out, or refusing writes), logged at warn; 500 internal_error otherwise,
+// logged at error. Neither leaks more than the error's first line. A client that left gets no answer.
 func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
-	timedOut := errors.Is(context.Cause(r.Context()), errDatabaseTimeout)
-	if r.Context().Err() != nil && !timedOut {
+	if r.Context().Err() != nil {
 		return // the client left
 	}
-	if timedOut || errors.Is(err, pulsetype.ErrUnavailable) {
+	if errors.Is(err, pulsetype.ErrUnavailable) {
 		s.log.Warn().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("database unavailable: answered 503")
-		msg := firstLine(err)
-		if timedOut {
-			msg = errDatabaseTimeout.Error() + " (" + s.opts.DatabaseTimeout.String() + ")"
-		}
-		s.unavailable(w, "the database is unavailable, retry later (a publish retried with the same event id is stored once): "+msg)
+		s.unavailable(w, "the database is unavailable, retry later (a publish retried with the same event id is stored once): "+firstLine(err))
 		return
 	}
 	s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("request failed")
