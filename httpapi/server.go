@@ -47,7 +47,7 @@ type Notifier interface {
 type Options struct {
 	APIToken     string // when set, /v1 requires "Authorization: Bearer <token>"
 	MaxBodyBytes int64  // publish body limit in bytes
-	Logger          zerolog.Logger
+	Logger       zerolog.Logger
 	// Metrics, when set, is served at GET /metrics and counts publishes.
 	Metrics *Metrics
 }
