@@ -20,7 +20,7 @@ type Store interface {
 	ClearFanOut(ctx context.Context, eventIDs []string) error
 	ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error)
 	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)
-	ClaimHead(ctx context.Context, owner, group, topic string) (*pulsetype.Attempt, error)
+	ClaimHead(ctx context.Context, owner, group, topic string) (*pulsetype.Attempt, time.Duration, error)
 	ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error
 	FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error)
 	FollowUps(ctx context.Context, cs []pulsetype.Completion) error
@@ -532,13 +532,21 @@ func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 			if !admit || ctx.Err() != nil {
 				break
 			}
-			a, err := d.store.ClaimHead(ctx, d.opts.Owner, group, topic)
+			a, wait, err := d.store.ClaimHead(ctx, d.opts.Owner, group, topic)
 			if err != nil {
 				d.logErr(ctx, err, "claim head of line")
 				continue
 			}
 			if a != nil {
 				d.launch(job{a: a})
+			}
+			if wait > 0 { // the head settles by itself: look again then
+				time.AfterFunc(wait, func() {
+					d.mu.Lock()
+					d.orderedKick[group] = true
+					d.mu.Unlock()
+					signal(d.kick)
+				})
 			}
 		}
 	}

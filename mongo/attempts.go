@@ -113,36 +113,108 @@ func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) 
 	return doc.attempt(), nil
 }
 
+// OrderSettle is how long after its createdAt an event may be POSTed at the head of an ordered consumer
+// group. createdAt is stamped by the database inside the write that makes the event visible (see
+// Publish), so an event with an earlier createdAt can become visible later only while such a write is
+// still running on the server; OrderSettle bounds that, and the error of this process's estimate of the
+// database clock, with a wide margin.
+const OrderSettle = 100 * time.Millisecond
+
+// maxOrderCheck bounds how many unfinished fan-outs one head-of-line check examines.
+const maxOrderCheck = 100
+
 // ClaimHead leases the attempt at the head of line of an ordered consumer group's topic: the current attempt
-// of its oldest pending delivery (by event createdAt, then event id), if that attempt is unleased and due.
+// of its oldest pending delivery (by event createdAt, then event id), if that attempt is unleased and due,
+// and if no earlier event of the topic that the group will receive may still lack its delivery. The
+// invariant it keeps: an ordered group never POSTs an event while an event before it (createdAt, then id)
+// that the group will deliver can still appear. Such an event is one of:
+//
+//   - an event whose createdAt is within OrderSettle of now: its write may still be running (retry after
+//     the returned wait);
+//   - an event of the topic still marked for fan-out (its publisher crashed, or its fan-out is in flight)
+//     that has no delivery for the group yet, unless the group would not receive it (offsetReset latest and
+//     published before the group registered);
+//   - any retained event while the group's backfill (offsetReset earliest) is still walking them.
+//
 // Only the head may run, so a failing delivery blocks the ones after it until it succeeds or becomes
 // terminal; the head attempt's lease is the ordering lease (renewed by the heartbeat, fenced by its token).
-// It returns nil when the head is running, waiting for its retry, or absent.
-func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (*pulsetype.Attempt, error) {
+// It returns nil when the head is running, waiting for its retry, blocked, or absent; wait > 0 says when
+// the head becomes claimable by the passing of time alone (the settle window).
+func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (a *pulsetype.Attempt, wait time.Duration, err error) {
 	var head deliveryDoc
-	err := s.deliveries.FindOne(ctx, bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending},
+	err = s.deliveries.FindOne(ctx, bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending},
 		options.FindOne().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "status", Value: 1},
 			{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}})).Decode(&head)
 	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, wrap("find head of line", err)
+		return nil, 0, wrap("find head of line", err)
 	}
-	var a attemptDoc
+	if settled := head.EventCreatedAt.Add(OrderSettle); s.now().Before(settled) {
+		return nil, settled.Sub(s.now()), nil
+	}
+	var at attemptDoc
 	err = s.history.FindOne(ctx, bson.M{"deliveryId": head.ID},
-		options.FindOne().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: -1}})).Decode(&a)
+		options.FindOne().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: -1}})).Decode(&at)
 	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil // the reconciler creates its first attempt
+		return nil, 0, nil // the reconciler creates its first attempt
 	}
 	if err != nil {
-		return nil, wrap("find head attempt", err)
+		return nil, 0, wrap("find head attempt", err)
 	}
 	now := s.now()
-	if a.Status != pulsetype.StatusPending || a.LockedUntil != nil || a.NextAttemptAt.After(now) {
-		return nil, nil
+	if at.Status != pulsetype.StatusPending || at.LockedUntil != nil || at.NextAttemptAt.After(now) {
+		return nil, 0, nil
 	}
-	return s.claimByID(ctx, owner, a.ID, now)
+	if blocked, err := s.earlierMayAppear(ctx, group, topic, &head); err != nil || blocked {
+		return nil, 0, err
+	}
+	a, err = s.claimByID(ctx, owner, at.ID, now)
+	return a, 0, err
+}
+
+// earlierMayAppear reports whether an event of topic before the head delivery's event (createdAt, then id)
+// that group will receive may still lack its delivery: the group's backfill is unfinished, or an earlier
+// event still marked for fan-out has no delivery for the group (see ClaimHead). It costs one read of the
+// subscription, one query of marked events (index pulse_events_fanout) and, when there are some, one
+// query of the group's deliveries of them.
+func (s *Store) earlierMayAppear(ctx context.Context, group, topic string, head *deliveryDoc) (bool, error) {
+	var sub subscriptionDoc
+	err := s.subscriptions.FindOne(ctx, bson.M{"_id": group},
+		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1})).Decode(&sub)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return true, nil // deleted: its pending deliveries are being ended
+	}
+	if err != nil {
+		return false, wrap("read subscription", err)
+	}
+	if sub.Backfill != nil {
+		return true, nil
+	}
+	marked, err := findAll[eventDoc](ctx, s.events, "find earlier unfinished fan-outs",
+		bson.M{"fanout": true, "createdAt": bson.M{"$lte": head.EventCreatedAt}, "topic": topic},
+		options.Find().SetSort(bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}).SetLimit(maxOrderCheck).
+			SetProjection(bson.M{"createdAt": 1}))
+	if err != nil {
+		return false, err
+	}
+	var ids []string
+	for _, e := range marked {
+		earlier := e.CreatedAt.Before(head.EventCreatedAt) || e.CreatedAt.Equal(head.EventCreatedAt) && e.ID < head.EventID
+		wanted := sub.OffsetReset == pulsetype.OffsetEarliest || !e.CreatedAt.Before(sub.CreatedAt)
+		if earlier && wanted {
+			ids = append(ids, e.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return false, nil
+	}
+	n, err := s.deliveries.CountDocuments(ctx, bson.M{"consumerGroup": group, "eventId": bson.M{"$in": ids}})
+	if err != nil {
+		return false, wrap("count deliveries of earlier events", err)
+	}
+	return int(n) < len(ids), nil
 }
 
 // Renew extends the given leases to now + lock timeout and stamps heartbeatAt, with one updateMany fenced by

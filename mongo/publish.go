@@ -29,16 +29,29 @@ func DeliveryID(consumerGroup, eventID string) string {
 // or a fresh UUIDv7). Either all events are stored or none: an array is inserted staged (invisible) and then
 // committed with one update; a crash in between leaves staged events that the sweeper removes. It returns
 // pulsetype.ErrIDConflict when an id is already used with other content (nothing is stored then). Stored
-// events carry fanout=true until FanOut created their deliveries. CreatedAt and expiresAt are set here.
+// events carry fanout=true until FanOut created their deliveries. ExpiresAt is set here.
+//
+// CreatedAt is stamped by the database ($currentDate) in the very write that makes the event visible: the
+// upsert of a single event, the commit of an array. An event therefore never becomes visible with a
+// createdAt older than that of an event already visible, however long its write was stalled on the way (the
+// stall happens before the stamp), which is what ordered consumer groups rely on (see ClaimHead).
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
 	now := s.now()
 	for _, e := range events {
 		e.CreatedAt, e.ExpiresAt = now, expiry(now, s.opts.EventRetention)
 	}
 	if len(events) == 1 {
-		_, err := s.events.InsertOne(ctx, s.newEventDoc(events[0], false))
+		e := events[0]
+		var stored eventDoc
+		doc := s.newEventDoc(e, false)
+		// The filter never matches a stored event, so an existing id fails on the unique _id (duplicate key)
+		// instead of being modified, and the idempotent path below reads it.
+		err := s.events.FindOneAndUpdate(ctx, bson.M{"_id": e.ID, "createdAt": bson.M{"$exists": false}},
+			bson.M{"$setOnInsert": doc.insertFields(), "$currentDate": bson.M{"createdAt": true}},
+			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&stored)
 		if err == nil {
-			return []pulsetype.Published{{Event: events[0]}}, nil
+			e.CreatedAt = stored.CreatedAt.UTC()
+			return []pulsetype.Published{{Event: e}}, nil
 		}
 		if !mongo.IsDuplicateKeyError(err) {
 			return nil, wrap("insert event", err)
@@ -114,17 +127,39 @@ func (s *Store) publishStaged(ctx context.Context, events []*pulsetype.Event) ([
 		return out, nil
 	}
 	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": commit}, "staged": true},
-		bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}}); err != nil {
+		bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}, "$currentDate": bson.M{"createdAt": true}}); err != nil {
 		return nil, wrap("commit events", err)
 	}
-	n, err := s.events.CountDocuments(ctx, bson.M{"_id": bson.M{"$in": commit}, "staged": bson.M{"$ne": true}})
+	committed, err := findAll[eventDoc](ctx, s.events, "read back committed events",
+		bson.M{"_id": bson.M{"$in": commit}, "staged": bson.M{"$ne": true}}, options.Find().SetProjection(bson.M{"createdAt": 1}))
 	if err != nil {
-		return nil, wrap("check committed events", err)
+		return nil, err
 	}
-	if int(n) != len(commit) {
+	if len(committed) != len(commit) {
 		return nil, errPublishRace // a concurrent publish removed staged documents before they were committed
 	}
+	stamps := make(map[string]time.Time, len(committed))
+	for _, d := range committed {
+		stamps[d.ID] = d.CreatedAt.UTC()
+	}
+	for _, p := range out {
+		if t, ok := stamps[p.Event.ID]; ok && !p.Existing {
+			p.Event.CreatedAt = t
+		}
+	}
 	return out, nil
+}
+
+// insertFields are the fields of a new event's document but _id and createdAt (which the database stamps).
+func (d *eventDoc) insertFields() bson.M {
+	f := bson.M{"topic": d.Topic, "data": d.Data, "fanout": d.Fanout}
+	if len(d.Headers) > 0 {
+		f["headers"] = d.Headers
+	}
+	if d.ExpiresAt != nil {
+		f["expiresAt"] = d.ExpiresAt
+	}
+	return f
 }
 
 func (s *Store) newEventDoc(e *pulsetype.Event, staged bool) *eventDoc {
