@@ -65,6 +65,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	concurrency := fs.Int("concurrency", 8, "concurrent publishing clients (and raw-update clients)")
 	uri := fs.String("mongodb-uri", getenv("PULSE_MONGODB_URI"), "database to use instead of a fresh embedded development database (default $PULSE_MONGODB_URI)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	ordered := fs.Bool("ordered", false, "register the consumer groups as ordered (one POST at a time per group, in order)")
 	if err := cli.Parse(fs, args, benchSynopsis, stdout); err != nil {
 		return err
 	}
@@ -148,7 +149,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	defer shutdown()
 	for g := range *groups {
-		body := fmt.Sprintf(`{"url":"http://%s/g%d","topics":["bench"],"maxConcurrency":64}`, ln.Addr(), g)
+		body := fmt.Sprintf(`{"url":"http://%s/g%d","topics":["bench"],"maxConcurrency":64,"ordered":%t}`, ln.Addr(), g, *ordered)
 		if err := benchRequest(ctx, "PUT", fmt.Sprintf("%s/v1/endpoints/bench-%d", api, g), body, http.StatusCreated); err != nil {
 			return err
 		}

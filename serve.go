@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"time"
@@ -169,7 +170,12 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
 		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
 	})
-	api := httpapi.New(store, disp, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
+	var notify httpapi.Notifier = disp
+	if cfg.TestCrashAfterPublish {
+		log.Warn().Msg("PULSE_TEST_CRASH_AFTER_PUBLISH: this process dies after its first publish, before fanning it out (testing only)")
+		notify = crashAfterPublish{disp}
+	}
+	api := httpapi.New(store, notify, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
 
 	var endpointsHash [32]byte
 	if cfg.EndpointsFile != "" {
@@ -275,3 +281,15 @@ func newLogger(cfg *config.Config, stdout io.Writer) zerolog.Logger {
 var _ httpapi.Store = (*mongo.Store)(nil)
 var _ dispatcher.Store = (*mongo.Store)(nil)
 var _ reconciler.Store = (*mongo.Store)(nil)
+
+// crashAfterPublish is the notifier of PULSE_TEST_CRASH_AFTER_PUBLISH: it keeps a publish from the
+// dispatcher and SIGKILLs the process once the publish had time to answer 202.
+type crashAfterPublish struct{ httpapi.Notifier }
+
+func (crashAfterPublish) Published([]*pulsetype.Event) {
+	time.AfterFunc(200*time.Millisecond, func() {
+		if p, err := os.FindProcess(os.Getpid()); err == nil {
+			_ = p.Kill() // SIGKILL: no deferred function runs, as in a crash
+		}
+	})
+}

@@ -109,6 +109,9 @@ type Config struct {
 	NoProxy string `env:"NO_PROXY"`
 	// TestClockSkew shifts this process's wall clock; for tests of clock-skewed replicas only.
 	TestClockSkew time.Duration `env:"PULSE_TEST_CLOCK_SKEW"`
+	// TestCrashAfterPublish makes the process SIGKILL itself 200 ms after its first publish is durable,
+	// without fanning it out; for tests of a publisher that dies between commit and fan-out only.
+	TestCrashAfterPublish bool `env:"PULSE_TEST_CRASH_AFTER_PUBLISH"`
 }
 
 // Load parses the configuration from getenv and validates it. The error is one line naming the variable,
