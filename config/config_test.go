@@ -235,7 +235,7 @@ func TestTokensAndExposure(t *testing.T) {
 	for _, env := range []map[string]string{
 		{"PULSE_API_TOKEN": "sekrit-a,,sekrit-b"},
 		{"PULSE_API_TOKEN": "sekrit a"},
-		{"PULSE_API_READ_TOKEN": "sekrit-r"},                               // no full token
+		{"PULSE_API_READ_TOKEN": "sekrit-r"},                                // no full token
 		{"PULSE_API_TOKEN": "sekrit-a", "PULSE_API_READ_TOKEN": "sekrit-a"}, // both lists
 		{"PULSE_ENCRYPTION_KEY": "sekrit-not-base64!"},
 		{"PULSE_ENCRYPTION_KEY": "c2Vrcml0LXNob3J0"}, // 12 bytes

@@ -37,6 +37,9 @@ func (e *DecryptError) Error() string {
 
 func (e *DecryptError) Unwrap() error { return e.Err }
 
+// Is makes errors.Is(err, pulsetype.ErrUndecryptable) true.
+func (e *DecryptError) Is(target error) bool { return target == pulsetype.ErrUndecryptable }
+
 // sealAD is the associated data of one sealed value: the consumer group, the field and, for a header, its
 // name. A value moved to another endpoint, field or header does not decrypt.
 func sealAD(group, field, header string) []byte {
