@@ -25,7 +25,6 @@ import (
 // A sidecar asked to bind its API beyond loopback without a token exits non-zero at once, with one line
 // saying why and naming PULSE_API_TOKEN.
 func TestBeyondLoopbackWithoutTokenExits(t *testing.T) {
-	t.Parallel()
 	for _, listen := range []string{"0.0.0.0:0", "[::]:0"} {
 		cmd := exec.Command(testdb.Binary(t), "serve")
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "PULSE_LISTEN=" + listen,
@@ -226,8 +225,12 @@ func keyB64(b byte) string { return base64.StdEncoding.EncodeToString(bytes.Repe
 // (new key first, old after) keeps every endpoint delivering with its headers and signature, and a restart
 // with only the new key works once every endpoint was written again; a key that cannot decrypt a stored
 // value stops the start with a line naming the endpoint.
+//
+// Not parallel, like the other heavy tests of this file: its sidecar processes then run before the parallel
+// phase, not next to the load-sensitive tests (TestLargestEventFitsOneDocument).
 func TestEncryptionAtRestAndKeyRotation(t *testing.T) {
-	b := setup(t)
+	client, dbName := testdb.Database(t)
+	b := &bundle{t: t, client: client, dbName: dbName, uri: testdb.URI(t)}
 	rcv := newReceiver(t, 200)
 	const secretA, credA = "whsec_YS1zaWduaW5nLWtleS1vZi1ncm91cC1h", "Bearer cred-a-77aa11"
 	const secretB, credB = "whsec_Yi1zaWduaW5nLWtleS1vZi1ncm91cC1i", "Bearer cred-b-88bb22"
@@ -300,7 +303,6 @@ func TestEncryptionAtRestAndKeyRotation(t *testing.T) {
 // With the embedded development database and a key, no file under PULSE_DATA_DIR holds an endpoint's secret
 // or header value, while an event's data is there (the check reads what the database wrote).
 func TestDevDatabaseFilesHoldNoSecret(t *testing.T) {
-	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "data")
 	env := map[string]string{"PULSE_DATA_DIR": dir, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_ENCRYPTION_KEY": keyB64(7),
 		"PULSE_LOG_LEVEL": "info"}
