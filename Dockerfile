@@ -55,11 +55,14 @@ LABEL org.opencontainers.image.title="pulse" \
 COPY --from=build /out/pulse /pulse
 # Writable directory for the embedded development database (used only when PULSE_MONGODB_URI is empty).
 COPY --from=build --chown=65532:65532 /out/data /data
-# The binary listens on 127.0.0.1:8080 by default; in a container it must listen on all interfaces.
+# The binary's API listens on 127.0.0.1:8080 by default; a container on its own must listen on all interfaces,
+# and the sidecar then refuses to start without PULSE_API_TOKEN. The probes and /metrics have their own port,
+# without a token. (The Helm chart sets both itself and keeps the API on the pod's loopback.)
 ENV PULSE_LISTEN=0.0.0.0:8080 \
+    PULSE_PROBE_LISTEN=0.0.0.0:8081 \
     PULSE_DATA_DIR=/data
 USER 65532:65532
-EXPOSE 8080
+EXPOSE 8080 8081
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 CMD ["/pulse", "healthcheck"]
 ENTRYPOINT ["/pulse"]
 CMD ["serve"]

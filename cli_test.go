@@ -81,7 +81,8 @@ func TestCommandLineConventions(t *testing.T) {
 	}
 }
 
-// pulse healthcheck reads PULSE_LISTEN as serve does, and dials a wildcard address on loopback.
+// pulse healthcheck reads PULSE_PROBE_LISTEN, else PULSE_LISTEN, as serve does, and dials a wildcard address on
+// loopback.
 func TestHealthcheckReadsListen(t *testing.T) {
 	t.Parallel()
 	status := http.StatusOK
@@ -94,10 +95,13 @@ func TestHealthcheckReadsListen(t *testing.T) {
 	}))
 	defer srv.Close()
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
-	for _, listen := range []string{"127.0.0.1:" + port, "0.0.0.0:" + port} {
-		env := map[string]string{"PULSE_LISTEN": listen}
+	for _, env := range []map[string]string{
+		{"PULSE_LISTEN": "127.0.0.1:" + port},
+		{"PULSE_LISTEN": "0.0.0.0:" + port, "PULSE_API_TOKEN": "t"}, // beyond loopback needs a token
+		{"PULSE_PROBE_LISTEN": "0.0.0.0:" + port},                   // the probe listener first
+	} {
 		if err := run(t.Context(), []string{"healthcheck"}, func(k string) string { return env[k] }, io.Discard); err != nil {
-			t.Errorf("healthcheck with PULSE_LISTEN=%s: %v", listen, err)
+			t.Errorf("healthcheck with %v: %v", env, err)
 		}
 	}
 	status = http.StatusServiceUnavailable

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -24,14 +25,14 @@ func runDevDB(ctx context.Context, args []string, stdout io.Writer) error {
 const healthcheckSynopsis = `Usage: pulse healthcheck [flags]
 
 Exits 0 when GET /readyz of the sidecar answers 200, 1 otherwise: the container healthcheck of an image
-without a shell. The sidecar's address is read from PULSE_LISTEN, as serve reads it (a wildcard host such as
-0.0.0.0 or [::] is reached on loopback); --url overrides it.`
+without a shell. The sidecar's address is read from PULSE_PROBE_LISTEN when set, else PULSE_LISTEN, as serve
+reads them (a wildcard host such as 0.0.0.0 or [::] is reached on loopback); --url overrides it.`
 
-// healthcheck GETs the sidecar's /readyz (at PULSE_LISTEN, or --url) and returns an error unless it answers
+// healthcheck GETs the sidecar's /readyz (at PULSE_PROBE_LISTEN, else PULSE_LISTEN, or --url) and returns an error unless it answers
 // 200: the container healthcheck of an image without a shell. It blocks for at most --timeout.
 func healthcheck(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
-	rawURL := fs.String("url", "", "`URL` that must answer 200 (default http://<PULSE_LISTEN>/readyz)")
+	rawURL := fs.String("url", "", "`URL` that must answer 200 (default http://<PULSE_PROBE_LISTEN or PULSE_LISTEN>/readyz)")
 	timeout := fs.Duration("timeout", 3*time.Second, "deadline of the request")
 	if err := cli.Parse(fs, args, healthcheckSynopsis, stdout); err != nil {
 		return err
@@ -42,7 +43,7 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 		if err != nil {
 			return err
 		}
-		target = readyURL(cfg.Listen)
+		target = readyURL(cmp.Or(cfg.ProbeListen, cfg.Listen))
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -61,7 +62,7 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 	return nil
 }
 
-// readyURL returns the /readyz URL of a sidecar listening on listen (PULSE_LISTEN): a wildcard or empty host
+// readyURL returns the /readyz URL of a sidecar listening on listen (PULSE_PROBE_LISTEN or PULSE_LISTEN): a wildcard or empty host
 // becomes the loopback address of its family, since a wildcard is an address to bind, not to dial.
 func readyURL(listen string) string {
 	host, port, err := net.SplitHostPort(listen)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pulse-sidecar/pulse/config"
+	"github.com/pulse-sidecar/pulse/httpapi"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -19,12 +21,14 @@ import (
 const endpointsFilePoll = 5 * time.Second
 
 type endpointPutter interface {
+	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
 	PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (*pulsetype.Endpoint, bool, error)
 }
 
-// applyEndpointsFile registers every endpoint of the file (replacing same-named consumer groups). It
-// returns the file's hash, or an error naming the invalid entry.
-func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, changed func(string)) ([32]byte, error) {
+// applyEndpointsFile registers every endpoint of the file (replacing same-named consumer groups), and logs
+// an audit line for each one it creates or changes. It returns the file's hash, or an error naming the
+// invalid entry.
+func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, changed func(string), log zerolog.Logger) ([32]byte, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return [32]byte{}, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: %w", path, err)
@@ -33,11 +37,25 @@ func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, 
 	if err != nil {
 		return [32]byte{}, err
 	}
+	audit := log.With().Str("component", "audit").Logger()
 	for _, ep := range eps {
-		if _, _, err := store.PutEndpoint(ctx, ep); err != nil {
+		prev, err := store.GetEndpoint(ctx, ep.ConsumerGroup)
+		if err != nil && !errors.Is(err, pulsetype.ErrNotFound) && !errors.Is(err, pulsetype.ErrUndecryptable) {
+			return [32]byte{}, err
+		}
+		stored, created, err := store.PutEndpoint(ctx, ep)
+		if err != nil {
 			return [32]byte{}, err
 		}
 		changed(ep.ConsumerGroup)
+		action, msg := httpapi.ActionEndpointChanged, "endpoint changed"
+		if created {
+			action, msg, prev = httpapi.ActionEndpointCreated, "endpoint created", nil
+		}
+		if fields := httpapi.ChangedFields(prev, stored); created || len(fields) > 0 {
+			audit.Info().Str("action", action).Str("auth", "PULSE_ENDPOINTS_FILE").Str("file", path).
+				Str("consumer_group", ep.ConsumerGroup).Strs("changed", fields).Msg(msg)
+		}
 	}
 	return sha256.Sum256(raw), nil
 }
@@ -62,7 +80,7 @@ func watchEndpointsFile(ctx context.Context, path string, applied [32]byte, stor
 		if sum := sha256.Sum256(raw); bytes.Equal(sum[:], applied[:]) {
 			continue
 		}
-		sum, err := applyEndpointsFile(ctx, path, store, changed)
+		sum, err := applyEndpointsFile(ctx, path, store, changed, log)
 		if err != nil {
 			log.Error().Err(err).Str("file", path).Msg("endpoints file changed but is invalid; keeping the endpoints registered")
 			applied = sha256.Sum256(raw) // report once per version

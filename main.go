@@ -28,7 +28,7 @@ Commands:
   serve        run the sidecar (the default); configured by PULSE_* environment variables
   devdb        run the embedded development database on its own, for sidecars started with PULSE_MONGODB_URI
   bench        measure delivery throughput, latency and database commands per delivery
-  healthcheck  exit 0 when the sidecar at PULSE_LISTEN answers GET /readyz with 200 (container healthchecks)
+  healthcheck  exit 0 when the sidecar's /readyz (PULSE_PROBE_LISTEN, else PULSE_LISTEN) answers 200 (container healthchecks)
   version      print the version (also: pulse --version)
   help         print this text, or a command's usage with: pulse help <command>
 

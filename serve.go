@@ -27,6 +27,7 @@ import (
 	"github.com/pulse-sidecar/pulse/dispatcher"
 	"github.com/pulse-sidecar/pulse/httpapi"
 	"github.com/pulse-sidecar/pulse/internal/cli"
+	"github.com/pulse-sidecar/pulse/internal/sealing"
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/mongo"
 	"github.com/pulse-sidecar/pulse/mongo/devdb"
@@ -94,6 +95,17 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		return fmt.Errorf("PULSE_LISTEN=%q: %w", cfg.Listen, err)
 	}
 	defer ln.Close()
+	var probeLn net.Listener
+	if cfg.ProbeListen != "" {
+		if probeLn, err = net.Listen("tcp", cfg.ProbeListen); err != nil {
+			return fmt.Errorf("PULSE_PROBE_LISTEN=%q: %w", cfg.ProbeListen, err)
+		}
+		defer probeLn.Close()
+	}
+	keys, err := sealing.New(cfg.EncryptionKeys())
+	if err != nil {
+		return fmt.Errorf("PULSE_ENCRYPTION_KEY: %w", err)
+	}
 	uri := cfg.MongoDBURI
 	if uri == "" {
 		db, err := devdb.Start(ctx, devdb.Config{DataDir: cfg.DataDir, Logger: slog.New(slog.DiscardHandler)})
@@ -146,6 +158,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	store := mongo.New(client, mongo.Options{
 		Database: dbName, CollectionPrefix: cfg.CollectionPrefix, LockTimeout: cfg.LockTimeout,
 		EventRetention: cfg.EventRetention, HistoryRetention: cfg.HistoryRetention, Now: clock.Now, Logger: log,
+		Keys: keys,
 	})
 	caps, err := store.EnsureSchema(startCtx)
 	if err != nil {
@@ -175,13 +188,26 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		log.Warn().Msg("PULSE_TEST_CRASH_AFTER_PUBLISH: this process dies after its first publish, before fanning it out (testing only)")
 		notify = crashAfterPublish{disp}
 	}
-	api := httpapi.New(store, notify, httpapi.Options{APIToken: cfg.APIToken, MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
+	api := httpapi.New(store, notify, httpapi.Options{APITokens: cfg.APITokens(), ReadTokens: cfg.APIReadTokens(), MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
 
 	var endpointsHash [32]byte
 	if cfg.EndpointsFile != "" {
-		if endpointsHash, err = applyEndpointsFile(startCtx, cfg.EndpointsFile, store, func(string) {}); err != nil {
+		if endpointsHash, err = applyEndpointsFile(startCtx, cfg.EndpointsFile, store, func(string) {}, log); err != nil {
 			return err
 		}
+	}
+	// Every stored secret must decrypt with the configured keys: stop now, naming the endpoint, rather than
+	// deliver without its signature or headers.
+	stale, err := store.CheckSecrets(startCtx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !keys.Enabled() && cfg.MongoDBURI != "":
+		log.Warn().Msg("PULSE_ENCRYPTION_KEY is not set: endpoint signing secrets and header values are stored in clear in the database")
+	case stale > 0:
+		log.Info().Int("endpoints", stale).Str("key_id", keys.PrimaryKeyID()).
+			Msg("some endpoints hold secrets in clear or under an older key: each is re-encrypted with the first key when next registered (PUT or the endpoints file)")
 	}
 
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -205,8 +231,15 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info().Str("addr", ln.Addr().String()).Str("database", dbName).Str("owner", owner).
-		Bool("change_streams", caps.ChangeStreams).Str("version", version).Msg("listening")
+	started := log.Info().Str("addr", ln.Addr().String())
+	probeSrv := &http.Server{Handler: api.ProbeHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	if probeLn != nil {
+		go func() { serveErr <- probeSrv.Serve(probeLn) }()
+		started = started.Str("probe_addr", probeLn.Addr().String())
+	}
+	started.Str("database", dbName).Str("owner", owner).Bool("change_streams", caps.ChangeStreams).
+		Bool("encryption", keys.Enabled()).Int("api_tokens", len(cfg.APITokens())).Int("read_tokens", len(cfg.APIReadTokens())).
+		Str("version", version).Msg("listening")
 	if hooks.ready != nil {
 		hooks.ready(ln.Addr().String())
 	}
@@ -223,6 +256,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutCtx)
+	_ = probeSrv.Shutdown(shutCtx)
 	log.Info().Msg("stopped")
 	return nil
 }

@@ -24,7 +24,7 @@ const (
 // contractEnv lists the sidecar's configuration variables (the README's Configuration table).
 var contractEnv = []string{
 	"PULSE_MONGODB_URI", "PULSE_DATABASE", "PULSE_COLLECTION_PREFIX", "PULSE_DATA_DIR", "PULSE_LISTEN",
-	"PULSE_API_TOKEN", "PULSE_LOCK_TIMEOUT", "PULSE_POLL_INTERVAL", "PULSE_CHANGE_STREAMS",
+	"PULSE_PROBE_LISTEN", "PULSE_API_TOKEN", "PULSE_API_READ_TOKEN", "PULSE_ENCRYPTION_KEY", "PULSE_LOCK_TIMEOUT", "PULSE_POLL_INTERVAL", "PULSE_CHANGE_STREAMS",
 	"PULSE_EVENT_RETENTION", "PULSE_HISTORY_RETENTION", "PULSE_ENDPOINTS_FILE", "PULSE_SHUTDOWN_TIMEOUT",
 	"PULSE_LOG_LEVEL", "PULSE_LOG_FORMAT",
 }
@@ -101,13 +101,17 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec, secretName string) *corev1
 		t.Error("sidecar is privileged")
 	}
 
-	// Port and probes: the kubelet reaches 8080 on the pod IP, so the sidecar must listen on all interfaces.
-	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 8080 {
-		t.Fatalf("ports = %+v, want one port 8080", c.Ports)
+	// Ports and probes: the API listens on the pod's loopback only, so nothing else in the cluster reaches
+	// /v1; the probes and /metrics have a port of their own on all interfaces, which the kubelet reaches.
+	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 8081 {
+		t.Fatalf("ports = %+v, want one port, the probe port 8081 (the API is not exposed)", c.Ports)
 	}
 	portName := c.Ports[0].Name
-	if got := envValue(t, c, "PULSE_LISTEN"); got != "0.0.0.0:8080" {
-		t.Errorf("PULSE_LISTEN = %q, want 0.0.0.0:8080", got)
+	if got := envValue(t, c, "PULSE_LISTEN"); got != "127.0.0.1:8080" {
+		t.Errorf("PULSE_LISTEN = %q, want the API on loopback, 127.0.0.1:8080", got)
+	}
+	if got := envValue(t, c, "PULSE_PROBE_LISTEN"); got != "0.0.0.0:8081" {
+		t.Errorf("PULSE_PROBE_LISTEN = %q, want 0.0.0.0:8081", got)
 	}
 	for _, p := range []struct {
 		what  string
@@ -121,8 +125,13 @@ func checkSidecar(t *testing.T, spec *corev1.PodSpec, secretName string) *corev1
 		if p.probe.HTTPGet.Path != p.path {
 			t.Errorf("%s path = %q, want %q", p.what, p.probe.HTTPGet.Path, p.path)
 		}
-		if port := p.probe.HTTPGet.Port.String(); port != portName && port != "8080" {
-			t.Errorf("%s port = %q, want %q or 8080", p.what, port, portName)
+		if port := p.probe.HTTPGet.Port.String(); port != portName && port != "8081" {
+			t.Errorf("%s port = %q, want the probe port %q or 8081", p.what, port, portName)
+		}
+	}
+	for _, name := range []string{"PULSE_API_TOKEN", "PULSE_API_READ_TOKEN", "PULSE_ENCRYPTION_KEY"} {
+		if e := envVar(c, name); e != nil && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.Value != "") {
+			t.Errorf("%s = %+v, want it from the Secret only", name, e)
 		}
 	}
 
@@ -427,6 +436,9 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"monitor without selector", []string{"--set", "serviceMonitor.enabled=true"}, "service.selector"},
 		{"env the chart owns", []string{"--set", "example.enabled=true", "--set", "extraEnv[0].name=PULSE_LISTEN", "--set", "extraEnv[0].value=x"}, "extraEnv sets PULSE_LISTEN"},
 		{"unknown config", []string{"--set", "config.logLevell=debug"}, "unknown config.logLevell"},
+		{"API beyond loopback without a token", []string{"--set", "listenAddress=0.0.0.0"}, "without a token"},
+		{"API and probes on one port", []string{"--set", "probePort=8080"}, "a port each"},
+		{"owned probe listener", []string{"--set", "extraEnv[0].name=PULSE_PROBE_LISTEN", "--set", "extraEnv[0].value=x"}, "extraEnv sets PULSE_PROBE_LISTEN"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -528,4 +540,33 @@ func chartAppVersion(t *testing.T) string {
 		t.Fatalf("Chart.yaml appVersion: %q, %v", chart.AppVersion, err)
 	}
 	return chart.AppVersion
+}
+
+// Exposing the API beyond the pod's loopback is explicit, needs a token, and declares the API port next to the
+// probe port; the read-only token and the encryption key come from the Secret.
+func TestChartExposedAPIAndSecrets(t *testing.T) {
+	t.Parallel()
+	r := render(t, append(slices.Clone(withURI), "--set", "example.enabled=true", "--set", "listenAddress=0.0.0.0",
+		"--set", `secret.apiToken=tok-a\,tok-b`, "--set", "secret.apiReadToken=viewer",
+		"--set", "secret.encryptionKey=MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=")...)
+	_, s := only(t, "Secret", r.secrets)
+	if s.StringData["api-token"] != "tok-a,tok-b" || s.StringData["api-read-token"] != "viewer" || s.StringData["encryption-key"] == "" {
+		t.Errorf("Secret stringData = %v", s.StringData)
+	}
+	_, d := only(t, "Deployment", r.deployments)
+	c := sidecar(t, &d.Spec.Template.Spec)
+	if got := envValue(t, c, "PULSE_LISTEN"); got != "0.0.0.0:8080" {
+		t.Errorf("PULSE_LISTEN = %q, want 0.0.0.0:8080", got)
+	}
+	if len(c.Ports) != 2 || c.Ports[0].ContainerPort != 8081 || c.Ports[1].ContainerPort != 8080 || c.Ports[1].Name != "pulse" {
+		t.Errorf("ports = %+v, want the probe port and the API port", c.Ports)
+	}
+	for name, key := range map[string]string{"PULSE_API_TOKEN": "api-token", "PULSE_API_READ_TOKEN": "api-read-token", "PULSE_ENCRYPTION_KEY": "encryption-key"} {
+		if e := envVar(c, name); e == nil || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Key != key {
+			t.Errorf("%s = %+v, want secretKeyRef key %s", name, e, key)
+		}
+	}
+	if c.ReadinessProbe.HTTPGet.Port.String() != "pulse-probes" {
+		t.Errorf("readinessProbe port = %s, want pulse-probes", c.ReadinessProbe.HTTPGet.Port.String())
+	}
 }

@@ -192,6 +192,17 @@ func TestComposeWiring(t *testing.T) {
 		t.Errorf("sidecar healthcheck = %v, want [CMD /pulse healthcheck]", got)
 	}
 
+	// The image's API listens on all interfaces (the receiver publishes from its own container): that needs a
+	// token, or the sidecar refuses to start; the receiver must carry the same one.
+	if env["PULSE_API_TOKEN"] == "" {
+		t.Error("sidecar has no PULSE_API_TOKEN, but its API listens beyond loopback (the image's PULSE_LISTEN)")
+	}
+	for name, s := range c {
+		if renv := environment(t, name, s); renv["RECEIVER_PUBLISH_URL"] != "" && renv["RECEIVER_PUBLISH_TOKEN"] != env["PULSE_API_TOKEN"] {
+			t.Errorf("service %s publishes without the sidecar's PULSE_API_TOKEN", name)
+		}
+	}
+
 	// Its MongoDB host is the mongo service, a replica set initiated by that service's healthcheck.
 	u, err := url.Parse(env["PULSE_MONGODB_URI"])
 	if err != nil || u.Scheme != "mongodb" {

@@ -128,7 +128,7 @@ func TestDockerfileFinalStage(t *testing.T) {
 		t.Error("final stage does not EXPOSE 8080")
 	}
 	env := strings.Join(final.all("ENV"), " ")
-	for _, want := range []string{"PULSE_LISTEN=0.0.0.0:8080", "PULSE_DATA_DIR=/data"} {
+	for _, want := range []string{"PULSE_LISTEN=0.0.0.0:8080", "PULSE_PROBE_LISTEN=0.0.0.0:8081", "PULSE_DATA_DIR=/data"} {
 		if !strings.Contains(env, want) {
 			t.Errorf("final stage ENV does not set %s", want)
 		}

@@ -3,11 +3,14 @@
 package config
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,8 +65,18 @@ type Config struct {
 	DataDir string `env:"PULSE_DATA_DIR" envDefault:"./pulse-data"`
 	// Listen is the host:port of the ingest and admin API.
 	Listen string `env:"PULSE_LISTEN" envDefault:"127.0.0.1:8080"`
-	// APIToken, when set, is required as "Authorization: Bearer <token>" on every /v1 request.
+	// ProbeListen, when set, is the host:port of a second listener serving only /healthz, /readyz and
+	// /metrics (the kubelet's probes and Prometheus); they stay on Listen too. Empty: no second listener.
+	ProbeListen string `env:"PULSE_PROBE_LISTEN"`
+	// APIToken, when set, is a comma-separated list of bearer tokens, each accepted as
+	// "Authorization: Bearer <token>" on every /v1 request (several at once so a token can be rotated without
+	// downtime). Required when Listen is not a loopback address.
 	APIToken string `env:"PULSE_API_TOKEN"`
+	// APIReadToken is a comma-separated list of read-only bearer tokens: GET /v1 routes only. Needs APIToken.
+	APIReadToken string `env:"PULSE_API_READ_TOKEN"`
+	// EncryptionKey is a comma-separated list of base64-encoded 32-byte keys (AES-256-GCM): the first encrypts
+	// endpoint secrets and header values at rest, every one decrypts (key rotation). Empty: stored in clear.
+	EncryptionKey string `env:"PULSE_ENCRYPTION_KEY"`
 	// LockTimeout is the lease length of attempts, ordering and discovery; heartbeats run every third of it.
 	LockTimeout time.Duration `env:"PULSE_LOCK_TIMEOUT" envDefault:"30s"`
 	// PollInterval is how often an idle dispatcher looks for work without being woken.
@@ -178,6 +191,33 @@ func (c *Config) Validate() error {
 	if _, err := netip.ParseAddrPort(c.Listen); err != nil && !strings.HasPrefix(c.Listen, "localhost:") {
 		return bad("PULSE_LISTEN", c.Listen, "host:port such as 127.0.0.1:8080 or 0.0.0.0:8080")
 	}
+	if c.ProbeListen != "" {
+		if _, err := netip.ParseAddrPort(c.ProbeListen); err != nil && !strings.HasPrefix(c.ProbeListen, "localhost:") {
+			return bad("PULSE_PROBE_LISTEN", c.ProbeListen, "host:port such as 0.0.0.0:8081, or empty for none")
+		}
+	}
+	tokens, err := splitTokens(c.APIToken)
+	if err != nil {
+		return secretBad("PULSE_API_TOKEN", c.APIToken, "a comma-separated list of bearer tokens ("+err.Error()+")")
+	}
+	readTokens, err := splitTokens(c.APIReadToken)
+	if err != nil {
+		return secretBad("PULSE_API_READ_TOKEN", c.APIReadToken, "a comma-separated list of bearer tokens ("+err.Error()+")")
+	}
+	if len(readTokens) > 0 && len(tokens) == 0 {
+		return secretBad("PULSE_API_READ_TOKEN", c.APIReadToken, "it together with PULSE_API_TOKEN: a read-only token alone would leave no token allowed to write")
+	}
+	for _, rt := range readTokens {
+		if slices.Contains(tokens, rt) {
+			return secretBad("PULSE_API_READ_TOKEN", c.APIReadToken, "tokens that are not also in PULSE_API_TOKEN")
+		}
+	}
+	if len(tokens) == 0 && !IsLoopback(c.Listen) {
+		return fmt.Errorf("PULSE_LISTEN=%q exposes the API beyond loopback without a token: anyone who reaches this address could register webhooks, read events and replay deliveries; set PULSE_API_TOKEN (e.g. to the output of `openssl rand -hex 32`; clients send Authorization: Bearer <token>), or listen on 127.0.0.1", c.Listen)
+	}
+	if _, err := ParseKeys(c.EncryptionKey); err != nil {
+		return secretBad("PULSE_ENCRYPTION_KEY", c.EncryptionKey, "a comma-separated list of base64-encoded 32-byte keys, such as the output of `openssl rand -base64 32` ("+err.Error()+")")
+	}
 	if c.LockTimeout < 30*time.Millisecond || c.LockTimeout > time.Hour {
 		return bad("PULSE_LOCK_TIMEOUT", c.LockTimeout, "a duration between 30ms and 1h")
 	}
@@ -239,6 +279,94 @@ func (c *Config) Validate() error {
 		return bad("PULSE_OUTBOUND_PROXY", c.OutboundProxy, "none (connect directly) or env (HTTP_PROXY, HTTPS_PROXY, NO_PROXY)")
 	}
 	return nil
+}
+
+// secretBad is the error of a variable whose value is secret: it tells the value's length, never the value.
+func secretBad(key, val, want string) error {
+	return fmt.Errorf("%s (%d characters, not shown) is invalid: want %s", key, len(val), want)
+}
+
+// APITokens returns the bearer tokens of PULSE_API_TOKEN (Validate has checked them); nil when none.
+func (c *Config) APITokens() []string {
+	t, _ := splitTokens(c.APIToken)
+	return t
+}
+
+// APIReadTokens returns the read-only bearer tokens of PULSE_API_READ_TOKEN; nil when none.
+func (c *Config) APIReadTokens() []string {
+	t, _ := splitTokens(c.APIReadToken)
+	return t
+}
+
+// EncryptionKeys returns the keys of PULSE_ENCRYPTION_KEY (Validate has checked them), first the one that
+// encrypts; nil when none.
+func (c *Config) EncryptionKeys() [][]byte {
+	k, _ := ParseKeys(c.EncryptionKey)
+	return k
+}
+
+// splitTokens splits a comma-separated token list; spaces around a token are dropped. An empty list gives
+// nil; an empty item, or a token holding a space or a control character, is an error that does not quote it.
+func splitTokens(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []string
+	for i, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			return nil, fmt.Errorf("item %d is empty", i+1)
+		}
+		if strings.ContainsFunc(part, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			return nil, fmt.Errorf("item %d holds a space or control character", i+1)
+		}
+		out = append(out, part)
+	}
+	return out, nil
+}
+
+// EncryptionKeySize is the size in bytes of each PULSE_ENCRYPTION_KEY key (AES-256).
+const EncryptionKeySize = 32
+
+// ParseKeys parses a comma-separated list of base64-encoded (standard or URL alphabet, padded or not)
+// 32-byte keys; empty gives nil. The error names the item, never its value.
+func ParseKeys(s string) ([][]byte, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out [][]byte
+	for i, part := range strings.Split(s, ",") {
+		part = strings.TrimRight(strings.TrimSpace(part), "=")
+		var key []byte
+		var err error
+		if strings.ContainsAny(part, "-_") {
+			key, err = base64.RawURLEncoding.DecodeString(part)
+		} else {
+			key, err = base64.RawStdEncoding.DecodeString(part)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("item %d is not base64", i+1)
+		}
+		if len(key) != EncryptionKeySize {
+			return nil, fmt.Errorf("item %d decodes to %d bytes", i+1, len(key))
+		}
+		out = append(out, key)
+	}
+	return out, nil
+}
+
+// IsLoopback reports whether listen (host:port) binds only a loopback address: 127.0.0.0/8, ::1 or
+// localhost. An empty host or a wildcard (0.0.0.0, ::) is not loopback.
+func IsLoopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	addr, err := netip.ParseAddr(host)
+	return err == nil && addr.Unmap().IsLoopback()
 }
 
 // Outbound proxy modes (PULSE_OUTBOUND_PROXY).

@@ -29,6 +29,9 @@ func TestLoadDefaults(t *testing.T) {
 		{"DataDir", cfg.DataDir, config.DefaultDataDir},
 		{"Listen", cfg.Listen, config.DefaultListen},
 		{"APIToken", cfg.APIToken, ""},
+		{"APIReadToken", cfg.APIReadToken, ""},
+		{"ProbeListen", cfg.ProbeListen, ""},
+		{"EncryptionKey", cfg.EncryptionKey, ""},
 		{"LockTimeout", cfg.LockTimeout, config.DefaultLockTimeout},
 		{"PollInterval", cfg.PollInterval, config.DefaultPollInterval},
 		{"ChangeStreams", cfg.ChangeStreams, config.ChangeStreamsAuto},
@@ -129,6 +132,10 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{"PULSE_OUTBOUND_PROXY", "env"}, // neither HTTP_PROXY nor HTTPS_PROXY
 		{"PULSE_LISTEN", "nope"},
 		{"PULSE_LISTEN", "8080"},
+		{"PULSE_LISTEN", "0.0.0.0:8080"}, // beyond loopback without PULSE_API_TOKEN
+		{"PULSE_LISTEN", ":8080"},
+		{"PULSE_LISTEN", "10.1.2.3:8080"},
+		{"PULSE_PROBE_LISTEN", "8081"},
 		{"PULSE_COLLECTION_PREFIX", "a b"},
 		{"PULSE_COLLECTION_PREFIX", "pre$fix"},
 	}
@@ -198,5 +205,60 @@ func TestParseCIDRs(t *testing.T) {
 				t.Errorf("ParseCIDRs(%q)[%d] = %s, want %s", tt.in, i, got[i], tt.want[i])
 			}
 		}
+	}
+}
+
+// The API binds beyond loopback only with a token; tokens are comma-separated lists, read-only tokens need
+// full ones, and errors about tokens and keys never show them.
+func TestTokensAndExposure(t *testing.T) {
+	t.Parallel()
+	for _, listen := range []string{"127.0.0.1:8080", "127.1.2.3:0", "[::1]:8080", "localhost:8080"} {
+		if _, err := config.Load(getenv(map[string]string{"PULSE_LISTEN": listen})); err != nil {
+			t.Errorf("PULSE_LISTEN=%s without a token: %v, want accepted (loopback)", listen, err)
+		}
+	}
+	_, err := config.Load(getenv(map[string]string{"PULSE_LISTEN": "0.0.0.0:8080"}))
+	if err == nil || !strings.Contains(err.Error(), "PULSE_API_TOKEN") || !strings.Contains(err.Error(), "beyond loopback") {
+		t.Fatalf("0.0.0.0 without a token: %v, want an error saying why and naming PULSE_API_TOKEN", err)
+	}
+	cfg, err := config.Load(getenv(map[string]string{"PULSE_LISTEN": "0.0.0.0:8080", "PULSE_API_TOKEN": " new-token , old-token ",
+		"PULSE_API_READ_TOKEN": "viewer", "PULSE_PROBE_LISTEN": "0.0.0.0:8081"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.APITokens(); len(got) != 2 || got[0] != "new-token" || got[1] != "old-token" {
+		t.Errorf("APITokens() = %q", got)
+	}
+	if got := cfg.APIReadTokens(); len(got) != 1 || got[0] != "viewer" {
+		t.Errorf("APIReadTokens() = %q", got)
+	}
+	for _, env := range []map[string]string{
+		{"PULSE_API_TOKEN": "sekrit-a,,sekrit-b"},
+		{"PULSE_API_TOKEN": "sekrit a"},
+		{"PULSE_API_READ_TOKEN": "sekrit-r"},                                // no full token
+		{"PULSE_API_TOKEN": "sekrit-a", "PULSE_API_READ_TOKEN": "sekrit-a"}, // both lists
+		{"PULSE_ENCRYPTION_KEY": "sekrit-not-base64!"},
+		{"PULSE_ENCRYPTION_KEY": "c2Vrcml0LXNob3J0"}, // 12 bytes
+	} {
+		_, err := config.Load(getenv(env))
+		if err == nil {
+			t.Errorf("Load(%v) = nil, want an error", env)
+			continue
+		}
+		if strings.Contains(err.Error(), "sekrit") || strings.Contains(err.Error(), "c2Vrcml0") {
+			t.Errorf("error %q shows the secret value", err)
+		}
+	}
+}
+
+func TestParseKeys(t *testing.T) {
+	t.Parallel()
+	a := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=" // "0123456789abcdef0123456789abcdef"
+	keys, err := config.ParseKeys(a + ", " + strings.TrimRight(a, "="))
+	if err != nil || len(keys) != 2 || string(keys[0]) != "0123456789abcdef0123456789abcdef" || string(keys[1]) != string(keys[0]) {
+		t.Fatalf("ParseKeys = %q, %v", keys, err)
+	}
+	if keys, err := config.ParseKeys(""); keys != nil || err != nil {
+		t.Errorf("ParseKeys(\"\") = %v, %v; want nil, nil", keys, err)
 	}
 }

@@ -1,7 +1,10 @@
 // Package httpapi serves the sidecar's public HTTP API (the README's API section) with chi:
-// ingest (POST /v1/events), endpoint registration, inspection, /healthz and /readyz.
+// ingest (POST /v1/events), endpoint registration, inspection, /healthz and /readyz. ProbeHandler serves the
+// probe routes alone, for a listener of their own.
 //
 // Invariants: every 4xx/5xx body is {"error": {"code": "<snake_case>", "message": "<sentence>"}}; a rejected
 // request stores nothing; a publish answers 202 only once its events are durable; request bodies are read
-// through a size limit while reading, never after; secrets are never returned in full.
+// through a size limit while reading, never after; secrets are never returned in full; every administrative
+// action that succeeds logs one audit line (component "audit") naming the token that made it, never a
+// token, a secret or a header value.
 package httpapi

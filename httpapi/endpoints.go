@@ -55,16 +55,24 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_json", err.Error())
 		return
 	}
+	// The previous registration, for the audit log's list of changed fields; unreadable (its values were
+	// encrypted with a key no longer configured) counts as new.
+	prev, err := s.store.GetEndpoint(r.Context(), group)
+	if err != nil && !errors.Is(err, pulsetype.ErrNotFound) && !errors.Is(err, pulsetype.ErrUndecryptable) {
+		s.internalError(w, r, err)
+		return
+	}
 	stored, created, err := s.store.PutEndpoint(r.Context(), ep)
 	if err != nil {
 		s.internalError(w, r, err)
 		return
 	}
 	s.notify.EndpointChanged(group)
-	status := http.StatusOK
+	status, action, msg := http.StatusOK, ActionEndpointChanged, "endpoint changed"
 	if created {
-		status = http.StatusCreated
+		status, action, msg, prev = http.StatusCreated, ActionEndpointCreated, "endpoint created", nil
 	}
+	s.audit(r, action).Str("consumer_group", group).Strs("changed", ChangedFields(prev, stored)).Msg(msg)
 	writeJSON(w, status, stored.Redacted())
 }
 
@@ -107,5 +115,6 @@ func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.notify.EndpointChanged(group)
+	s.audit(r, ActionEndpointDeleted).Str("consumer_group", group).Msg("endpoint deleted")
 	w.WriteHeader(http.StatusNoContent)
 }

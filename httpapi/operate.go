@@ -60,6 +60,7 @@ func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 	default:
 		s.notify.Wake() // the attempt is due now
+		s.audit(r, ActionDeliveryRetried).Str("delivery_id", id).Int("attempt", n).Msg("delivery retried")
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "attempt": n, "status": pulsetype.StatusPending})
 	}
 }
@@ -111,5 +112,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	if n > 0 {
 		s.notify.Wake()
 	}
+	s.audit(r, ActionDeliveriesReplayd).Str("consumer_group", group).Str("status", string(b.Status)).
+		Time("from", from).Time("to", to).Int("replayed", n).Msg("deliveries replayed")
 	writeJSON(w, http.StatusOK, map[string]any{"consumerGroup": group, "replayed": n})
 }

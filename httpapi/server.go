@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -45,8 +46,12 @@ type Notifier interface {
 
 // Options configure the API.
 type Options struct {
-	APIToken     string // when set, /v1 requires "Authorization: Bearer <token>"
-	MaxBodyBytes int64  // publish body limit in bytes
+	// APITokens, when any, are the bearer tokens /v1 accepts ("Authorization: Bearer <token>"); several are
+	// accepted at once so a token can be rotated without downtime. None: /v1 is open.
+	APITokens []string
+	// ReadTokens are bearer tokens that may only read: GET (and HEAD) /v1 routes; other methods answer 403.
+	ReadTokens   []string
+	MaxBodyBytes int64 // publish body limit in bytes
 	Logger       zerolog.Logger
 	// Metrics, when set, is served at GET /metrics and counts publishes.
 	Metrics *Metrics
@@ -58,6 +63,7 @@ type Server struct {
 	notify   Notifier
 	opts     Options
 	log      zerolog.Logger
+	auditLog zerolog.Logger
 	draining atomic.Bool
 }
 
@@ -66,14 +72,38 @@ const retryAfterSeconds = "2"
 
 // New returns the API server.
 func New(store Store, notify Notifier, opts Options) *Server {
-	return &Server{store: store, notify: notify, opts: opts, log: opts.Logger.With().Str("component", "httpapi").Logger()}
+	return &Server{store: store, notify: notify, opts: opts, log: opts.Logger.With().Str("component", "httpapi").Logger(),
+		auditLog: opts.Logger.With().Str("component", "audit").Logger()}
 }
 
 // Drain makes publishes answer 503 from now on (shutdown has begun); reads keep working.
 func (s *Server) Drain() { s.draining.Store(true) }
 
-// Handler returns the routes.
+// Handler returns the routes of the API listener (PULSE_LISTEN): /v1, and the probe routes too, so a
+// sidecar without a probe listener is probed where it always was.
 func (s *Server) Handler() http.Handler {
+	r := s.probeRouter()
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.auth)
+		r.Post("/events", s.publish)
+		r.Get("/events/{id}", s.getEvent)
+		r.Get("/deliveries", s.listDeliveries)
+		r.Get("/deliveries/{id}", s.getDelivery)
+		r.Post("/deliveries/{id}/retry", s.retryDelivery)
+		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
+		r.Get("/endpoints", s.listEndpoints)
+		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
+		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
+		r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
+	})
+	return r
+}
+
+// ProbeHandler returns the routes of the probe listener (PULSE_PROBE_LISTEN): /healthz, /readyz and /metrics
+// only, all without a token. Nothing there changes or reveals events, deliveries or endpoints.
+func (s *Server) ProbeHandler() http.Handler { return s.probeRouter() }
+
+func (s *Server) probeRouter() chi.Router {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -89,19 +119,6 @@ func (s *Server) Handler() http.Handler {
 	if s.opts.Metrics != nil {
 		r.Method(http.MethodGet, "/metrics", s.opts.Metrics.Handler())
 	}
-	r.Route("/v1", func(r chi.Router) {
-		r.Use(s.auth)
-		r.Post("/events", s.publish)
-		r.Get("/events/{id}", s.getEvent)
-		r.Get("/deliveries", s.listDeliveries)
-		r.Get("/deliveries/{id}", s.getDelivery)
-		r.Post("/deliveries/{id}/retry", s.retryDelivery)
-		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
-		r.Get("/endpoints", s.listEndpoints)
-		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
-		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
-		r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
-	})
 	return r
 }
 
@@ -127,22 +144,61 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
-// auth enforces the bearer token on /v1 with a constant-time comparison.
+// auth enforces the bearer tokens on /v1, each compared in constant time: any of APITokens allows every
+// route, any of ReadTokens allows GET and HEAD only (403 otherwise). The request's context then names the
+// token that matched (see principal), for the audit log.
 func (s *Server) auth(next http.Handler) http.Handler {
-	if s.opts.APIToken == "" {
+	if len(s.opts.APITokens) == 0 && len(s.opts.ReadTokens) == 0 {
 		return next
 	}
-	want := []byte(s.opts.APIToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-		// The scheme is case-insensitive (RFC 9110 §11.1); the token is compared in constant time.
-		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), want) != 1 {
+		// The scheme is case-insensitive (RFC 9110 §11.1).
+		var who string
+		if strings.EqualFold(scheme, "Bearer") {
+			got := []byte(strings.TrimSpace(token))
+			who = matchToken(got, s.opts.APITokens, "PULSE_API_TOKEN")
+			if read := matchToken(got, s.opts.ReadTokens, "PULSE_API_READ_TOKEN"); read != "" {
+				if r.Method != http.MethodGet && r.Method != http.MethodHead {
+					writeError(w, http.StatusForbidden, "read_only_token", "this token is read-only (PULSE_API_READ_TOKEN): it may only GET; "+r.Method+" needs a PULSE_API_TOKEN")
+					return
+				}
+				who = read
+			}
+		}
+		if who == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pulse"`)
 			writeError(w, http.StatusUnauthorized, "unauthorized", "this route needs the header Authorization: Bearer <PULSE_API_TOKEN>")
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, who)))
 	})
+}
+
+// matchToken returns "<variable>#<n>" (1-based) for the token of tokens equal to got, or "". Every token is
+// compared, in constant time, whichever matches.
+func matchToken(got []byte, tokens []string, variable string) string {
+	match := -1
+	for i, t := range tokens {
+		if subtle.ConstantTimeCompare(got, []byte(t)) == 1 {
+			match = i
+		}
+	}
+	if match < 0 {
+		return ""
+	}
+	return variable + "#" + strconv.Itoa(match+1)
+}
+
+type principalKey struct{}
+
+// principal names who made the request, never with a secret: the matching token's variable and position
+// ("PULSE_API_TOKEN#2"), or "anonymous" when /v1 has no token.
+func principal(r *http.Request) string {
+	if who, ok := r.Context().Value(principalKey{}).(string); ok {
+		return who
+	}
+	return "anonymous"
 }
 
 type errorBody struct {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/pulse-sidecar/pulse/internal/sealing"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -28,23 +29,29 @@ func (d *eventDoc) event() *pulsetype.Event {
 
 // subscriptionDoc is a document of <prefix>.subscriptions: one per consumer group, _id = the group.
 type subscriptionDoc struct {
-	ID                     string            `bson:"_id"`
-	URL                    string            `bson:"url"`
-	Topics                 []string          `bson:"topics"`
-	Delivery               string            `bson:"delivery"`
-	Ordered                bool              `bson:"ordered"`
-	OffsetReset            string            `bson:"offsetReset"`
-	MaxRetries             int               `bson:"maxRetries"`
-	RetryDelayMs           int64             `bson:"retryDelayMs"`
-	RetryBackoffMultiplier float64           `bson:"retryBackoffMultiplier"`
-	MaxRetryDelayMs        int64             `bson:"maxRetryDelayMs"`
-	TimeoutMs              int64             `bson:"timeoutMs"`
-	MaxConcurrency         int               `bson:"maxConcurrency"`
-	Headers                map[string]string `bson:"headers,omitempty"`
-	Secret                 string            `bson:"secret,omitempty"`
-	InsecureSkipVerify     bool              `bson:"insecureSkipVerify,omitempty"`
-	CreatedAt              time.Time         `bson:"createdAt"`
-	UpdatedAt              time.Time         `bson:"updatedAt"`
+	ID                     string   `bson:"_id"`
+	URL                    string   `bson:"url"`
+	Topics                 []string `bson:"topics"`
+	Delivery               string   `bson:"delivery"`
+	Ordered                bool     `bson:"ordered"`
+	OffsetReset            string   `bson:"offsetReset"`
+	MaxRetries             int      `bson:"maxRetries"`
+	RetryDelayMs           int64    `bson:"retryDelayMs"`
+	RetryBackoffMultiplier float64  `bson:"retryBackoffMultiplier"`
+	MaxRetryDelayMs        int64    `bson:"maxRetryDelayMs"`
+	TimeoutMs              int64    `bson:"timeoutMs"`
+	MaxConcurrency         int      `bson:"maxConcurrency"`
+	// Headers and Secret hold the endpoint's header values and signing secret in clear: written without an
+	// encryption key, or before one was set. With a key they are empty and the sealed fields hold them.
+	Headers map[string]string `bson:"headers,omitempty"`
+	Secret  string            `bson:"secret,omitempty"`
+	// SecretSealed and HeadersSealed hold the secret and each header value encrypted (AES-256-GCM, bound to
+	// the consumer group, the field and the header name); see sealing.go.
+	SecretSealed       *sealing.Sealed           `bson:"secretSealed,omitempty"`
+	HeadersSealed      map[string]sealing.Sealed `bson:"headersSealed,omitempty"`
+	InsecureSkipVerify bool                      `bson:"insecureSkipVerify,omitempty"`
+	CreatedAt          time.Time                 `bson:"createdAt"`
+	UpdatedAt          time.Time                 `bson:"updatedAt"`
 	// Incarnation is set once, when the group is created; see pulsetype.Endpoint.Incarnation.
 	Incarnation string `bson:"incarnation,omitempty"`
 	// Backfill is set while an earliest-offset group still has to receive the events retained before it was
@@ -67,15 +74,21 @@ func durPtr(msec int64) *pulsetype.Duration {
 	return &d
 }
 
-func (d *subscriptionDoc) endpoint() *pulsetype.Endpoint {
+// endpoint returns the document as an endpoint, its sealed values decrypted with keys (in memory only). It
+// returns a *DecryptError when one does not decrypt.
+func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, error) {
 	maxRetries, mult, conc := d.MaxRetries, d.RetryBackoffMultiplier, d.MaxConcurrency
-	return &pulsetype.Endpoint{
+	ep := &pulsetype.Endpoint{
 		ConsumerGroup: d.ID, URL: d.URL, Topics: d.Topics, Delivery: d.Delivery, Ordered: d.Ordered,
 		OffsetReset: d.OffsetReset, MaxRetries: &maxRetries, RetryDelay: durPtr(d.RetryDelayMs),
 		RetryBackoffMultiplier: &mult, MaxRetryDelay: durPtr(d.MaxRetryDelayMs), Timeout: durPtr(d.TimeoutMs),
 		MaxConcurrency: &conc, Headers: d.Headers, Secret: d.Secret, InsecureSkipVerify: d.InsecureSkipVerify,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, Incarnation: d.Incarnation,
 	}
+	if err := d.openSecrets(ep, keys); err != nil {
+		return nil, err
+	}
+	return ep, nil
 }
 
 // deliveryDoc is a document of <prefix>.deliveries: one per (consumer group, event).

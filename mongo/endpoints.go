@@ -26,11 +26,18 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		"url": e.URL, "topics": e.Topics, "delivery": e.Delivery, "ordered": e.Ordered,
 		"offsetReset": e.OffsetReset, "maxRetries": *e.MaxRetries, "retryDelayMs": ms(e.RetryDelay),
 		"retryBackoffMultiplier": *e.RetryBackoffMultiplier, "maxRetryDelayMs": ms(e.MaxRetryDelay),
-		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency, "headers": e.Headers,
-		"secret": e.Secret, "insecureSkipVerify": e.InsecureSkipVerify, "updatedAt": now,
+		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency,
+		"insecureSkipVerify": e.InsecureSkipVerify, "updatedAt": now,
 	}
+	secretSet, secretUnset, err := s.secretFields(e)
+	if err != nil {
+		return nil, false, err
+	}
+	maps.Copy(set, secretSet)
 	setOnInsert := bson.M{"createdAt": now, "incarnation": uuid.Must(uuid.NewV7()).String()}
-	prev, err := s.GetEndpoint(ctx, e.ConsumerGroup)
+	// The previous registration is read without decrypting it: a PUT replaces values that no configured key
+	// opens any more.
+	prev, err := s.endpointDoc(ctx, e.ConsumerGroup)
 	if err != nil && !errors.Is(err, pulsetype.ErrNotFound) {
 		return nil, false, err
 	}
@@ -44,7 +51,7 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 			set["backfill"] = backfillState{}
 		}
 	}
-	update := bson.M{"$set": set, "$setOnInsert": setOnInsert}
+	update := bson.M{"$set": set, "$setOnInsert": setOnInsert, "$unset": secretUnset}
 	for try := 0; ; try++ {
 		res, err := s.subscriptions.UpdateOne(ctx, bson.M{"_id": e.ConsumerGroup}, update, options.UpdateOne().SetUpsert(true))
 		if mongo.IsDuplicateKeyError(err) && try < 3 {
@@ -69,8 +76,18 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 	}
 }
 
-// GetEndpoint returns the endpoint of a consumer group, or pulsetype.ErrNotFound.
+// GetEndpoint returns the endpoint of a consumer group, its secret and header values decrypted, or
+// pulsetype.ErrNotFound, or a *DecryptError naming the group.
 func (s *Store) GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error) {
+	doc, err := s.endpointDoc(ctx, group)
+	if err != nil {
+		return nil, err
+	}
+	return doc.endpoint(s.opts.Keys)
+}
+
+// endpointDoc returns the subscription document of a consumer group as stored, or pulsetype.ErrNotFound.
+func (s *Store) endpointDoc(ctx context.Context, group string) (*subscriptionDoc, error) {
 	var doc subscriptionDoc
 	err := s.subscriptions.FindOne(ctx, bson.M{"_id": group}).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
@@ -79,10 +96,11 @@ func (s *Store) GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpo
 	if err != nil {
 		return nil, wrap("get endpoint", err)
 	}
-	return doc.endpoint(), nil
+	return &doc, nil
 }
 
-// ListEndpoints returns every endpoint, ordered by consumer group.
+// ListEndpoints returns every endpoint, ordered by consumer group; a *DecryptError when one endpoint's
+// secret or header value does not decrypt.
 func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error) {
 	docs, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list endpoints", bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
@@ -90,7 +108,9 @@ func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error
 	}
 	out := make([]*pulsetype.Endpoint, len(docs))
 	for i := range docs {
-		out[i] = docs[i].endpoint()
+		if out[i], err = docs[i].endpoint(s.opts.Keys); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
+	"github.com/pulse-sidecar/pulse/internal/sealing"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -25,6 +26,9 @@ type Options struct {
 	// Now returns the database's current time (lease.Clock.Now); nil uses time.Now.
 	Now    func() time.Time
 	Logger zerolog.Logger
+	// Keys, when set, encrypt endpoint secrets and header values at rest (the first key) and decrypt them
+	// (any key); nil stores them in clear and reads clear ones only.
+	Keys *sealing.Keyring
 }
 
 // Store reads and writes the sidecar's collections. It is safe for concurrent use.

@@ -23,3 +23,7 @@ var (
 
 // ErrBadCursor: a list cursor that the sidecar did not issue.
 var ErrBadCursor = errors.New("invalid cursor")
+
+// ErrUndecryptable is matched (errors.Is) by the error of reading an endpoint whose secret or a header value
+// is stored encrypted and does not decrypt with the configured keys; the error's message names the endpoint.
+var ErrUndecryptable = errors.New("endpoint value cannot be decrypted")

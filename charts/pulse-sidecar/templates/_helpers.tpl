@@ -67,6 +67,12 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
 {{- end -}}
 {{- end -}}
 
+{{/* pulse-sidecar.x.loopback renders "true" when the values' listenAddress is a loopback address. */}}
+{{- define "pulse-sidecar.x.loopback" -}}
+{{- $a := toString (default "127.0.0.1" .listenAddress) -}}
+{{- if or (hasPrefix "127." $a) (eq $a "::1") (eq $a "[::1]") (eq $a "localhost") -}}true{{- end -}}
+{{- end -}}
+
 {{/* pulse-sidecar.x.validate expects dict {v, Release}; it renders nothing or fails with a message. */}}
 {{- define "pulse-sidecar.x.validate" -}}
 {{- $v := .v -}}
@@ -84,8 +90,16 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
 {{- if and (not $v.secret.existingSecret) (not $v.secret.mongodbUri) (not $v.devDatabase) -}}
 {{- fail "pulse-sidecar: no MongoDB URI: set secret.mongodbUri, or secret.existingSecret (a Secret holding the URI under secret.mongodbUriKey); or set devDatabase=true to run the embedded development database inside the pod (emptyDir: data lost with the pod, development only)" -}}
 {{- end -}}
-{{- if gt (len (toString $v.portName)) 15 -}}
-{{- fail (printf "pulse-sidecar: portName %q is longer than 15 characters" (toString $v.portName)) -}}
+{{- range $k := list "portName" "probePortName" -}}
+{{- if gt (len (toString (index $v $k))) 15 -}}
+{{- fail (printf "pulse-sidecar: %s %q is longer than 15 characters" $k (toString (index $v $k))) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq (int $v.port) (int $v.probePort) -}}
+{{- fail (printf "pulse-sidecar: port and probePort are both %d; the API and the probes need a port each" (int $v.port)) -}}
+{{- end -}}
+{{- if and (not (include "pulse-sidecar.x.loopback" $v)) $v.secret.create (not $v.secret.existingSecret) (not $v.secret.apiToken) -}}
+{{- fail (printf "pulse-sidecar: listenAddress %s exposes the API beyond the pod's loopback without a token; set secret.apiToken (or secret.existingSecret with the key secret.apiTokenKey), or keep listenAddress 127.0.0.1" (toString $v.listenAddress)) -}}
 {{- end -}}
 {{- $known := list "database" "collectionPrefix" "lockTimeout" "pollInterval" "changeStreams" "eventRetention" "historyRetention" "logLevel" "logFormat" -}}
 {{- range $k, $_ := $v.config -}}
@@ -93,7 +107,7 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
 {{- fail (printf "pulse-sidecar: unknown config.%s (known: %s)" $k (join ", " $known)) -}}
 {{- end -}}
 {{- end -}}
-{{- $owned := list "PULSE_LISTEN" "PULSE_DATA_DIR" "PULSE_SHUTDOWN_TIMEOUT" "PULSE_MONGODB_URI" "PULSE_API_TOKEN" "PULSE_ENDPOINTS_FILE" -}}
+{{- $owned := list "PULSE_LISTEN" "PULSE_PROBE_LISTEN" "PULSE_DATA_DIR" "PULSE_SHUTDOWN_TIMEOUT" "PULSE_MONGODB_URI" "PULSE_API_TOKEN" "PULSE_API_READ_TOKEN" "PULSE_ENCRYPTION_KEY" "PULSE_ENDPOINTS_FILE" -}}
 {{- range $v.extraEnv -}}
 {{- if has .name $owned -}}
 {{- fail (printf "pulse-sidecar: extraEnv sets %s, which the chart sets itself (use port, shutdownTimeout, secret or endpoints)" .name) -}}
@@ -116,12 +130,19 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
   {{- end }}
   args: ["serve"]
   ports:
+    - name: {{ $v.probePortName }}
+      containerPort: {{ int $v.probePort }}
+      protocol: TCP
+    {{- if not (include "pulse-sidecar.x.loopback" $v) }}
     - name: {{ $v.portName }}
       containerPort: {{ int $v.port }}
       protocol: TCP
+    {{- end }}
   env:
     - name: PULSE_LISTEN
-      value: {{ printf "0.0.0.0:%d" (int $v.port) | quote }}
+      value: {{ printf "%s:%d" (toString (default "127.0.0.1" $v.listenAddress)) (int $v.port) | quote }}
+    - name: PULSE_PROBE_LISTEN
+      value: {{ printf "0.0.0.0:%d" (int $v.probePort) | quote }}
     - name: PULSE_DATA_DIR
       value: /data
     - name: PULSE_SHUTDOWN_TIMEOUT
@@ -137,6 +158,22 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
         secretKeyRef:
           name: {{ $secret }}
           key: {{ $v.secret.apiTokenKey }}
+          optional: true
+    {{- end }}
+    {{- if $v.secret.apiReadTokenKey }}
+    - name: PULSE_API_READ_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ $secret }}
+          key: {{ $v.secret.apiReadTokenKey }}
+          optional: true
+    {{- end }}
+    {{- if $v.secret.encryptionKeyKey }}
+    - name: PULSE_ENCRYPTION_KEY
+      valueFrom:
+        secretKeyRef:
+          name: {{ $secret }}
+          key: {{ $v.secret.encryptionKeyKey }}
           optional: true
     {{- end }}
     {{- if $v.endpoints }}
@@ -156,14 +193,14 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
   readinessProbe:
     httpGet:
       path: {{ dig "httpGet" "path" "/readyz" ($v.readinessProbe | default dict) }}
-      port: {{ $v.portName }}
+      port: {{ $v.probePortName }}
     {{- with omit ($v.readinessProbe | default dict) "httpGet" }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   livenessProbe:
     httpGet:
       path: {{ dig "httpGet" "path" "/healthz" ($v.livenessProbe | default dict) }}
-      port: {{ $v.portName }}
+      port: {{ $v.probePortName }}
     {{- with omit ($v.livenessProbe | default dict) "httpGet" }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -1,0 +1,371 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/internal/testdb"
+)
+
+// A sidecar asked to bind its API beyond loopback without a token exits non-zero at once, with one line
+// saying why and naming PULSE_API_TOKEN.
+func TestBeyondLoopbackWithoutTokenExits(t *testing.T) {
+	for _, listen := range []string{"0.0.0.0:0", "[::]:0"} {
+		cmd := exec.Command(testdb.Binary(t), "serve")
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "PULSE_LISTEN=" + listen,
+			"PULSE_DATA_DIR=" + filepath.Join(t.TempDir(), "data")}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+			t.Fatalf("PULSE_LISTEN=%s without a token: %v, want a non-zero exit\n%s", listen, err, stderr.String())
+		}
+		msg := strings.TrimSpace(stderr.String())
+		if strings.Count(msg, "\n") != 0 || !strings.Contains(msg, "PULSE_API_TOKEN") || !strings.Contains(msg, "beyond loopback") {
+			t.Errorf("PULSE_LISTEN=%s: stderr %q, want one line saying why and naming PULSE_API_TOKEN", listen, msg)
+		}
+	}
+}
+
+// probeAddr returns the probe listener's address from the sidecar's "listening" line.
+func probeAddr(t *testing.T, logs string) string {
+	t.Helper()
+	sc := bufio.NewScanner(strings.NewReader(logs))
+	for sc.Scan() {
+		var line struct {
+			Message   string `json:"message"`
+			ProbeAddr string `json:"probe_addr"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "listening" && line.ProbeAddr != "" {
+			return line.ProbeAddr
+		}
+	}
+	t.Fatalf("no probe_addr in the listening line:\n%s", logs)
+	return ""
+}
+
+// auditLines returns the audit log's lines (component audit) as decoded JSON.
+func auditLines(logs string) []map[string]any {
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(logs))
+	for sc.Scan() {
+		var line map[string]any
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line["component"] == "audit" {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// The probe listener serves /healthz, /readyz and /metrics without a token and nothing of /v1; the API
+// accepts every token of PULSE_API_TOKEN (rotation), a read-only token only on GET routes; every
+// administrative action logs one audit line with who, what and which fields, and never a secret value.
+func TestProbeListenerTokensAndAudit(t *testing.T) {
+	b := setup(t)
+	env := b.fastEnv()
+	env["PULSE_PROBE_LISTEN"] = "127.0.0.1:0"
+	env["PULSE_API_TOKEN"] = "tok-new-1a2b, tok-old-3c4d"
+	env["PULSE_API_READ_TOKEN"] = "tok-view-5e6f"
+	s := b.start(env)
+	waitFor(t, 5*time.Second, "the listening line in the logs", func() bool { return strings.Contains(s.logs.String(), `"probe_addr"`) })
+	probe := "http://" + probeAddr(t, s.logs.String())
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		for _, base := range []string{probe, s.URL} { // the API listener keeps them too
+			if code := do(t, "GET", base+path, nil, nil); code != 200 {
+				t.Errorf("GET %s%s = %d, want 200 without a token", base, path, code)
+			}
+		}
+	}
+	if code := do(t, "GET", probe+"/v1/endpoints", nil, nil); code != 404 {
+		t.Errorf("GET /v1/endpoints on the probe listener = %d, want 404", code)
+	}
+
+	call := func(method, path, token string, body any) (int, string) {
+		t.Helper()
+		var rd io.Reader
+		if body != nil {
+			raw, _ := json.Marshal(body)
+			rd = bytes.NewReader(raw)
+		}
+		req, _ := http.NewRequest(method, s.URL+path, rd)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(out)
+	}
+	rcv := newReceiver(t, 400)
+	const secret, cred = "whsec_dGhpcy1pcy1hLXRlc3Qtc2lnbmluZy1r", "Bearer cred-9d8c7b6a"
+	ep := map[string]any{"url": rcv.URL, "topics": []string{"t"}, "secret": secret, "headers": map[string]string{"Authorization": cred}}
+	if code, body := call("PUT", "/v1/endpoints/billing", "", ep); code != 401 {
+		t.Fatalf("PUT without a token = %d %s", code, body)
+	}
+	if code, body := call("PUT", "/v1/endpoints/billing", "tok-old-3c4d", ep); code != 201 {
+		t.Fatalf("PUT with the second (old) token = %d %s", code, body)
+	}
+	if code, _ := call("GET", "/v1/endpoints/billing", "tok-new-1a2b", nil); code != 200 {
+		t.Errorf("GET with the first token = %d", code)
+	}
+	if code, _ := call("GET", "/v1/endpoints", "tok-view-5e6f", nil); code != 200 {
+		t.Errorf("GET with the read-only token = %d", code)
+	}
+	for _, w := range []struct{ method, path string }{{"PUT", "/v1/endpoints/billing"}, {"POST", "/v1/events"}, {"DELETE", "/v1/endpoints/billing"}} {
+		if code, body := call(w.method, w.path, "tok-view-5e6f", ep); code != 403 || !strings.Contains(body, "read_only_token") {
+			t.Errorf("%s %s with the read-only token = %d %s, want 403 read_only_token", w.method, w.path, code, body)
+		}
+	}
+
+	ep["url"] = rcv.URL + "/v2"
+	ep["headers"] = map[string]string{"Authorization": cred, "X-Env": "prod"}
+	if code, body := call("PUT", "/v1/endpoints/billing", "tok-new-1a2b", ep); code != 200 {
+		t.Fatalf("second PUT = %d %s", code, body)
+	}
+	code, body := call("POST", "/v1/events", "tok-new-1a2b", map[string]any{"topic": "t", "data": 1})
+	if code != 202 {
+		t.Fatalf("publish = %d %s", code, body)
+	}
+	var pub struct{ ID string }
+	_ = json.Unmarshal([]byte(body), &pub)
+	var deliveryID string
+	waitFor(t, 20*time.Second, "the delivery to end", func() bool {
+		_, body := call("GET", "/v1/events/"+pub.ID, "tok-view-5e6f", nil)
+		var ev eventView
+		_ = json.Unmarshal([]byte(body), &ev)
+		if len(ev.Deliveries) == 1 && ev.Deliveries[0].Status == "error" {
+			deliveryID = ev.Deliveries[0].ID
+		}
+		return deliveryID != ""
+	})
+	if code, body := call("POST", "/v1/deliveries/"+deliveryID+"/retry", "tok-new-1a2b", nil); code != 202 {
+		t.Fatalf("retry = %d %s", code, body)
+	}
+	waitFor(t, 20*time.Second, "the retried delivery to end", func() bool {
+		_, body := call("GET", "/v1/deliveries/"+deliveryID, "tok-new-1a2b", nil)
+		var d deliveryView
+		_ = json.Unmarshal([]byte(body), &d)
+		return d.Status == "error" && len(d.Attempts) == 2
+	})
+	if code, body := call("POST", "/v1/endpoints/billing/replay", "tok-new-1a2b", map[string]any{"status": "error"}); code != 200 {
+		t.Fatalf("replay = %d %s", code, body)
+	}
+	if code, body := call("DELETE", "/v1/endpoints/billing", "tok-old-3c4d", nil); code != 204 {
+		t.Fatalf("DELETE = %d %s", code, body)
+	}
+
+	want := []struct {
+		action, auth string
+		changed      []any // nil: not checked
+	}{
+		{"endpoint.created", "PULSE_API_TOKEN#2", []any{"delivery", "maxConcurrency", "maxRetries", "maxRetryDelay", "offsetReset", "ordered", "retryBackoffMultiplier", "retryDelay", "secret", "timeout", "topics", "url", "headers.Authorization"}},
+		{"endpoint.changed", "PULSE_API_TOKEN#1", []any{"url", "headers.X-Env"}},
+		{"delivery.retried", "PULSE_API_TOKEN#1", nil},
+		{"deliveries.replayed", "PULSE_API_TOKEN#1", nil},
+		{"endpoint.deleted", "PULSE_API_TOKEN#2", nil},
+	}
+	var lines []map[string]any
+	waitFor(t, 5*time.Second, "the audit lines", func() bool { lines = auditLines(s.logs.String()); return len(lines) >= len(want) })
+	if len(lines) != len(want) {
+		t.Fatalf("audit lines = %v, want %d", lines, len(want))
+	}
+	for i, w := range want {
+		l := lines[i]
+		if l["action"] != w.action || l["auth"] != w.auth || l["level"] != "info" {
+			t.Errorf("audit line %d = %v, want action %s by %s at info", i, l, w.action, w.auth)
+		}
+		if w.changed != nil {
+			got, _ := l["changed"].([]any)
+			if len(got) != len(w.changed) {
+				t.Errorf("audit line %d changed = %v, want %v", i, got, w.changed)
+				continue
+			}
+			for j := range got {
+				if got[j] != w.changed[j] {
+					t.Errorf("audit line %d changed = %v, want %v", i, got, w.changed)
+					break
+				}
+			}
+		}
+		if l["consumer_group"] != "billing" && l["delivery_id"] != deliveryID {
+			t.Errorf("audit line %d names no target: %v", i, l)
+		}
+	}
+	for _, leak := range []string{"dGhpcy1pcy1h", "cred-9d8c", "tok-new", "tok-old", "tok-view"} {
+		if strings.Contains(s.logs.String(), leak) {
+			t.Errorf("the logs carry %q", leak)
+		}
+	}
+}
+
+// keyB64 is a test encryption key: 32 bytes of b, base64.
+func keyB64(b byte) string { return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{b}, 32)) }
+
+// With PULSE_ENCRYPTION_KEY the subscription documents hold no secret or header value in clear; a rotation
+// (new key first, old after) keeps every endpoint delivering with its headers and signature, and a restart
+// with only the new key works once every endpoint was written again; a key that cannot decrypt a stored
+// value stops the start with a line naming the endpoint.
+//
+// Not parallel, like the other heavy tests of this file: its sidecar processes then run before the parallel
+// phase, not next to the load-sensitive tests (TestLargestEventFitsOneDocument).
+func TestEncryptionAtRestAndKeyRotation(t *testing.T) {
+	client, dbName := testdb.Database(t)
+	b := &bundle{t: t, client: client, dbName: dbName, uri: testdb.URI(t)}
+	rcv := newReceiver(t, 200)
+	const secretA, credA = "whsec_YS1zaWduaW5nLWtleS1vZi1ncm91cC1h", "Bearer cred-a-77aa11"
+	const secretB, credB = "whsec_Yi1zaWduaW5nLWtleS1vZi1ncm91cC1i", "Bearer cred-b-88bb22"
+	env := func(keys string) map[string]string {
+		e := b.fastEnv()
+		e["PULSE_ENCRYPTION_KEY"] = keys
+		return e
+	}
+	register := func(s *sidecar, group, secret, cred string) {
+		s.registerEndpoint(t, group, map[string]any{"url": rcv.URL + "/" + group, "topics": []string{"t"}, "secret": secret,
+			"headers": map[string]string{"Authorization": cred}})
+	}
+	// deliver publishes one event and waits until every group got it with its own header and a signature.
+	deliver := func(s *sidecar, groups map[string]string) {
+		t.Helper()
+		before := len(rcv.received())
+		s.publish(t, "t", 1)
+		waitFor(t, 20*time.Second, "the POSTs", func() bool { return len(rcv.received()) == before+len(groups) })
+		for _, r := range rcv.received()[before:] {
+			group := r.Header.Get("Pulse-Consumer-Group")
+			if r.Header.Get("Authorization") != groups[group] || !strings.HasPrefix(r.Header.Get("Webhook-Signature"), "v1,") {
+				t.Errorf("POST to %s: Authorization %q, signature %q", group, r.Header.Get("Authorization"), r.Header.Get("Webhook-Signature"))
+			}
+		}
+	}
+	noClear := func() {
+		t.Helper()
+		cur, err := b.client.Database(b.dbName).Collection("pulse.subscriptions").Find(context.Background(), bson.M{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for cur.Next(context.Background()) {
+			for _, v := range []string{secretA, credA, secretB, credB, "YS1zaWdu", "cred-a", "cred-b"} {
+				if bytes.Contains(cur.Current, []byte(v)) {
+					t.Errorf("subscription %s holds %q in clear", cur.Current.Lookup("_id"), v)
+				}
+			}
+		}
+	}
+
+	p1 := b.startProcess(env(keyB64(1)))
+	register(p1.sidecar(), "a", secretA, credA)
+	noClear()
+	deliver(p1.sidecar(), map[string]string{"a": credA})
+	p1.kill()
+
+	p2 := b.startProcess(env(keyB64(2) + "," + keyB64(1))) // rotation: the new key encrypts, the old one still decrypts
+	deliver(p2.sidecar(), map[string]string{"a": credA})
+	register(p2.sidecar(), "b", secretB, credB)
+	register(p2.sidecar(), "a", secretA, credA) // re-encrypted with the new key
+	noClear()
+	deliver(p2.sidecar(), map[string]string{"a": credA, "b": credB})
+	p2.kill()
+
+	p3 := b.startProcess(env(keyB64(2))) // the old key dropped
+	deliver(p3.sidecar(), map[string]string{"a": credA, "b": credB})
+	p3.kill()
+
+	for _, keys := range []string{keyB64(3), ""} {
+		p, err := launch(testdb.Binary(t), env(keys))
+		if p != nil {
+			p.kill()
+		}
+		if err == nil || !strings.Contains(err.Error(), `endpoint \"a\"`) && !strings.Contains(err.Error(), `endpoint "a"`) {
+			t.Errorf("start with PULSE_ENCRYPTION_KEY=%q: %v, want an exit naming endpoint a", keys, err)
+		}
+	}
+}
+
+// With the embedded development database and a key, no file under PULSE_DATA_DIR holds an endpoint's secret
+// or header value, while an event's data is there (the check reads what the database wrote).
+func TestDevDatabaseFilesHoldNoSecret(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	env := map[string]string{"PULSE_DATA_DIR": dir, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_ENCRYPTION_KEY": keyB64(7),
+		"PULSE_LOG_LEVEL": "info"}
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	pr, pw := io.Pipe()
+	go func() {
+		err := run(ctx, nil, func(k string) string { return env[k] }, io.MultiWriter(pw, logs))
+		pw.Close()
+		done <- err
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var line struct{ Message, Addr string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "listening" {
+				addr <- line.Addr
+			}
+		}
+	}()
+	var s *sidecar
+	select {
+	case a := <-addr:
+		s = &sidecar{URL: "http://" + a, logs: logs}
+	case err := <-done:
+		t.Fatalf("sidecar exited: %v\n%s", err, logs.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("sidecar did not start\n%s", logs.String())
+	}
+	const secret, cred, marker = "whsec_ZGV2LWRiLXNpZ25pbmcta2V5LWNsZWFy", "Bearer devcred-6a5b4c3d", "marker-event-data-0f1e2d"
+	s.registerEndpoint(t, "g", map[string]any{"url": "http://127.0.0.1:9/", "topics": []string{"t"}, "secret": secret,
+		"headers": map[string]string{"Authorization": cred}})
+	s.publish(t, "t", marker)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("sidecar exited with %v", err)
+	}
+	if strings.Contains(logs.String(), "PULSE_ENCRYPTION_KEY is not set") {
+		t.Error("warned about a missing key although one is set")
+	}
+	var sawMarker bool
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		sawMarker = sawMarker || bytes.Contains(raw, []byte(marker))
+		for _, v := range []string{secret, cred, "ZGV2LWRi", "devcred"} {
+			if bytes.Contains(raw, []byte(v)) {
+				t.Errorf("%s holds %q in clear", path, v)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sawMarker {
+		t.Fatalf("no file under %s holds the event's data: the check reads the wrong files", dir)
+	}
+}
