@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // slowReceiver answers 200 after holding each POST for hold; it records when each POST arrived.
@@ -226,7 +228,7 @@ func TestInFlightAttemptOfADeletedGroupDoesNotReachItsSuccessor(t *testing.T) {
 	did := s.deliveryOf(t, id, "billing")
 	var d deliveryView
 	waitFor(t, 20*time.Second, "the old delivery to end", func() bool { d = s.getDelivery(t, did); return d.Status != "pending" })
-	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
+	if d.Status != "error" || d.Error == nil || d.Error.Code != "endpoint_deleted" {
 		t.Fatalf("old delivery = %+v, want error ending with endpoint_deleted", d)
 	}
 	if n := len(fresh.received()); n != 0 {
@@ -315,4 +317,157 @@ func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
 // healthy group's event is POSTed while all of them hang.
 func TestMoreHangingGroupsThanWorkers(t *testing.T) {
 	fairnessCase(t, 4, 6, 2, 1, 6)
+}
+
+// holdingReceiver answers status to every POST after the test lets it go (release) and counts the POSTs in
+// flight at once; arrived gets one signal per POST.
+type holdingReceiver struct {
+	*receiver
+	release chan struct{}
+	arrived chan struct{}
+	mu      sync.Mutex
+	now     int
+	most    int
+}
+
+func newHoldingReceiver(t *testing.T, status int) *holdingReceiver {
+	h := &holdingReceiver{receiver: newReceiver(t, status), release: make(chan struct{}), arrived: make(chan struct{}, 1000)}
+	h.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.receiver.mu.Lock()
+		h.got = append(h.got, received{Header: r.Header.Clone(), At: time.Now()})
+		h.receiver.mu.Unlock()
+		h.mu.Lock()
+		h.now++
+		h.most = max(h.most, h.now)
+		h.mu.Unlock()
+		h.arrived <- struct{}{}
+		select {
+		case <-h.release:
+		case <-r.Context().Done():
+		}
+		h.mu.Lock()
+		h.now--
+		h.mu.Unlock()
+		w.WriteHeader(status)
+	})
+	return h
+}
+
+func (h *holdingReceiver) waitArrival(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no POST arrived within 20s")
+	}
+}
+
+// A group deleted (through another replica) while its POST is in flight, with a retry due at once: the
+// failed POST is recorded, no further attempt is created or POSTed, and the delivery ends endpoint_deleted.
+func TestNoAttemptAfterTheDelete(t *testing.T) {
+	b := setup(t)
+	s1, s2 := b.start(b.fastEnv()), b.start(b.fastEnv())
+	rcv := newHoldingReceiver(t, 500)
+	s1.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
+	id := s1.publish(t, "t", 1)
+	rcv.waitArrival(t)
+	if code := do(t, "DELETE", s2.URL+"/v1/endpoints/billing", nil, nil); code != 204 {
+		t.Fatalf("DELETE answered %d", code)
+	}
+	close(rcv.release)
+	did := s1.deliveryOf(t, id, "billing")
+	var d deliveryView
+	waitFor(t, 20*time.Second, "the delivery to end", func() bool { d = s1.getDelivery(t, did); return d.Status != "pending" })
+	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].HTTPStatus != 500 {
+		t.Fatalf("delivery = %+v, want error after the one attempt in flight (HTTP 500)", d)
+	}
+	if d.Error == nil || d.Error.Code != "endpoint_deleted" {
+		t.Fatalf("delivery error = %+v, want endpoint_deleted", d.Error)
+	}
+	if n := len(rcv.received()); n != 1 {
+		t.Fatalf("the receiver got %d POSTs, want 1", n)
+	}
+}
+
+// A pending delivery of an earlier registration of an ordered group, its next attempt due in an hour, does
+// not hold up the line of the group registered again: it ends endpoint_deleted and the new event arrives.
+func TestStaleHeadDoesNotBlockARecreatedOrderedGroup(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 200)
+	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true})
+	later := time.Now().Add(time.Hour).UTC()
+	old := b.tornState("ledger", bson.M{"incarnation": "earlier-registration"},
+		bson.M{"status": "pending", "incarnation": "earlier-registration", "nextAttemptAt": later})
+	id := s.publish(t, "t", "new")
+	if d := s.waitDelivery(t, id, "ledger", 20*time.Second); d.Status != "success" {
+		t.Fatalf("new delivery = %+v", d)
+	}
+	if d := s.waitDelivery(t, old, "ledger", 20*time.Second); d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
+		t.Fatalf("stale delivery = %+v, want error endpoint_deleted", d)
+	}
+	if got := postsByKey(rcv); got[old] != 0 {
+		t.Fatal("the stale delivery was POSTed")
+	}
+}
+
+// A delete that removed the subscription but died before ending its pending deliveries (the subscription is
+// deleted straight in the database): the reconciler ends them, and deleting again answers 404 and ends them
+// too.
+func TestUnfinishedDeleteIsCompleted(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 500)
+	for _, g := range []string{"a", "b"} {
+		s.registerEndpoint(t, g, map[string]any{"url": rcv.URL, "topics": []string{"t-" + g}, "retryDelay": "1h"})
+	}
+	ea, eb := s.publish(t, "t-a", 1), s.publish(t, "t-b", 2)
+	da, db := s.deliveryOf(t, ea, "a"), s.deliveryOf(t, eb, "b")
+	waitFor(t, 20*time.Second, "both retries to be scheduled", func() bool {
+		return len(s.getDelivery(t, da).Attempts) == 2 && len(s.getDelivery(t, db).Attempts) == 2
+	})
+	subs := b.client.Database(b.dbName).Collection("pulse.subscriptions")
+	if _, err := subs.DeleteMany(t.Context(), bson.M{"_id": bson.M{"$in": []string{"a", "b"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if code := do(t, "DELETE", s.URL+"/v1/endpoints/b", nil, nil); code != 404 {
+		t.Fatalf("deleting b again answered %d, want 404", code)
+	}
+	if d := s.getDelivery(t, db); d.Status != "error" {
+		t.Fatalf("delivery of b after the second delete = %+v, want error", d)
+	}
+	waitFor(t, 20*time.Second, "the reconciler to end a's delivery", func() bool { return s.getDelivery(t, da).Status == "error" })
+}
+
+// More hanging groups than twice PULSE_WORKERS (10 groups × 2 POSTs, 2 workers): the healthy group's event
+// is still POSTed while all of them hang.
+func TestFarMoreHangingGroupsThanWorkers(t *testing.T) {
+	fairnessCase(t, 2, 10, 2, 2, 20)
+}
+
+// maxConcurrency holds on a replica that has not seen the endpoint yet (registered through another replica
+// a moment before an array publish).
+func TestMaxConcurrencyHoldsOnAReplicaThatJustLearnsTheGroup(t *testing.T) {
+	b := setup(t)
+	s1, s2 := b.start(b.fastEnv()), b.start(b.fastEnv())
+	rcv := newHoldingReceiver(t, 200)
+	s2.registerEndpoint(t, "one", map[string]any{"url": rcv.URL, "topics": []string{"mc"}, "maxConcurrency": 1})
+	batch := make([]map[string]any, 10)
+	for i := range batch {
+		batch[i] = map[string]any{"topic": "mc", "data": i}
+	}
+	if code := do(t, "POST", s1.URL+"/v1/events", batch, nil); code != 202 {
+		t.Fatalf("publish answered %d", code)
+	}
+	rcv.waitArrival(t)
+	// Let POSTs through one at a time; a second one in flight would show in rcv.most.
+	for range 10 {
+		rcv.release <- struct{}{}
+	}
+	waitFor(t, 30*time.Second, "10 POSTs", func() bool { return len(rcv.received()) >= 10 })
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	if rcv.most > 1 {
+		t.Fatalf("%d POSTs were in flight at once, maxConcurrency is 1", rcv.most)
+	}
 }

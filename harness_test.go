@@ -225,6 +225,10 @@ type deliveryView struct {
 	ConsumerGroup string        `json:"consumerGroup"`
 	Status        string        `json:"status"`
 	Attempts      []attemptView `json:"attempts"`
+	Error         *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
 }
 
 type eventView struct {

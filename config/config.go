@@ -104,7 +104,7 @@ type Config struct {
 	MaxBodyBytes int64 `env:"PULSE_MAX_BODY_BYTES" envDefault:"1048576"`
 	// Workers is the number of worker slots for webhook POSTs in this process, shared by all consumer groups
 	// (see package dispatcher for the fairness rules: a POST running longer than 1 s gives its slot back, so
-	// up to 2 × Workers POSTs may be in flight).
+	// up to 17 × Workers POSTs may be in flight, each group within its maxConcurrency).
 	Workers int `env:"PULSE_WORKERS" envDefault:"64"`
 	// DenyCIDRs are destination ranges webhooks may not reach (comma-separated), on top of link-local.
 	DenyCIDRs string `env:"PULSE_DENY_CIDRS"`

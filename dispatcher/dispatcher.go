@@ -84,15 +84,19 @@ const (
 // capped by its maxConcurrency; two rules keep slow, hanging or failing endpoints, however many, from
 // holding up a healthy one:
 //
-//   - The reserve: the last Workers/reserveShare free slots (at least one) go only to groups with nothing
-//     in flight. A healthy group's due attempt therefore finds a slot at once unless as many distinct groups
-//     as there are reserved slots are busy at the same moment.
 //   - The overflow: a POST still running after slowAfter gives its worker slot back and counts against an
-//     overflow of Workers more, so slots never stay held by hanging receivers for longer than slowAfter.
-//     At most 2 × Workers POSTs are in flight; once the overflow is full, slow POSTs keep their slots.
+//     overflow of overflowShare × Workers, so slots never stay held by hanging receivers for longer than
+//     slowAfter. At most (1 + overflowShare) × Workers POSTs are in flight (each group still capped by its
+//     maxConcurrency); once the overflow is full, slow POSTs keep their slots.
+//   - The reserve: the last Workers/reserveShare free slots (at least one) go only to groups with nothing
+//     in flight and no POST that outlasted slowAfter within slowMemory. A healthy group's due attempt
+//     therefore finds a slot at once unless as many distinct healthy groups as there are reserved slots
+//     are busy at the same moment, or the overflow is full.
 const (
-	reserveShare = 4
-	slowAfter    = time.Second
+	reserveShare  = 4
+	overflowShare = 16
+	slowAfter     = time.Second
+	slowMemory    = time.Minute
 )
 
 // reserve returns how many of the worker slots are kept for groups with nothing in flight.
@@ -102,7 +106,10 @@ func (d *Dispatcher) reserve() int { return max(1, d.opts.Workers/reserveShare) 
 // it in the batch being built and free slots left before this one; d.mu is held.
 func (d *Dispatcher) admitLocked(group string, taken, free int) bool {
 	busy := d.inflight[group] + taken
-	return free > 0 && busy < d.limitLocked(group) && (busy == 0 || free > d.reserve())
+	if free <= 0 || busy >= d.limitLocked(group) {
+		return false
+	}
+	return free > d.reserve() || busy == 0 && !time.Now().Before(d.slowUntil[group])
 }
 
 // Dispatcher claims and executes attempts. Start it once; Stop it once (it is safe twice).
@@ -126,9 +133,10 @@ type Dispatcher struct {
 	backlog       bool // the database may hold due attempts this process had no capacity for
 	unmarked      []string
 	unmarkedSince time.Time
-	inflight      map[string]int // POSTs in flight by consumer group (maxConcurrency counts these)
-	total         int            // worker slots in use (PULSE_WORKERS counts these); see fairness
-	overflow      int            // POSTs that outlasted slowAfter and gave their slot back
+	inflight      map[string]int       // POSTs in flight by consumer group (maxConcurrency counts these)
+	total         int                  // worker slots in use (PULSE_WORKERS counts these); see fairness
+	overflow      int                  // POSTs that outlasted slowAfter and gave their slot back
+	slowUntil     map[string]time.Time // groups with a POST that outlasted slowAfter: no reserve slot until then
 	eps           map[string]cachedEndpoint
 	ordered       map[string][]string // ordered consumer groups and their topics, refreshed every poll interval
 	orderedNext   time.Time           // when the endpoints are listed again (jittered)
@@ -152,8 +160,9 @@ type job struct {
 }
 
 type cachedEndpoint struct {
-	ep      *pulsetype.Endpoint // nil: the group has no endpoint
-	fetched time.Time
+	ep        *pulsetype.Endpoint // nil: the group has no endpoint
+	fetched   time.Time           // when the read that gave ep began
+	changedAt time.Time           // when the group last changed through this process (EndpointChanged)
 }
 
 // New returns a Dispatcher. keeper renews the leases of running attempts.
@@ -167,7 +176,7 @@ func New(store Store, sender Sender, recoverer Recoverer, keeper *lease.Keeper, 
 		store: store, sender: sender, recoverer: recoverer, keeper: keeper, opts: opts,
 		log:  opts.Logger.With().Str("component", "dispatcher").Logger(),
 		wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), completions: make(chan *completion, opts.Workers),
-		recorded: make(chan struct{}), inflight: map[string]int{}, eps: map[string]cachedEndpoint{}, orderedKick: map[string]bool{},
+		recorded: make(chan struct{}), inflight: map[string]int{}, slowUntil: map[string]time.Time{}, eps: map[string]cachedEndpoint{}, orderedKick: map[string]bool{},
 	}
 }
 
@@ -324,6 +333,18 @@ func (d *Dispatcher) fanOut(ctx context.Context) {
 		}
 		return
 	}
+	// Every group's limits (maxConcurrency, ordered) are known before its attempts are admitted: a group
+	// registered through another replica a moment ago is read now.
+	for _, a := range attempts {
+		d.mu.Lock()
+		_, known := d.eps[a.ConsumerGroup]
+		d.mu.Unlock()
+		if !known {
+			if _, err := d.endpoint(ctx, a.ConsumerGroup, false); err != nil {
+				d.logErr(ctx, err, "read the endpoint of a fanned-out attempt")
+			}
+		}
+	}
 	byID := make(map[string]*pulsetype.Event, len(events))
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -462,11 +483,16 @@ func (d *Dispatcher) claimDue(ctx context.Context, ordered []string) {
 }
 
 // launchAll runs leased attempts, except those of a group this process did not know as ordered yet
-// (registered or changed through another replica): those are given back for the head-of-line claim, and
-// their groups returned.
+// (registered or changed through another replica), given back for the head-of-line claim, and those beyond
+// their group's maxConcurrency (claimed before the limit was known), given back for a later claim; their
+// groups are returned.
 func (d *Dispatcher) launchAll(ctx context.Context, jobs []job) (released []string) {
 	for _, j := range jobs {
-		if ep, err := d.endpoint(ctx, j.a.ConsumerGroup, false); err == nil && ep != nil && ep.Ordered {
+		ep, err := d.endpoint(ctx, j.a.ConsumerGroup, false)
+		d.mu.Lock()
+		over := d.inflight[j.a.ConsumerGroup] >= d.limitLocked(j.a.ConsumerGroup)
+		d.mu.Unlock()
+		if err == nil && ep != nil && ep.Ordered || over {
 			if err := d.store.ReleaseAttempt(ctx, j.a); err != nil {
 				d.logErr(ctx, err, "release attempt of an ordered group")
 			}
@@ -501,6 +527,7 @@ func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 	d.orderedKick = map[string]bool{}
 	d.mu.Unlock()
 	if stale {
+		listStart := time.Now()
 		eps, err := d.store.ListEndpoints(ctx)
 		if err != nil {
 			d.logErr(ctx, err, "list endpoints")
@@ -513,7 +540,7 @@ func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 					ordered[ep.ConsumerGroup] = ep.Topics
 				}
 				// Every group's limits are known before its attempts are claimed (maxConcurrency).
-				d.eps[ep.ConsumerGroup] = cachedEndpoint{ep: ep, fetched: now}
+				d.cacheLocked(ep.ConsumerGroup, ep, listStart)
 			}
 			d.ordered, d.orderedNext = ordered, now.Add(pulsetype.Jittered(max(d.opts.PollInterval, endpointCacheTTL)))
 			d.mu.Unlock()

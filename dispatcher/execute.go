@@ -31,7 +31,12 @@ func (d *Dispatcher) launch(j job) {
 	var done, overflowed bool // guarded by d.mu
 	slow := time.AfterFunc(slowAfter, func() {
 		d.mu.Lock()
-		if !done && d.overflow < d.opts.Workers {
+		if done {
+			d.mu.Unlock()
+			return
+		}
+		d.slowUntil[a.ConsumerGroup] = time.Now().Add(slowMemory)
+		if d.overflow < overflowShare*d.opts.Workers {
 			overflowed = true
 			d.overflow++
 			d.total-- // the slot goes back to the pool (see fairness)
@@ -72,9 +77,11 @@ func (d *Dispatcher) execute(j job) {
 
 	log := d.log.With().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).
 		Str("delivery_id", a.DeliveryID).Int("attempt", a.Number).Logger()
-	ep, err := d.endpoint(postCtx, a.ConsumerGroup, false)
-	if err == nil && !subscribed(ep, a) {
-		// The cache may predate a change made through another replica: decide on a fresh read.
+	// A retry reads the subscription fresh (it follows a failure, often after a long wait: the group may have
+	// changed meanwhile); a first attempt trusts a cache entry younger than endpointCacheTTL, unless the entry
+	// says the attempt may not run.
+	ep, err := d.endpoint(postCtx, a.ConsumerGroup, a.Number > 1)
+	if err == nil && a.Number == 1 && unsubscribed(ep, a) != nil {
 		ep, err = d.endpoint(postCtx, a.ConsumerGroup, true)
 	}
 	if err != nil {
@@ -85,14 +92,9 @@ func (d *Dispatcher) execute(j job) {
 	policy := pulsetype.RetryPolicy{}
 	// The subscription decides whether the attempt may run at all: a deleted group, a group deleted and
 	// registered again (another incarnation), or a topic the group dropped end the delivery without a POST.
-	switch {
-	case ep == nil:
-		res = failed(pulsetype.CodeEndpointDeleted, "the consumer group "+a.ConsumerGroup+" was deleted", true)
-	case ep.Incarnation != a.Incarnation:
-		res = failed(pulsetype.CodeEndpointDeleted, "the consumer group "+a.ConsumerGroup+" was deleted and registered again; this delivery belongs to the earlier registration", true)
-	case !slices.Contains(ep.Topics, a.Topic):
-		res = failed(pulsetype.CodeUnsubscribed, "the consumer group "+a.ConsumerGroup+" no longer subscribes to topic "+a.Topic, true)
-	default:
+	if gone := unsubscribed(ep, a); gone != nil {
+		res = pulsetype.AttemptResult{Status: pulsetype.StatusError, Terminal: true, Error: gone}
+	} else {
 		policy = ep.Policy()
 		ev := j.ev
 		if !j.evKnown {
@@ -117,9 +119,21 @@ func (d *Dispatcher) execute(j job) {
 		d.abandon(postCtx, a, log, cause)
 		return
 	}
+	next := reconciler.Decide(a.Number, res.Status, res.Error, res.Terminal, res.RetryAfter, policy)
+	if next.Retry {
+		// Before scheduling another attempt, make sure the group still wants the delivery: a delete or a PUT
+		// dropping the topic while this POST ran ends the delivery now, not when the retry comes due.
+		switch ep, err := d.endpoint(postCtx, a.ConsumerGroup, true); {
+		case err != nil && context.Cause(postCtx) == nil:
+			log.Warn().Err(err).Msg("re-reading the endpoint before a retry failed; the retry checks it again")
+		case err == nil:
+			if gone := unsubscribed(ep, a); gone != nil {
+				next = pulsetype.NextStep{EndStatus: pulsetype.StatusError, EndError: gone}
+			}
+		}
+	}
 	c := &completion{
-		c: pulsetype.Completion{Attempt: a, Result: res,
-			Next: reconciler.Decide(a.Number, res.Status, res.Error, res.Terminal, res.RetryAfter, policy)},
+		c:   pulsetype.Completion{Attempt: a, Result: res, Next: next},
 		log: log, done: make(chan struct{}),
 	}
 	d.completions <- c
@@ -255,8 +269,22 @@ func (d *Dispatcher) record(batch []*completion) {
 
 // subscribed reports whether attempt a may run for endpoint ep: the group exists in the registration a was
 // created for and still subscribes to a's topic.
-func subscribed(ep *pulsetype.Endpoint, a *pulsetype.Attempt) bool {
-	return ep != nil && ep.Incarnation == a.Incarnation && slices.Contains(ep.Topics, a.Topic)
+func subscribed(ep *pulsetype.Endpoint, a *pulsetype.Attempt) bool { return unsubscribed(ep, a) == nil }
+
+// unsubscribed returns why attempt a may not run for endpoint ep (the group's current registration, nil
+// when it has none), or nil when it may: endpoint_deleted when the group was deleted, or deleted and
+// registered again (another incarnation); unsubscribed when it no longer subscribes to a's topic.
+func unsubscribed(ep *pulsetype.Endpoint, a *pulsetype.Attempt) *pulsetype.ErrorInfo {
+	switch {
+	case ep == nil:
+		return &pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group " + a.ConsumerGroup + " was deleted"}
+	case ep.Incarnation != a.Incarnation:
+		return &pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted,
+			Message: "the consumer group " + a.ConsumerGroup + " was deleted and registered again; this delivery belongs to the earlier registration"}
+	case !slices.Contains(ep.Topics, a.Topic):
+		return &pulsetype.ErrorInfo{Code: pulsetype.CodeUnsubscribed, Message: "the consumer group " + a.ConsumerGroup + " no longer subscribes to topic " + a.Topic}
+	}
+	return nil
 }
 
 // endpoint returns the consumer group's endpoint (nil when it has none), cached for endpointCacheTTL unless
@@ -268,6 +296,7 @@ func (d *Dispatcher) endpoint(ctx context.Context, group string, fresh bool) (*p
 	if ok && !fresh && time.Since(c.fetched) < endpointCacheTTL {
 		return c.ep, nil
 	}
+	start := time.Now()
 	ep, err := d.store.GetEndpoint(ctx, group)
 	if errors.Is(err, pulsetype.ErrNotFound) {
 		ep, err = nil, nil
@@ -276,19 +305,27 @@ func (d *Dispatcher) endpoint(ctx context.Context, group string, fresh bool) (*p
 		return nil, err
 	}
 	d.mu.Lock()
-	d.eps[group] = cachedEndpoint{ep: ep, fetched: time.Now()}
+	d.cacheLocked(group, ep, start)
 	d.mu.Unlock()
 	return ep, nil
+}
+
+// cacheLocked caches ep as group's endpoint read at readStart, unless the group changed through this
+// process after readStart (the read may predate the change); d.mu is held.
+func (d *Dispatcher) cacheLocked(group string, ep *pulsetype.Endpoint, readStart time.Time) {
+	if c, ok := d.eps[group]; ok && c.changedAt.After(readStart) {
+		return
+	}
+	d.eps[group] = cachedEndpoint{ep: ep, fetched: readStart}
 }
 
 // EndpointChanged drops the cached endpoint of a consumer group after it was registered, replaced or deleted
 // through this process.
 func (d *Dispatcher) EndpointChanged(group string) {
 	d.mu.Lock()
-	if c, ok := d.eps[group]; ok {
-		c.fetched = time.Time{} // re-read before use; the next turn re-lists every endpoint first
-		d.eps[group] = c
-	}
+	c := d.eps[group]
+	c.fetched, c.changedAt = time.Time{}, time.Now() // re-read before use; reads begun earlier are not cached
+	d.eps[group] = c
 	d.orderedNext = time.Time{}
 	d.mu.Unlock()
 	d.Wake()

@@ -232,7 +232,11 @@ func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error
 	}
 	if errors.Is(err, pulsetype.ErrUnavailable) {
 		s.log.Warn().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("database unavailable: answered 503")
-		s.unavailable(w, "the database is unavailable, retry later (a publish retried with the same event id is stored once): "+firstLine(err))
+		msg := "the database is unavailable, retry later"
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/events") {
+			msg += " (a publish retried with the same event id is stored once)"
+		}
+		s.unavailable(w, msg+": "+firstLine(err))
 		return
 	}
 	s.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("request failed")

@@ -138,8 +138,10 @@ const maxOrderCheck = 100
 //
 // Only the head may run, so a failing delivery blocks the ones after it until it succeeds or becomes
 // terminal; the head attempt's lease is the ordering lease (renewed by the heartbeat, fenced by its token).
-// It returns nil when the head is running, waiting for its retry, blocked, or absent; wait > 0 says when
-// the head becomes claimable by the passing of time alone (the settle window).
+// A head that belongs to an earlier registration of the group (see pulsetype.Endpoint.Incarnation) is ended
+// as endpoint_deleted instead of holding up the line. It returns nil when the head is running, waiting for
+// its retry, blocked, or absent; wait > 0 says when to look again without waiting for other news (the
+// settle window, or at once after ending a stale head).
 func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (a *pulsetype.Attempt, wait time.Duration, err error) {
 	var head deliveryDoc
 	err = s.deliveries.FindOne(ctx, bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending},
@@ -151,8 +153,14 @@ func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (a *p
 	if err != nil {
 		return nil, 0, wrap("find head of line", err)
 	}
-	if settled := head.EventCreatedAt.Add(OrderSettle); s.now().Before(settled) {
-		return nil, settled.Sub(s.now()), nil
+	var sub subscriptionDoc
+	err = s.subscriptions.FindOne(ctx, bson.M{"_id": group},
+		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1})).Decode(&sub)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, 0, nil // deleted: its pending deliveries are being ended
+	}
+	if err != nil {
+		return nil, 0, wrap("read subscription", err)
 	}
 	var at attemptDoc
 	err = s.history.FindOne(ctx, bson.M{"deliveryId": head.ID},
@@ -163,32 +171,52 @@ func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (a *p
 	if err != nil {
 		return nil, 0, wrap("find head attempt", err)
 	}
+	if head.Incarnation != sub.Incarnation {
+		// A delivery of an earlier registration of the group (deleted and registered again while its POST
+		// ran): it must not hold up the new registration's line, whenever its retry would come due.
+		return nil, time.Millisecond, s.endStaleHead(ctx, &head, &at)
+	}
+	if settled := head.EventCreatedAt.Add(OrderSettle); s.now().Before(settled) {
+		return nil, settled.Sub(s.now()), nil
+	}
 	now := s.now()
 	if at.Status != pulsetype.StatusPending || at.LockedUntil != nil || at.NextAttemptAt.After(now) {
 		return nil, 0, nil
 	}
-	if blocked, err := s.earlierMayAppear(ctx, group, topic, &head); err != nil || blocked {
+	if blocked, err := s.earlierMayAppear(ctx, topic, &sub, &head); err != nil || blocked {
 		return nil, 0, err
 	}
 	a, err = s.claimByID(ctx, owner, at.ID, now)
 	return a, 0, err
 }
 
+// endStaleHead ends a pending delivery that belongs to an earlier registration of its group, and its current
+// attempt unless a worker holds its lease (that worker ends the delivery when its POST returns): error
+// endpoint_deleted, with endedAt and expiresAt.
+func (s *Store) endStaleHead(ctx context.Context, d *deliveryDoc, at *attemptDoc) error {
+	now := s.now()
+	info := &pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group " + d.ConsumerGroup +
+		" was deleted and registered again; this delivery belongs to the earlier registration"}
+	if at.Status == pulsetype.StatusPending {
+		res, err := s.history.UpdateOne(ctx, bson.M{"_id": at.ID, "status": pulsetype.StatusPending, "lockedUntil": nil},
+			bson.M{"$set": s.outcomeSet(pulsetype.AttemptResult{Status: pulsetype.StatusError, Terminal: true, Error: info}, now)})
+		if err != nil {
+			return wrap("end attempt of an earlier registration", err)
+		}
+		if res.MatchedCount == 0 {
+			return nil // leased meanwhile: its worker ends the delivery
+		}
+	}
+	_, err := s.EndDelivery(ctx, d.ID, pulsetype.StatusError, at.Attempt, info)
+	return err
+}
+
 // earlierMayAppear reports whether an event of topic before the head delivery's event (createdAt, then id)
-// that group will receive may still lack its delivery: the group's backfill is unfinished, or an earlier
-// event still marked for fan-out has no delivery for the group (see ClaimHead). It costs one read of the
-// subscription, one query of marked events (index pulse_events_fanout) and, when there are some, one
-// query of the group's deliveries of them.
-func (s *Store) earlierMayAppear(ctx context.Context, group, topic string, head *deliveryDoc) (bool, error) {
-	var sub subscriptionDoc
-	err := s.subscriptions.FindOne(ctx, bson.M{"_id": group},
-		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1})).Decode(&sub)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return true, nil // deleted: its pending deliveries are being ended
-	}
-	if err != nil {
-		return false, wrap("read subscription", err)
-	}
+// that the group of sub will receive may still lack its delivery: the group's backfill is unfinished, or an
+// earlier event still marked for fan-out has no delivery for the group (see ClaimHead). It costs one query of
+// marked events (index pulse_events_fanout) and, when there are some, one count of the group's deliveries
+// of them.
+func (s *Store) earlierMayAppear(ctx context.Context, topic string, sub *subscriptionDoc, head *deliveryDoc) (bool, error) {
 	if sub.Backfill != nil {
 		return true, nil
 	}
@@ -210,7 +238,7 @@ func (s *Store) earlierMayAppear(ctx context.Context, group, topic string, head 
 	if len(ids) == 0 {
 		return false, nil
 	}
-	n, err := s.deliveries.CountDocuments(ctx, bson.M{"consumerGroup": group, "eventId": bson.M{"$in": ids}})
+	n, err := s.deliveries.CountDocuments(ctx, bson.M{"consumerGroup": sub.ID, "eventId": bson.M{"$in": ids}})
 	if err != nil {
 		return false, wrap("count deliveries of earlier events", err)
 	}

@@ -18,7 +18,7 @@ import (
 // stored. created is true when the consumer group was new; a new group gets a fresh incarnation, a replaced
 // one keeps its own. Concurrent registrations of one group by several replicas leave one subscription
 // document (its _id is the group). A replacement that removes topics ends the group's pending deliveries of
-// those topics as error/unsubscribed (see endPending); one that changes only the URL, headers or policy
+// those topics as error/unsubscribed (see EndPending); one that changes only the URL, headers or policy
 // keeps pending work, which the next attempts deliver with the new settings.
 func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored *pulsetype.Endpoint, created bool, err error) {
 	now := s.now()
@@ -66,7 +66,7 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		}
 		if prev != nil && prev.Incarnation == stored.Incarnation {
 			if removed := missing(prev.Topics, stored.Topics); len(removed) > 0 {
-				if err := s.endPending(ctx, e.ConsumerGroup, removed, pulsetype.CodeUnsubscribed,
+				if err := s.EndPending(ctx, e.ConsumerGroup, removed, pulsetype.CodeUnsubscribed,
 					"the consumer group no longer subscribes to this topic"); err != nil {
 					return nil, false, err
 				}
@@ -116,19 +116,25 @@ func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error
 }
 
 // DeleteEndpoint removes a consumer group's endpoint and ends its pending deliveries at once as
-// error/endpoint_deleted (see endPending). It returns pulsetype.ErrNotFound when the group has no endpoint.
+// error/endpoint_deleted (see EndPending). It returns pulsetype.ErrNotFound when the group has no endpoint
+// (after ending whatever the group still had pending).
 func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	res, err := s.subscriptions.DeleteOne(ctx, bson.M{"_id": group})
 	if err != nil {
 		return wrap("delete endpoint", err)
 	}
+	// Ended also when the group was already gone: a delete that failed (or crashed) between its two steps is
+	// finished by deleting again.
+	if err := s.EndPending(ctx, group, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted"); err != nil {
+		return err
+	}
 	if res.DeletedCount == 0 {
 		return pulsetype.ErrNotFound
 	}
-	return s.endPending(ctx, group, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted")
+	return nil
 }
 
-// endPending ends the pending work of a consumer group (of topics only, when given) that its subscription no
+// EndPending ends the pending work of a consumer group (of topics only, when given) that its subscription no
 // longer wants, with error code and message, in three commands:
 //
 //  1. every pending attempt without a lease becomes error (terminal, with endedAt and expiresAt), so no
@@ -139,8 +145,8 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 //  3. every other pending delivery becomes error with code, endedAt and expiresAt.
 //
 // A claim racing step 1 can only take an attempt step 2 then sees as leased. Running it twice is harmless.
-// It logs one info line with how many deliveries it ended.
-func (s *Store) endPending(ctx context.Context, group string, topics []string, code, msg string) error {
+// It logs one info line with how many deliveries it ended, when it ended any.
+func (s *Store) EndPending(ctx context.Context, group string, topics []string, code, msg string) error {
 	now := s.now()
 	info := &pulsetype.ErrorInfo{Code: code, Message: msg}
 	exp := expiry(now, s.opts.HistoryRetention)
@@ -176,8 +182,10 @@ func (s *Store) endPending(ctx context.Context, group string, topics []string, c
 	if err != nil {
 		return wrap("end pending deliveries", err)
 	}
-	s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", code).
-		Int64("ended", res.ModifiedCount).Int("in_flight", len(busy)).Msg("pending deliveries ended")
+	if res.ModifiedCount > 0 || len(busy) > 0 {
+		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", code).
+			Int64("ended", res.ModifiedCount).Int("in_flight", len(busy)).Msg("pending deliveries ended")
+	}
 	return nil
 }
 

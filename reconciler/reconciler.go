@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ type Store interface {
 	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
 	Backfill(ctx context.Context, owner string, batch int) (int, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
+	EndPending(ctx context.Context, group string, topics []string, code, msg string) error
 }
 
 // Observer is told about each recovery; metrics and tests hook in here. Nil methods are fine to skip.
@@ -36,6 +38,7 @@ const (
 	KindMissingRetry        = "missing_retry"
 	KindUnfinishedError     = "unfinished_error"
 	KindInterruptedFanOut   = "interrupted_fanout"
+	KindDeletedGroup        = "deleted_group" // pending deliveries of a group whose delete did not finish
 )
 
 // BatchSize is how many pending deliveries one repair pass examines.
@@ -138,6 +141,29 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 	if len(deliveries) == 0 {
 		return 0, nil
 	}
+	// A group deleted by a delete that failed or crashed before ending its pending deliveries: end them now.
+	gone, ended := map[string]bool{}, 0
+	for _, d := range deliveries {
+		if _, seen := gone[d.ConsumerGroup]; seen {
+			continue
+		}
+		_, err := r.store.GetEndpoint(ctx, d.ConsumerGroup)
+		gone[d.ConsumerGroup] = errors.Is(err, pulsetype.ErrNotFound)
+		if err != nil && !errors.Is(err, pulsetype.ErrNotFound) {
+			return 0, err
+		}
+		if gone[d.ConsumerGroup] {
+			if err := r.store.EndPending(ctx, d.ConsumerGroup, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted"); err != nil {
+				return 0, err
+			}
+			r.report(KindDeletedGroup, d, 1)
+			ended++
+		}
+	}
+	deliveries = slices.DeleteFunc(deliveries, func(d *pulsetype.Delivery) bool { return gone[d.ConsumerGroup] })
+	if len(deliveries) == 0 {
+		return ended, nil
+	}
 	ids := make([]string, len(deliveries))
 	for i, d := range deliveries {
 		ids[i] = d.ID
@@ -146,7 +172,7 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	repaired := 0
+	repaired := ended
 	for _, d := range deliveries {
 		did, err := r.repairOne(ctx, d, attempts[d.ID])
 		if err != nil {
