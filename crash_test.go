@@ -107,10 +107,15 @@ func TestSIGKILLDuringWebhookIsRecoveredAsWorkerLost(t *testing.T) {
 // crash between two writes would leave them. It returns the event id.
 func (b *bundle) tornState(group string, delivery bson.M, attempts ...bson.M) string {
 	b.t.Helper()
+	return b.tornStateNamed("ev-"+strings.ReplaceAll(b.t.Name(), "/", "-"), group, delivery, attempts...)
+}
+
+// tornStateNamed is tornState with the event id given.
+func (b *bundle) tornStateNamed(eventID, group string, delivery bson.M, attempts ...bson.M) string {
+	b.t.Helper()
 	ctx := context.Background()
 	db := b.client.Database(b.dbName)
 	now := time.Now().UTC()
-	eventID := "ev-" + strings.ReplaceAll(b.t.Name(), "/", "-")
 	if _, err := db.Collection("pulse.events").InsertOne(ctx, bson.M{"_id": eventID, "topic": "t", "data": `{"torn":true}`, "createdAt": now}); err != nil {
 		b.t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func TestOrderHoldsWhenThePublisherDiesBeforeFanOut(t *testing.T) {
 	}
 }
 
-// An ordered group registered with offsetReset earliest while 150 events are retained and live events keep
+// An ordered group registered with offsetReset earliest while 60 events are retained and live events keep
 // arriving through two replicas: it receives every event once, in (createdAt, id) order, none live before
 // an older retained one.
 func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
@@ -101,7 +101,7 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 	// saturate the serialized test database and an ordered group (one POST at a time) crawls.
 	env["PULSE_LOCK_TIMEOUT"] = "3s"
 	s1, s2 := b.start(env), b.start(env)
-	const retained = 150
+	const retained = 60
 	created := map[string]time.Time{}
 	var mu sync.Mutex
 	for range 3 {
@@ -137,17 +137,17 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 	}()
 	rcv := newReceiver(t, 200)
 	s1.registerEndpoint(t, "audit", map[string]any{"url": rcv.URL, "topics": []string{"bf.t"}, "ordered": true, "offsetReset": "earliest"})
-	waitFor(t, 60*time.Second, "30 live events after the registration", func() bool {
+	waitFor(t, 60*time.Second, "20 live events after the registration", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(created) >= retained+30
+		return len(created) >= retained+20
 	})
 	close(stop)
 	<-stopped
 	mu.Lock()
 	total := len(created)
 	mu.Unlock()
-	waitFor(t, 120*time.Second, "every event to reach the ordered group", func() bool { return len(orderOf(rcv)) == total })
+	waitFor(t, 240*time.Second, "every event to reach the ordered group", func() bool { return len(orderOf(rcv)) == total })
 	arrival := orderOf(rcv)
 	mu.Lock()
 	defer mu.Unlock()

@@ -308,10 +308,13 @@ func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 }
 
 // outcomeSet is the part of a finished attempt's $set that attempts with the same outcome share: status,
-// HTTP status, terminal, error, endedAt and expiresAt (now + history retention), so retention rides in the
-// terminal update.
+// HTTP status, terminal, error, the receiver's Retry-After (retryAfterMs, when any), endedAt and expiresAt
+// (now + history retention), so retention rides in the terminal update.
 func (s *Store) outcomeSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 	set := bson.M{"status": r.Status, "endedAt": now, "httpStatus": r.HTTPStatus, "terminal": r.Terminal}
+	if r.RetryAfter > 0 {
+		set["retryAfterMs"] = r.RetryAfter.Milliseconds()
+	}
 	if r.Error != nil {
 		set["error"] = r.Error
 	}
@@ -353,12 +356,13 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		httpStatus int
 		terminal   bool
 		code, msg  string
+		retryAfter time.Duration
 	}
 	groups := map[outcome][]int{}
 	var order []outcome
 	for i, c := range cs {
 		r := c.Result
-		k := outcome{status: r.Status, httpStatus: r.HTTPStatus, terminal: r.Terminal, code: r.Error.CodeOrEmpty()}
+		k := outcome{status: r.Status, httpStatus: r.HTTPStatus, terminal: r.Terminal, code: r.Error.CodeOrEmpty(), retryAfter: r.RetryAfter}
 		if r.Error != nil {
 			k.msg = r.Error.Message
 		}

@@ -145,6 +145,7 @@ type attemptDoc struct {
 	Error         *pulsetype.ErrorInfo `bson:"error,omitempty"`
 	ExpiresAt     *time.Time           `bson:"expiresAt,omitempty"`
 	Incarnation   string               `bson:"incarnation,omitempty"`
+	RetryAfterMs  int64                `bson:"retryAfterMs,omitempty"` // the receiver's Retry-After, in ms
 }
 
 func (d *attemptDoc) attempt() *pulsetype.Attempt {
@@ -154,5 +155,6 @@ func (d *attemptDoc) attempt() *pulsetype.Attempt {
 		ResponseBody: d.ResponseBody, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
 		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LockOwner: d.LockOwner, LockToken: d.LockToken,
 		LockedUntil: d.LockedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
+		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond,
 	}
 }

@@ -163,6 +163,9 @@ type Attempt struct {
 	// Incarnation is the registration of the consumer group the attempt's delivery was created for; an
 	// attempt runs only while it equals the group's current Endpoint.Incarnation.
 	Incarnation string `json:"-"`
+	// RetryAfter is the receiver's Retry-After on this failed attempt (0 when none), kept so that a retry
+	// the reconciler creates after a crash waits as long as the one the worker would have created.
+	RetryAfter time.Duration `json:"-"`
 }
 
 // LockStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.

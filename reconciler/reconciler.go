@@ -209,7 +209,7 @@ func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attem
 	if err != nil {
 		return false, err
 	}
-	step, err := FollowUp(ctx, r.store, last, last.Status, last.Error, last.Terminal, 0, policy)
+	step, err := FollowUp(ctx, r.store, last, last.Status, last.Error, last.Terminal, last.RetryAfter, policy)
 	if err != nil || !step.Created {
 		return false, err
 	}

@@ -17,6 +17,27 @@ var alwaysBlocked = []struct {
 	{netip.MustParsePrefix("fd00:ec2::254/128"), "a cloud metadata address"},
 	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
 	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+	// Unspecified addresses: Linux connects 0.0.0.0 and :: to the host itself, past any deny list that names
+	// loopback; no receiver is legitimately addressed so.
+	{netip.MustParsePrefix("0.0.0.0/8"), "unspecified (connects to this host)"},
+	{netip.MustParsePrefix("::/128"), "unspecified (connects to this host)"},
+}
+
+// embeddedIPv4 returns the IPv4 address that an IPv6 address carries for a translation or tunnel mechanism
+// that may route it to that IPv4 host: NAT64 (64:ff9b::/96, RFC 6052), 6to4 (2002::/16, RFC 3056) and the
+// deprecated IPv4-compatible form (::a.b.c.d, RFC 4291 §2.5.5.1).
+func embeddedIPv4(a netip.Addr) (netip.Addr, bool) {
+	if !a.Is6() || a.Is4In6() {
+		return netip.Addr{}, false
+	}
+	b := a.As16()
+	switch {
+	case netip.MustParsePrefix("64:ff9b::/96").Contains(a), netip.MustParsePrefix("::/96").Contains(a) && a != netip.IPv6Unspecified() && a != netip.IPv6Loopback():
+		return netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}), true
+	case netip.MustParsePrefix("2002::/16").Contains(a):
+		return netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}), true
+	}
+	return netip.Addr{}, false
 }
 
 // blockedError reports a dial refused by the guard. It travels up through net.OpError and url.Error, and
@@ -49,6 +70,11 @@ func newGuard(deny, allow []netip.Prefix) *guard {
 // addresses) is allowed.
 func (g *guard) check(addr netip.Addr) error {
 	addr = addr.Unmap().WithZone("") // Prefix.Contains never matches a zoned or 4-in-6 address
+	if v4, ok := embeddedIPv4(addr); ok {
+		if err := g.check(v4); err != nil {
+			return &blockedError{addr: addr, reason: "carrying " + err.(*blockedError).Error()[len("blocked: "):]}
+		}
+	}
 	for _, p := range g.allow {
 		if p.Contains(addr) {
 			return nil

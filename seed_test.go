@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// A retry the reconciler creates (the worker died after recording the failure) waits for the Retry-After
+// that the failed attempt received, as the worker's own retry would have.
+func TestReconcilerRetryHonoursRetryAfter(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 200)
+	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
+	ended := time.Now().UTC().Truncate(time.Millisecond)
+	id := b.tornState("g", bson.M{}, bson.M{"status": "error", "httpStatus": 429, "endedAt": ended, "startedAt": ended,
+		"lockToken": "dead", "lockOwner": "dead", "lockedUntil": ended, "retryAfterMs": 4000,
+		"error": bson.M{"code": "handler_error", "message": "HTTP 429 Too Many Requests"}})
+	did := s.deliveryOf(t, id, "g")
+	var d deliveryView
+	waitFor(t, 20*time.Second, "the reconciler to create attempt 2", func() bool { d = s.getDelivery(t, did); return len(d.Attempts) == 2 })
+	if due := d.Attempts[1].NextAttemptAt; due.Before(ended.Add(4 * time.Second)) {
+		t.Fatalf("attempt 2 is due %s after attempt 1 ended, want at least the 4 s Retry-After", due.Sub(ended))
+	}
+}
+
+// The database stalls for 1.5 × the lock timeout while a POST is in flight: the stalled replica's lease
+// expires, its POST is cancelled (a lost lease cancels the POST in flight), another replica records the
+// attempt as worker_lost and delivers attempt 2, and the stalled replica records nothing when the database
+// comes back: one success, as the crash table says.
+func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
+	b := setup(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(b.uri, "mongodb://"), "/")
+	host, _, _ = strings.Cut(host, "/")
+	proxy := newPauseProxy(t, host)
+	env := b.fastEnv()
+	env["PULSE_LOCK_TIMEOUT"] = "1s"
+	stalledEnv := map[string]string{}
+	for k, v := range env {
+		stalledEnv[k] = v
+	}
+	stalledEnv["PULSE_MONGODB_URI"] = "mongodb://" + proxy.ln.Addr().String() + "/"
+	stalled := b.start(stalledEnv)
+
+	cancelled, testDone := make(chan struct{}, 1), make(chan struct{})
+	var mu sync.Mutex
+	var attempts []string
+	rcv := newReceiver(t, 200)
+	t.Cleanup(func() { close(testDone) }) // runs before the receiver closes
+	rcv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // the server notices a closed connection only once the body is read
+		mu.Lock()
+		attempts = append(attempts, r.Header.Get("Pulse-Attempt"))
+		mu.Unlock()
+		if r.Header.Get("Pulse-Attempt") == "1" {
+			select { // attempt 1 hangs until its sender gives it up
+			case <-r.Context().Done():
+				cancelled <- struct{}{}
+			case <-testDone:
+			}
+			return
+		}
+		w.WriteHeader(200)
+	})
+	stalled.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms", "timeout": "1m"})
+	id := stalled.publish(t, "t", 1) // the publishing replica leases the first attempt itself
+	waitFor(t, 20*time.Second, "attempt 1 to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 1 })
+	other := b.start(env) // started now, so that the stalled replica holds attempt 1
+	proxy.pause("")
+	stallStart := time.Now()
+	select {
+	case <-cancelled:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the stalled replica did not cancel its POST when its lease could not be renewed\n%s", stalled.logs.String())
+	}
+	d := other.waitDelivery(t, id, "g", 30*time.Second)
+	waitFor(t, 10*time.Second, "the stall to last 1.5 × the lock timeout", func() bool { return time.Since(stallStart) > 1500*time.Millisecond })
+	proxy.resume()
+	// The stalled replica is back: give it a poll or two to (wrongly) write anything, then read again.
+	waitFor(t, 10*time.Second, "the stalled replica to answer again", func() bool {
+		var h struct{ Status string }
+		return do(t, "GET", stalled.URL+"/readyz", nil, &h) == 200
+	})
+	d = other.getDelivery(t, other.deliveryOf(t, id, "g"))
+	successes := 0
+	for _, a := range d.Attempts {
+		if a.Status == "success" {
+			successes++
+		}
+	}
+	if d.Status != "success" || successes != 1 || d.Attempts[0].Error == nil || d.Attempts[0].Error.Code != "worker_lost" {
+		t.Fatalf("delivery = %+v, want attempt 1 worker_lost and exactly one success", d)
+	}
+}
+
+// Forty-eight torn states of six kinds written straight into the database beside 1,000 pending deliveries,
+// with six live replicas: every delivery converges, each torn one with only the POSTs the crash table
+// allows, within the bound stated below.
+func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a minute of load")
+	}
+	b := setup(t)
+	env := b.fastEnv()
+	env["PULSE_LOCK_TIMEOUT"] = "5s" // six replicas' repair scans would saturate the serialized test database at 600 ms
+	replicas := make([]*sidecar, 6)
+	for i := range replicas {
+		replicas[i] = b.start(env)
+	}
+	s := replicas[0]
+	rcv := newReceiver(t, 200)
+	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t", "bulk"}, "retryDelay": "10ms"})
+	const bulk = 1000
+	for range bulk / 100 {
+		batch := make([]map[string]any, 100)
+		for i := range batch {
+			batch[i] = map[string]any{"topic": "bulk", "data": i}
+		}
+		if code := do(t, "POST", s.URL+"/v1/events", batch, nil); code != 202 {
+			t.Fatalf("publish answered %d", code)
+		}
+	}
+	past := time.Now().Add(-time.Minute).UTC()
+	dead := bson.M{"lockToken": "dead", "lockOwner": "dead", "lockedAt": past, "lockedUntil": past, "startedAt": past}
+	kinds := []struct {
+		name      string
+		delivery  bson.M
+		attempts  []bson.M
+		wantPOSTs []string
+	}{
+		{"expired lease", bson.M{}, []bson.M{merge(dead, bson.M{"status": "pending"})}, []string{"2"}},
+		{"success not carried to the delivery", bson.M{}, []bson.M{merge(dead, bson.M{"status": "success", "httpStatus": 200, "endedAt": past})}, nil},
+		{"error without its retry", bson.M{}, []bson.M{merge(dead, bson.M{"status": "error", "httpStatus": 500, "endedAt": past,
+			"error": bson.M{"code": "handler_error", "message": "HTTP 500"}})}, []string{"2"}},
+		{"delivery without attempt", bson.M{}, nil, []string{"1"}},
+		{"unfinished fan-out", nil, nil, []string{"1"}},
+		{"reopened without its attempt", bson.M{"reopenedAttempt": 2}, []bson.M{merge(dead, bson.M{"status": "success", "httpStatus": 200, "endedAt": past})}, []string{"2"}},
+	}
+	type torn struct {
+		id   string
+		want []string
+	}
+	var all []torn
+	for i := range 48 {
+		k := kinds[i%len(kinds)]
+		id := b.tornStateNamed(fmt.Sprintf("torn-%02d", i), "g", k.delivery, k.attempts...)
+		if k.delivery == nil {
+			if _, err := b.client.Database(b.dbName).Collection("pulse.events").UpdateOne(context.Background(),
+				bson.M{"_id": id}, bson.M{"$set": bson.M{"fanout": true}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		all = append(all, torn{id, k.wantPOSTs})
+	}
+	// The bound: the repair scan looks at 100 pending deliveries per pass, at least every lock timeout / 2
+	// and at once again while it finds work; 1,048 pending deliveries are 11 passes. A minute is that many
+	// passes with a wide margin for six replicas on one serialized database.
+	start := time.Now()
+	deadline := time.Now().Add(90 * time.Second)
+	for b.count("deliveries", bson.M{"status": "pending"}) != 0 {
+		if time.Now().After(deadline) {
+			var ds []bson.M
+			cur, _ := b.client.Database(b.dbName).Collection("pulse.deliveries").Find(context.Background(), bson.M{"status": "pending"})
+			_ = cur.All(context.Background(), &ds)
+			var hs []bson.M
+			cur, _ = b.client.Database(b.dbName).Collection("pulse.history").Find(context.Background(), bson.M{"eventId": bson.M{"$regex": "^torn"}})
+			_ = cur.All(context.Background(), &hs)
+			kinds := map[string]int{}
+			for _, d := range ds {
+				kinds[fmt.Sprint(d["eventId"])]++
+			}
+			t.Fatalf("%d deliveries still pending: %v\nexample %v\nattempts of torn: %v", len(ds), kinds, ds[0], hs[:min(4, len(hs))])
+		}
+		if time.Since(start)%(10*time.Second) < time.Second {
+			t.Logf("%s: %d pending", time.Since(start).Round(time.Second), b.count("deliveries", bson.M{"status": "pending"}))
+		}
+		time.Sleep(time.Second) // polling interval
+	}
+	t.Logf("%d deliveries (48 torn) converged in %s with 6 replicas", bulk+48, time.Since(start).Round(time.Second))
+	if n := b.count("deliveries", bson.M{}); n != bulk+48 {
+		t.Fatalf("%d deliveries, want %d (one per event)", n, bulk+48)
+	}
+	if n := b.count("deliveries", bson.M{"status": "success"}); n != bulk+48 {
+		t.Fatalf("%d deliveries succeeded, want %d", n, bulk+48)
+	}
+	posts := map[string][]string{}
+	for _, r := range rcv.received() {
+		k := r.Header.Get("Idempotency-Key")
+		posts[k] = append(posts[k], r.Header.Get("Pulse-Attempt"))
+	}
+	for _, tr := range all {
+		if got := strings.Join(posts[tr.id], ","); got != strings.Join(tr.want, ",") {
+			t.Errorf("torn delivery %s got POSTs of attempts [%s], want %v", tr.id, got, tr.want)
+		}
+	}
+	for k, p := range posts {
+		if len(p) > 1 && !strings.HasPrefix(k, "torn-") {
+			t.Errorf("event %s was POSTed %d times", k, len(p))
+		}
+	}
+}
+
+func merge(a, b bson.M) bson.M {
+	out := bson.M{}
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}
+
+// Replicas whose clocks run 5 minutes ahead and behind: a consumer group registered (offsetReset latest)
+// through one receives every event published after its registration, through either, exactly once, and an
+// event whose publisher died before fanning it out is fanned out once by a skewed replica.
+func TestClockSkewNeitherSkipsNorDuplicates(t *testing.T) {
+	b := setup(t)
+	ahead, behind := b.fastEnv(), b.fastEnv()
+	ahead["PULSE_TEST_CLOCK_SKEW"] = "5m"
+	behind["PULSE_TEST_CLOCK_SKEW"] = "-5m"
+	sa, sb := b.start(ahead), b.start(behind)
+	before := sb.publish(t, "t", "before the group")
+	rcv := newReceiver(t, 200)
+	for i, reg := range []*sidecar{sb, sa} {
+		group := fmt.Sprintf("g%d", i)
+		reg.registerEndpoint(t, group, map[string]any{"url": rcv.URL, "topics": []string{"t"}})
+	}
+	var ids []string
+	for i := range 10 {
+		ids = append(ids, []*sidecar{sa, sb}[i%2].publish(t, "t", i))
+	}
+	crashEnv := b.fastEnv()
+	crashEnv["PULSE_TEST_CRASH_AFTER_PUBLISH"] = "true"
+	crashEnv["PULSE_TEST_CLOCK_SKEW"] = "-5m"
+	doomed := b.startProcess(crashEnv)
+	var orphan published
+	if code := do(t, "POST", doomed.URL+"/v1/events", map[string]any{"topic": "t", "data": "orphan"}, &orphan); code != 202 {
+		t.Fatalf("publish through the doomed replica answered %d", code)
+	}
+	ids = append(ids, orphan.ID)
+	for _, id := range ids {
+		for _, g := range []string{"g0", "g1"} {
+			if d := sa.waitDelivery(t, id, g, 30*time.Second); d.Status != "success" {
+				t.Fatalf("delivery of %s to %s = %+v", id, g, d)
+			}
+		}
+	}
+	got := postsByKey(rcv)
+	for _, id := range ids {
+		if got[id] != 2 {
+			t.Errorf("event %s was POSTed %d times, want once per group (2)", id, got[id])
+		}
+	}
+	if got[before] != 0 {
+		t.Errorf("the event published before both groups registered was POSTed %d times", got[before])
+	}
+}
