@@ -73,11 +73,14 @@ func decodeCursor(c string) (time.Time, string, error) {
 
 // RetryDelivery gives a terminal delivery its next numbered attempt, due now, for the consumer group's
 // current registration (an explicit retry may re-open a delivery made for an earlier registration of the
-// group). It first reopens the delivery (status pending, reopenedAttempt = n+1, incarnation = the group's,
-// its end, error and expiresAt removed) with an update filtered on its terminal status, then inserts attempt
-// n+1; a crash in between is repaired by the reconciler, which creates the attempt reopenedAttempt names. It
-// returns the new attempt number, pulsetype.ErrNotFound, pulsetype.ErrNotTerminal when the delivery is
-// pending, or pulsetype.ErrNotSubscribed when its group has no endpoint for its topic now.
+// group). The attempt is numbered n+1, n being the highest of its last stored attempt, its finalAttempt and
+// its reopenedAttempt (ended attempts may have been swept already). It first reopens the delivery (status
+// pending, reopenedAttempt = n+1, incarnation = the group's, its end, error and expiresAt removed, so
+// retention no longer applies to it) with an update filtered on its terminal status, then inserts attempt
+// n+1 (pending, without expiresAt); a crash in between is repaired by the reconciler, which creates the
+// attempt reopenedAttempt names. It returns the new attempt number, pulsetype.ErrNotFound (also once the
+// delivery's expiresAt has passed), pulsetype.ErrNotTerminal when the delivery is pending, or
+// pulsetype.ErrNotSubscribed when its group has no endpoint for its topic now.
 func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
 	return s.reopen(ctx, id, nil)
 }
@@ -101,9 +104,11 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 	if !slices.Contains(ep.Topics, d.Topic) {
 		return 0, pulsetype.ErrNotSubscribed
 	}
-	next := 1
+	// The next number follows the delivery's own record too: its ended attempts expire a little before it
+	// (each one's expiresAt is its own end + history retention), so they may be swept while it is still there.
+	next := max(d.FinalAttempt, d.ReopenedAttempt) + 1
 	if len(attempts) > 0 {
-		next = attempts[len(attempts)-1].Number + 1
+		next = max(next, attempts[len(attempts)-1].Number+1)
 	}
 	now := s.now()
 	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": id, "status": d.Status},

@@ -2,10 +2,13 @@ package mongo
 
 import (
 	"context"
-	"encoding/json"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -18,7 +21,7 @@ type indexSpec struct {
 	name   string
 	keys   bson.D
 	unique bool
-	ttl    bool // TTL index with expireAfterSeconds 0 (a plain index where the server lacks TTL)
+	ttl    bool // TTL index with expireAfterSeconds 0 (a plain index where the server lacks TTL indexes)
 }
 
 // indexSpecs are the sidecar's indexes. Every hot query is served by one of them.
@@ -43,8 +46,11 @@ var indexSpecs = []indexSpec{
 	{coll: "history", name: "pulse_history_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
 }
 
-// IndexMismatchError is returned by EnsureSchema when a named index exists with another configuration. The
-// sidecar never drops it: an operator migrates explicitly.
+// IndexMismatchError is returned by EnsureSchema when a named index exists with another configuration: other
+// keys (order or direction), uniqueness or expireAfterSeconds, a plain index where the server holds TTL
+// indexes, or a sparse, hidden, partial or collated variant. Expected and Found describe both in the shape of
+// listIndexes, as in {key: {expiresAt: 1}, expireAfterSeconds: 0}. The sidecar never drops it: an operator
+// migrates explicitly.
 type IndexMismatchError struct {
 	Collection, Index, Expected, Found string
 }
@@ -65,6 +71,19 @@ func (e *UniqueViolationError) Error() string {
 		e.Index, e.Collection, e.Detail)
 }
 
+// PermissionError is returned by EnsureSchema when the MongoDB user may not do what every start needs
+// (the server answers code 13 Unauthorized): create the collections and indexes, and create and drop the
+// scratch collection of the TTL probe. Action names what was refused, as in `create index "x" on "pulse.events"`;
+// Detail is the server's message. The readWrite role on the database grants all of it.
+type PermissionError struct {
+	Database, Action, Detail string
+}
+
+func (e *PermissionError) Error() string {
+	return fmt.Sprintf("the MongoDB user may not %s in database %q (%s). Every start needs createCollection, createIndex and dropCollection there (the readWrite role has them): grant them, then restart",
+		e.Action, e.Database, e.Detail)
+}
+
 // existingIndex is an index as listIndexes reports it.
 type existingIndex struct {
 	Name               string   `bson:"name"`
@@ -77,20 +96,31 @@ type existingIndex struct {
 	Collation          bson.Raw `bson:"collation"`
 }
 
-// EnsureSchema creates missing collections and named indexes, then verifies every index's keys (order and
-// direction), uniqueness and TTL, rejecting sparse, hidden, partial or collated variants. It detects whether
-// the server has TTL indexes (code 238 means no: the sweeper takes over) and change streams. It returns an
-// *IndexMismatchError or *UniqueViolationError for an operator to resolve; it never drops anything.
+// EnsureSchema creates missing collections and named indexes, then verifies every existing index's keys
+// (order and direction), uniqueness and expireAfterSeconds, rejecting sparse, hidden, partial or collated
+// variants. Whether the server has TTL indexes is probed on a scratch collection of its own (see probeTTL),
+// never read from an existing index: where it has them, the three expiresAt indexes must be TTL indexes
+// with expireAfterSeconds 0; where it has not (FerretDB), they are plain and the sweeper takes over. It also
+// detects change streams. It returns an *IndexMismatchError, *UniqueViolationError or *PermissionError for
+// an operator to resolve; it never drops anything of ours.
 func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
-	caps := Capabilities{TTL: true}
+	var caps Capabilities
 	colls := map[string]*mongo.Collection{"events": s.events, "subscriptions": s.subscriptions, "deliveries": s.deliveries, "history": s.history}
 	for _, name := range []string{"events", "subscriptions", "deliveries", "history"} {
 		err := s.db.CreateCollection(ctx, colls[name].Name())
 		var ce mongo.CommandError
 		if err != nil && !(errors.As(err, &ce) && (ce.Code == 48 || ce.Name == "NamespaceExists")) {
+			if isUnauthorized(err) {
+				return caps, &PermissionError{Database: s.db.Name(), Action: fmt.Sprintf("create collection %q", colls[name].Name()), Detail: err.Error()}
+			}
 			return caps, fmt.Errorf("create collection %q: %w", colls[name].Name(), err)
 		}
 	}
+	ttl, err := s.probeTTL(ctx)
+	if err != nil {
+		return caps, err
+	}
+	caps.TTL = ttl
 	for _, spec := range indexSpecs {
 		coll := colls[spec.coll]
 		found, err := listIndexes(ctx, coll)
@@ -98,11 +128,8 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 			return caps, err
 		}
 		if ex, ok := found[spec.name]; ok {
-			if err := verifyIndex(coll.Name(), spec, ex); err != nil {
+			if err := verifyIndex(coll.Name(), spec, ex, caps.TTL); err != nil {
 				return caps, err
-			}
-			if spec.ttl && ex.ExpireAfterSeconds == nil {
-				caps.TTL = false
 			}
 			continue
 		}
@@ -114,13 +141,12 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 			opts.SetExpireAfterSeconds(0)
 		}
 		_, err = coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: spec.keys, Options: opts})
-		if err != nil && spec.ttl && isNotImplemented(err) {
-			caps.TTL = false
-			_, err = coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: spec.keys, Options: options.Index().SetName(spec.name)})
-		}
 		if err != nil {
 			if spec.unique && isUniqueViolation(err) {
 				return caps, &UniqueViolationError{Collection: coll.Name(), Index: spec.name, Detail: err.Error()}
+			}
+			if isUnauthorized(err) {
+				return caps, &PermissionError{Database: s.db.Name(), Action: fmt.Sprintf("create index %q on %q", spec.name, coll.Name()), Detail: err.Error()}
 			}
 			return caps, fmt.Errorf("create index %q on %q: %w", spec.name, coll.Name(), err)
 		}
@@ -128,6 +154,41 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 	caps.ChangeStreams = s.supportsChangeStreams(ctx)
 	s.caps = caps
 	return caps, nil
+}
+
+// probeTTL reports whether the server can hold TTL indexes. It creates a TTL index (expireAfterSeconds 0 on
+// expiresAt) on a scratch collection of its own, <prefix>.schema_probe_<16 hex digits> (random, so
+// concurrent starts never share one), and drops that collection again, whatever the outcome. Code 238
+// NotImplemented means no (FerretDB); code 13 Unauthorized is a *PermissionError; any other failure is
+// returned as is. A process killed between the two leaves the scratch collection behind; it holds no
+// documents and may be dropped at any time.
+func (s *Store) probeTTL(ctx context.Context) (bool, error) {
+	var suffix [8]byte
+	if _, err := rand.Read(suffix[:]); err != nil {
+		return false, fmt.Errorf("probe TTL indexes: %w", err)
+	}
+	scratch := s.db.Collection(s.opts.CollectionPrefix + ".schema_probe_" + hex.EncodeToString(suffix[:]))
+	_, err := scratch.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "expiresAt", Value: 1}},
+		Options: options.Index().SetName("pulse_probe_ttl").SetExpireAfterSeconds(0)})
+	ttl := err == nil
+	switch {
+	case err == nil || isNotImplemented(err):
+		err = nil
+	case isUnauthorized(err):
+		err = &PermissionError{Database: s.db.Name(), Action: fmt.Sprintf("create a TTL index on the scratch collection %q", scratch.Name()), Detail: err.Error()}
+	default:
+		err = fmt.Errorf("probe TTL indexes on %q: %w", scratch.Name(), err)
+	}
+	// Dropped with a context of its own: a start cancelled meanwhile still removes the scratch collection.
+	dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if derr := scratch.Drop(dropCtx); derr != nil && err == nil {
+		if isUnauthorized(derr) {
+			return false, &PermissionError{Database: s.db.Name(), Action: fmt.Sprintf("drop the scratch collection %q", scratch.Name()), Detail: derr.Error()}
+		}
+		return false, fmt.Errorf("drop the scratch collection %q: %w", scratch.Name(), derr)
+	}
+	return ttl, err
 }
 
 func listIndexes(ctx context.Context, coll *mongo.Collection) (map[string]existingIndex, error) {
@@ -146,25 +207,23 @@ func listIndexes(ctx context.Context, coll *mongo.Collection) (map[string]existi
 	return out, nil
 }
 
-// verifyIndex compares an existing index with its spec. A TTL spec found as a plain index is accepted: the
-// server cannot hold TTL indexes (EnsureSchema then leaves expiry to the sweeper).
-func verifyIndex(coll string, spec indexSpec, ex existingIndex) error {
-	var zero int64
-	var wantTTL *int64
-	if spec.ttl {
-		wantTTL = &zero
+// verifyIndex compares an existing index with its spec on a server that has TTL indexes (serverTTL) or not.
+// A TTL spec wants expireAfterSeconds 0 where the server has TTL indexes, and a plain index where it has not;
+// any other spec wants no expireAfterSeconds. Sparse, hidden, partial and collated variants never match. It
+// returns nil or an *IndexMismatchError naming both configurations.
+func verifyIndex(coll string, spec indexSpec, ex existingIndex, serverTTL bool) error {
+	want := existingIndex{Key: spec.keys, Unique: spec.unique}
+	if spec.ttl && serverTTL {
+		var zero int64
+		want.ExpireAfterSeconds = &zero
 	}
 	variant := ex.Sparse || ex.Hidden || len(ex.Partial) > 0 || len(ex.Collation) > 0
-	ok := sameKeys(spec.keys, ex.Key) && ex.Unique == spec.unique && !variant
-	if ex.ExpireAfterSeconds != nil {
-		ok = ok && spec.ttl && *ex.ExpireAfterSeconds == 0
-	}
-	if ok {
+	sameTTL := (want.ExpireAfterSeconds == nil) == (ex.ExpireAfterSeconds == nil) &&
+		(ex.ExpireAfterSeconds == nil || *ex.ExpireAfterSeconds == *want.ExpireAfterSeconds)
+	if sameKeys(spec.keys, ex.Key) && ex.Unique == spec.unique && sameTTL && !variant {
 		return nil
 	}
-	return &IndexMismatchError{Collection: coll, Index: spec.name,
-		Expected: describe(spec.keys, spec.unique, wantTTL, false),
-		Found:    describe(ex.Key, ex.Unique, ex.ExpireAfterSeconds, variant)}
+	return &IndexMismatchError{Collection: coll, Index: spec.name, Expected: describe(want), Found: describe(ex)}
 }
 
 func sameKeys(a, b bson.D) bool {
@@ -194,22 +253,41 @@ func toInt(v any) int64 {
 	}
 }
 
-func describe(keys bson.D, unique bool, expireAfterSeconds *int64, variant bool) string {
-	m := map[string]any{"unique": unique}
-	var ks []string
-	for _, e := range keys {
-		b, _ := json.Marshal(e.Value)
-		ks = append(ks, fmt.Sprintf("%s:%s", e.Key, b))
+// describe renders an index's configuration on one line in the shape listIndexes reports it, with only the
+// options that are set, as in {key: {consumerGroup: 1, eventId: 1}, unique: true} or
+// {key: {expiresAt: 1}, expireAfterSeconds: 3600, partialFilterExpression: {"a": {"$exists": true}}}.
+func describe(ix existingIndex) string {
+	var keys []string
+	for _, e := range ix.Key {
+		v := fmt.Sprint(e.Value)
+		switch n := e.Value.(type) {
+		case string:
+			v = strconv.Quote(n)
+		case int, int32, int64, float64:
+			v = fmt.Sprint(toInt(n))
+		}
+		keys = append(keys, e.Key+": "+v)
 	}
-	m["keys"] = ks
-	if expireAfterSeconds != nil {
-		m["expireAfterSeconds"] = *expireAfterSeconds
+	parts := []string{"key: {" + strings.Join(keys, ", ") + "}"}
+	if ix.Unique {
+		parts = append(parts, "unique: true")
 	}
-	if variant {
-		m["sparse/hidden/partial/collation"] = true
+	if ix.ExpireAfterSeconds != nil {
+		parts = append(parts, fmt.Sprintf("expireAfterSeconds: %d", *ix.ExpireAfterSeconds))
 	}
-	b, _ := json.Marshal(m)
-	return string(b)
+	if ix.Sparse {
+		parts = append(parts, "sparse: true")
+	}
+	if ix.Hidden {
+		parts = append(parts, "hidden: true")
+	}
+	if len(ix.Partial) > 0 {
+		parts = append(parts, "partialFilterExpression: "+ix.Partial.String())
+	}
+	if len(ix.Collation) > 0 {
+		parts = append(parts, "collation: "+ix.Collation.String())
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
 }
 
 // supportsChangeStreams reports whether the server is a replica set member or mongos (change
@@ -223,6 +301,16 @@ func (s *Store) supportsChangeStreams(ctx context.Context) bool {
 		return false
 	}
 	return hello.SetName != "" || hello.Msg == "isdbgrid"
+}
+
+// isUnauthorized reports whether the server refused a command for the user's lack of rights: code 13
+// Unauthorized (MongoDB Atlas answers 8000 AtlasError "user is not allowed to do action [...]").
+func isUnauthorized(err error) bool {
+	var se mongo.ServerError
+	if !errors.As(err, &se) {
+		return false
+	}
+	return se.HasErrorCode(13) || (se.HasErrorCode(8000) && strings.Contains(err.Error(), "not allowed to do action"))
 }
 
 // isUniqueViolation reports whether creating a unique index failed because existing documents have
