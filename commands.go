@@ -39,11 +39,16 @@ func healthcheck(ctx context.Context, args []string, getenv func(string) string,
 	}
 	target := *rawURL
 	if target == "" {
-		cfg, err := config.Load(getenv)
-		if err != nil {
-			return err
+		// Only the addresses matter here: a healthcheck run by hand with part of serve's environment must
+		// not fail on a variable it does not use.
+		name, listen := "PULSE_LISTEN", cmp.Or(getenv("PULSE_LISTEN"), config.DefaultListen)
+		if p := getenv("PULSE_PROBE_LISTEN"); p != "" {
+			name, listen = "PULSE_PROBE_LISTEN", p
 		}
-		target = readyURL(cmp.Or(cfg.ProbeListen, cfg.Listen))
+		if _, _, err := net.SplitHostPort(listen); err != nil {
+			return fmt.Errorf("%s=%q is not a host:port address: %w", name, listen, err)
+		}
+		target = readyURL(listen)
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()

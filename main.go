@@ -85,8 +85,12 @@ func dispatch(ctx context.Context, args []string, getenv func(string) string, st
 			}
 			cmd, args = "version", nil
 		case a == "help": // pulse help <command>: that command's usage
-			if len(args) != 2 || args[1] == "help" {
+			if len(args) != 2 {
 				return cli.Usagef(usage, "help takes at most one command, got %q", args[1:])
+			}
+			if cli.IsHelp(args[1:]) { // pulse help help, pulse help --help
+				_, err := io.WriteString(stdout, usage)
+				return err
 			}
 			cmd, args = args[1], []string{"--help"}
 		case a != "" && a[0] != '-':

@@ -65,7 +65,7 @@ func serveUsage() string {
 	t := reflect.TypeOf(config.Config{})
 	for i := range t.NumField() {
 		name := t.Field(i).Tag.Get("env")
-		if name == "" {
+		if name == "" || strings.HasPrefix(name, "PULSE_TEST_") { // test hooks are not configuration
 			continue
 		}
 		if def, ok := t.Field(i).Tag.Lookup("envDefault"); ok {

@@ -126,7 +126,7 @@ func (e *Endpoint) Normalize() error {
 		badPort = perr != nil || p < 1 || p > 65535
 	}
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || u.User != nil || badPort {
-		return &FieldError{"url", fmt.Sprintf("must be an absolute http or https URL with a host and no credentials, got %q", e.URL)}
+		return &FieldError{"url", fmt.Sprintf("must be an absolute http or https URL with a host and no credentials, got %q", redactURL(e.URL))}
 	}
 	if len(e.Topics) == 0 {
 		return &FieldError{"topics", "must list at least one topic"}
@@ -221,6 +221,9 @@ func checkHeaders(h map[string]string) error {
 		if !headerNamePattern.MatchString(k) {
 			return &FieldError{"headers", fmt.Sprintf("%q is not a valid header name (RFC 9110 token)", k)}
 		}
+		if strings.Contains(k, ".") || strings.HasPrefix(k, "$") {
+			return &FieldError{"headers", fmt.Sprintf("%q: a header name with '.' or a leading '$' cannot be stored as a database field name", k)}
+		}
 		if prev, dup := byFold[strings.ToLower(k)]; dup {
 			return &FieldError{"headers", fmt.Sprintf("%q and %q differ only in case; header names are case-insensitive, keep one", prev, k)}
 		}
@@ -283,3 +286,19 @@ var eventIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // ValidEventID reports whether a client-chosen event id is 1–128 characters of [A-Za-z0-9._:-].
 func ValidEventID(s string) bool { return eventIDPattern.MatchString(s) }
+
+// redactURL returns raw with any userinfo (user and password) replaced, for error messages and logs: a URL
+// that does not parse is shown only by its scheme.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if scheme, _, ok := strings.Cut(raw, "://"); ok && !strings.Contains(scheme, "@") {
+			return scheme + "://…"
+		}
+		return "…"
+	}
+	if u.User != nil {
+		u.User = url.User("…")
+	}
+	return u.String()
+}

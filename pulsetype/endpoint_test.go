@@ -244,3 +244,25 @@ func TestDurationJSON(t *testing.T) {
 		t.Errorf("Marshal(90s) = %s, %v; want \"1m30s\"", b, err)
 	}
 }
+
+func TestEndpointErrorsHideURLCredentials(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{"https://admin:s3cr3t@example.com/hook", "ftp://admin:s3cr3t@example.com/", "https://admin:s3cr3t@exa mple.com/%zz"} {
+		e := &pulsetype.Endpoint{ConsumerGroup: "g", URL: raw, Topics: []string{"t"}}
+		err := e.Normalize()
+		if err == nil || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("Normalize(%q) = %v, want an error without the password", raw, err)
+		}
+	}
+}
+
+func TestEndpointHeaderNamesThatCannotBeStored(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"X.Tenant", "$where"} {
+		e := &pulsetype.Endpoint{ConsumerGroup: "g", URL: "https://example.com/", Topics: []string{"t"}, Headers: map[string]string{name: "v"}}
+		var fe *pulsetype.FieldError
+		if err := e.Normalize(); !errors.As(err, &fe) || fe.Field != "headers" || !strings.Contains(fe.Message, name) {
+			t.Errorf("Normalize with header %q = %v, want a headers error naming it", name, err)
+		}
+	}
+}

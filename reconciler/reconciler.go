@@ -104,23 +104,25 @@ func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
 // events whose fan-out was interrupted more than one lock timeout ago, and advances the backfill of an
 // earliest-offset consumer group. It returns how many repairs and backfilled deliveries it made. Repeated
 // calls walk all pending deliveries and start over.
+//
+// The three steps are independent: one that fails (say, an endpoint this replica cannot decrypt) does not
+// keep the others from running; their errors are joined.
 func (r *Reconciler) Repair(ctx context.Context) (int, error) {
-	repaired, err := r.repairDeliveries(ctx)
-	if err != nil {
-		return repaired, err
-	}
+	repaired, errRepair := r.repairDeliveries(ctx)
 	n, err := r.store.FanOutStale(ctx, r.lockTimeout, BatchSize)
+	var errFanOut error
 	if err != nil {
-		return repaired, fmt.Errorf("fan out stale events: %w", err)
+		errFanOut = fmt.Errorf("fan out stale events: %w", err)
 	}
 	if n > 0 {
 		r.report(KindInterruptedFanOut, nil, n)
 	}
 	backfilled, err := r.store.Backfill(ctx, r.owner, BatchSize)
+	var errBackfill error
 	if err != nil && !errors.Is(err, pulsetype.ErrLeaseLost) {
-		return repaired + n, fmt.Errorf("backfill: %w", err)
+		errBackfill = fmt.Errorf("backfill: %w", err)
 	}
-	return repaired + n + backfilled, nil
+	return repaired + n + backfilled, errors.Join(errRepair, errFanOut, errBackfill)
 }
 
 func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {

@@ -72,7 +72,8 @@ func (g *guard) check(addr netip.Addr) error {
 	addr = addr.Unmap().WithZone("") // Prefix.Contains never matches a zoned or 4-in-6 address
 	if v4, ok := embeddedIPv4(addr); ok {
 		if err := g.check(v4); err != nil {
-			return &blockedError{addr: addr, reason: "carrying " + err.(*blockedError).Error()[len("blocked: "):]}
+			inner := err.(*blockedError)
+			return &blockedError{addr: addr, reason: "an IPv6 form of " + v4.String() + ", which is " + inner.reason}
 		}
 	}
 	for _, p := range g.allow {

@@ -43,6 +43,14 @@ func TestGuardCheck(t *testing.T) {
 		{"allow beats built-in", "", "169.254.169.254", "169.254.169.254", ""},
 		{"allow beats built-in mapped", "", "169.254.0.0/16", "::ffff:169.254.9.9", ""},
 		{"allow does not reach neighbours", "", "169.254.169.254", "169.254.169.253", "blocked: 169.254.169.253 is link-local"},
+		{"unspecified v4", "", "", "0.0.0.0", "blocked: 0.0.0.0 is unspecified (connects to this host)"},
+		{"unspecified v4 mapped", "", "", "::ffff:0.0.0.0", "blocked: 0.0.0.0 is unspecified (connects to this host)"},
+		{"unspecified v6", "", "", "::", "blocked: :: is unspecified (connects to this host)"},
+		{"NAT64 metadata", "", "", "64:ff9b::a9fe:a9fe", "blocked: 64:ff9b::a9fe:a9fe is an IPv6 form of 169.254.169.254, which is link-local (cloud metadata)"},
+		{"6to4 metadata", "", "", "2002:a9fe:a9fe::1", "blocked: 2002:a9fe:a9fe::1 is an IPv6 form of 169.254.169.254, which is link-local (cloud metadata)"},
+		{"IPv4-compatible metadata", "", "", "::a9fe:a9fe", "blocked: ::a9fe:a9fe is an IPv6 form of 169.254.169.254, which is link-local (cloud metadata)"},
+		{"6to4 of a denied range", "127.0.0.0/8", "", "2002:7f00:1::1", "blocked: 2002:7f00:1::1 is an IPv6 form of 127.0.0.1, which is in denied range 127.0.0.0/8"},
+		{"NAT64 of a public address allowed", "", "", "64:ff9b::5db8:d822", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
