@@ -157,6 +157,20 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 	t.Logf("%d events (%d retained, %d live) arrived in order", len(arrival), retained, len(arrival)-retained)
 }
 
+// startBehindPauseProxy starts a sidecar with env whose database connections go through a pauseProxy.
+func (b *bundle) startBehindPauseProxy(env map[string]string) (*sidecar, *pauseProxy) {
+	b.t.Helper()
+	host := strings.TrimSuffix(strings.TrimPrefix(b.uri, "mongodb://"), "/")
+	host, _, _ = strings.Cut(host, "/")
+	proxy := newPauseProxy(b.t, host)
+	behind := map[string]string{}
+	for k, v := range env {
+		behind[k] = v
+	}
+	behind["PULSE_MONGODB_URI"] = "mongodb://" + proxy.ln.Addr().String() + "/"
+	return b.start(behind), proxy
+}
+
 // pauseProxy forwards TCP connections to upstream; while paused it holds every byte its clients send.
 type pauseProxy struct {
 	ln       net.Listener
@@ -244,12 +258,7 @@ func (p *pauseProxy) resume() {
 // API reports, because createdAt is stamped when the write reaches the database.
 func TestOrderHoldsWhenAnInsertStalls(t *testing.T) {
 	b := setup(t)
-	host := strings.TrimSuffix(strings.TrimPrefix(b.uri, "mongodb://"), "/")
-	host, _, _ = strings.Cut(host, "/")
-	proxy := newPauseProxy(t, host)
-	stalledEnv := b.fastEnv()
-	stalledEnv["PULSE_MONGODB_URI"] = "mongodb://" + proxy.ln.Addr().String() + "/"
-	stalled := b.start(stalledEnv)
+	stalled, proxy := b.startBehindPauseProxy(b.fastEnv())
 	s := b.start(b.fastEnv())
 	rcv := newReceiver(t, 200)
 	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true})

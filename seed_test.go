@@ -38,17 +38,9 @@ func TestReconcilerRetryHonoursRetryAfter(t *testing.T) {
 // comes back: one success, as the crash table says.
 func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
 	b := setup(t)
-	host := strings.TrimSuffix(strings.TrimPrefix(b.uri, "mongodb://"), "/")
-	host, _, _ = strings.Cut(host, "/")
-	proxy := newPauseProxy(t, host)
 	env := b.fastEnv()
 	env["PULSE_LOCK_TIMEOUT"] = "1s"
-	stalledEnv := map[string]string{}
-	for k, v := range env {
-		stalledEnv[k] = v
-	}
-	stalledEnv["PULSE_MONGODB_URI"] = "mongodb://" + proxy.ln.Addr().String() + "/"
-	stalled := b.start(stalledEnv)
+	stalled, proxy := b.startBehindPauseProxy(env)
 
 	cancelled, testDone := make(chan struct{}, 1), make(chan struct{})
 	var mu sync.Mutex
