@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -20,7 +21,8 @@ type Store interface {
 	ClearFanOut(ctx context.Context, eventIDs []string) error
 	ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error)
 	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)
-	ClaimHead(ctx context.Context, owner, group, topic string) (*pulsetype.Attempt, time.Duration, error)
+	ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (*pulsetype.Attempt, time.Duration, error)
+	OrderingKeys(ctx context.Context, group, topic string) ([]string, error)
 	ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error
 	FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error)
 	FollowUps(ctx context.Context, cs []pulsetype.Completion) error
@@ -516,8 +518,8 @@ func (d *Dispatcher) logErr(ctx context.Context, err error, step string) {
 	d.log.Error().Err(err).Str("step", step).Msg("worker loop step failed")
 }
 
-// claimOrdered claims the head-of-line attempt of every ordered consumer group's topics that has a due,
-// unleased head, and returns the ordered groups (the unordered claims must skip them). Without poll it looks
+// claimOrdered claims the head-of-line attempt of every line (topic and ordering key) of every ordered
+// consumer group that has a due, unleased head, and returns the ordered groups (the unordered claims must skip them). Without poll it looks
 // only at groups whose head may have moved since the last turn.
 func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 	d.mu.Lock()
@@ -553,31 +555,50 @@ func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 			continue
 		}
 		for _, topic := range topics {
-			d.mu.Lock()
-			admit := d.admitLocked(group, 0, d.opts.Workers-d.total)
-			d.mu.Unlock()
-			if !admit || ctx.Err() != nil {
+			if !d.claimLines(ctx, group, topic) {
 				break
-			}
-			a, wait, err := d.store.ClaimHead(ctx, d.opts.Owner, group, topic)
-			if err != nil {
-				d.logErr(ctx, err, "claim head of line")
-				continue
-			}
-			if a != nil {
-				d.launch(job{a: a})
-			}
-			if wait > 0 { // the head settles by itself: look again then
-				time.AfterFunc(wait, func() {
-					d.mu.Lock()
-					d.orderedKick[group] = true
-					d.mu.Unlock()
-					signal(d.kick)
-				})
 			}
 		}
 	}
 	return groups
+}
+
+// claimLines claims the head of every line (ordering key) of an ordered group's topic that has pending
+// deliveries, starting at a random key so that lines past the group's free slots are not always the same
+// ones. It reports false when the group has no free slot left (or ctx ended).
+func (d *Dispatcher) claimLines(ctx context.Context, group, topic string) bool {
+	keys, err := d.store.OrderingKeys(ctx, group, topic)
+	if err != nil {
+		d.logErr(ctx, err, "list ordering keys")
+		return true
+	}
+	start := rand.IntN(len(keys))
+	for i := range keys {
+		d.mu.Lock()
+		admit := d.admitLocked(group, 0, d.opts.Workers-d.total)
+		d.mu.Unlock()
+		if !admit || ctx.Err() != nil {
+			return false
+		}
+		line := pulsetype.Line{ConsumerGroup: group, Topic: topic, OrderingKey: keys[(start+i)%len(keys)]}
+		a, wait, err := d.store.ClaimHead(ctx, d.opts.Owner, line)
+		if err != nil {
+			d.logErr(ctx, err, "claim head of line")
+			continue
+		}
+		if a != nil {
+			d.launch(job{a: a})
+		}
+		if wait > 0 { // the head settles by itself: look again then
+			time.AfterFunc(wait, func() {
+				d.mu.Lock()
+				d.orderedKick[group] = true
+				d.mu.Unlock()
+				signal(d.kick)
+			})
+		}
+	}
+	return true
 }
 
 // limitLocked returns a consumer group's maxConcurrency as cached (the default when unknown); d.mu is held.

@@ -32,8 +32,11 @@ func (s *idleStore) ClaimBatch(context.Context, string, []string, int) ([]*pulse
 	s.mu.Unlock()
 	return nil, nil
 }
-func (s *idleStore) ClaimHead(context.Context, string, string, string) (*pulsetype.Attempt, time.Duration, error) {
+func (s *idleStore) ClaimHead(context.Context, string, pulsetype.Line) (*pulsetype.Attempt, time.Duration, error) {
 	return nil, 0, nil
+}
+func (s *idleStore) OrderingKeys(context.Context, string, string) ([]string, error) {
+	return []string{""}, nil
 }
 func (s *idleStore) ReleaseAttempt(context.Context, *pulsetype.Attempt) error { return nil }
 func (s *idleStore) FinishAttempts(_ context.Context, cs []pulsetype.Completion) ([]bool, error) {

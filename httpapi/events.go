@@ -32,6 +32,8 @@ type inputEvent struct {
 	Data    json.RawMessage   `json:"data"`
 	ID      *string           `json:"id"`
 	Headers map[string]string `json:"headers"`
+	// OrderingKey is optional: 1 to pulsetype.MaxOrderingKey characters.
+	OrderingKey *string `json:"orderingKey"`
 }
 
 // BadRequestError is a publish body the API rejects: Status is 400 or 413, Code the error code.
@@ -176,6 +178,12 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 			return nil, badRequest("invalid_headers", "%sheaders key %q must be 1-256 characters of letters, digits, '_' or '-'", where, k)
 		}
 	}
+	if in.OrderingKey != nil {
+		if n := utf8.RuneCountInString(*in.OrderingKey); n == 0 || n > pulsetype.MaxOrderingKey {
+			return nil, badRequest("invalid_ordering_key", "%sorderingKey must be 1-%d characters, not %d", where, pulsetype.MaxOrderingKey, n)
+		}
+		e.OrderingKey = *in.OrderingKey
+	}
 	return e, nil
 }
 
@@ -251,12 +259,14 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 }
 
 type eventBody struct {
-	ID         string              `json:"id"`
-	Topic      string              `json:"topic"`
-	CreatedAt  pulsetype.Timestamp `json:"createdAt"`
-	Data       json.RawMessage     `json:"data"`
-	Headers    map[string]string   `json:"headers"`
-	Deliveries []eventDelivery     `json:"deliveries"`
+	ID        string              `json:"id"`
+	Topic     string              `json:"topic"`
+	CreatedAt pulsetype.Timestamp `json:"createdAt"`
+	Data      json.RawMessage     `json:"data"`
+	Headers   map[string]string   `json:"headers"`
+	// OrderingKey is present when the event carries one.
+	OrderingKey string          `json:"orderingKey,omitempty"`
+	Deliveries  []eventDelivery `json:"deliveries"`
 }
 
 type eventDelivery struct {
@@ -293,7 +303,8 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: pulsetype.Timestamp(ev.CreatedAt), Data: ev.Data, Headers: ev.Headers, Deliveries: []eventDelivery{}}
+	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: pulsetype.Timestamp(ev.CreatedAt), Data: ev.Data, Headers: ev.Headers,
+		OrderingKey: ev.OrderingKey, Deliveries: []eventDelivery{}}
 	if body.Headers == nil {
 		body.Headers = map[string]string{}
 	}

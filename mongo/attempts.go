@@ -123,15 +123,17 @@ const OrderSettle = 100 * time.Millisecond
 // maxOrderCheck bounds how many unfinished fan-outs one head-of-line check examines.
 const maxOrderCheck = 100
 
-// ClaimHead leases the attempt at the head of line of an ordered consumer group's topic: the current attempt
-// of its oldest pending delivery (by event createdAt, then event id), if that attempt is unleased and due,
-// and if no earlier event of the topic that the group will receive may still lack its delivery. The
-// invariant it keeps: an ordered group never POSTs an event while an event before it (createdAt, then id)
-// that the group will deliver can still appear. Such an event is one of:
+// ClaimHead leases the attempt at the head of a line of an ordered consumer group (its deliveries of one
+// topic and one ordering key, "" for the events without a key): the current attempt of the line's oldest
+// pending delivery (by event createdAt, then event id), if that attempt is unleased and due, and if no
+// earlier event of the line that the group will receive may still lack its delivery. The invariant it
+// keeps: an ordered group never POSTs an event while an event of the same topic and ordering key before it
+// (createdAt, then id) that the group will deliver can still appear. Lines are independent: a failing head
+// holds up only its own line. Such an event is one of:
 //
 //   - an event whose createdAt is within OrderSettle of now: its write may still be running (retry after
 //     the returned wait);
-//   - an event of the topic still marked for fan-out (its publisher crashed, or its fan-out is in flight)
+//   - an event of the line still marked for fan-out (its publisher crashed, or its fan-out is in flight)
 //     that has no delivery for the group yet, unless the group would not receive it (offsetReset latest and
 //     published before the group registered);
 //   - any retained event while the group's backfill (offsetReset earliest) is still walking them.
@@ -142,11 +144,15 @@ const maxOrderCheck = 100
 // as endpoint_deleted instead of holding up the line. It returns nil when the head is running, waiting for
 // its retry, blocked, or absent; wait > 0 says when to look again without waiting for other news (the
 // settle window, or at once after ending a stale head).
-func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (a *pulsetype.Attempt, wait time.Duration, err error) {
+//
+// It costs one query of the line's head (index pulse_deliveries_line), one of the subscription, one of the
+// head's attempts and, when the head is due, those of earlierMayAppear; errors are the database's, wrapped.
+func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (a *pulsetype.Attempt, wait time.Duration, err error) {
+	group, topic := line.ConsumerGroup, line.Topic
 	var head deliveryDoc
-	err = s.deliveries.FindOne(ctx, bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending},
+	err = s.deliveries.FindOne(ctx, bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending, "orderingKey": keyFilter(line.OrderingKey)},
 		options.FindOne().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "status", Value: 1},
-			{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}})).Decode(&head)
+			{Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}})).Decode(&head)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, 0, nil
 	}
@@ -183,11 +189,44 @@ func (s *Store) ClaimHead(ctx context.Context, owner, group, topic string) (a *p
 	if at.Status != pulsetype.StatusPending || at.LockedUntil != nil || at.NextAttemptAt.After(now) {
 		return nil, 0, nil
 	}
-	if blocked, err := s.earlierMayAppear(ctx, topic, &sub, &head); err != nil || blocked {
+	if blocked, err := s.earlierMayAppear(ctx, line, &sub, &head); err != nil || blocked {
 		return nil, 0, err
 	}
 	a, err = s.claimByID(ctx, owner, at.ID, now)
 	return a, 0, err
+}
+
+// MaxLineKeys bounds the ordering keys OrderingKeys returns for one (consumer group, topic).
+const MaxLineKeys = 1000
+
+// OrderingKeys returns the ordering keys of the pending deliveries of a consumer group's topic, "" (the
+// events without a key) first and always present, then the others in ascending order, at most MaxLineKeys of
+// them (an arbitrary subset when there are more: the rest wait for a later turn); the
+// dispatcher claims the head of each of these lines. It costs one aggregation ($match on index
+// pulse_deliveries_line, then $group by key); errors are the database's, wrapped.
+func (s *Store) OrderingKeys(ctx context.Context, group, topic string) ([]string, error) {
+	cur, err := s.deliveries.Aggregate(ctx, bson.A{
+		bson.M{"$match": bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending}},
+		bson.M{"$group": bson.M{"_id": "$orderingKey"}},
+		bson.M{"$limit": MaxLineKeys + 1},
+	})
+	if err != nil {
+		return nil, wrap("list ordering keys", err)
+	}
+	var rows []struct {
+		Key *string `bson:"_id"`
+	}
+	if err := cur.All(ctx, &rows); err != nil {
+		return nil, wrap("list ordering keys", err)
+	}
+	out := []string{""}
+	for _, r := range rows {
+		if r.Key != nil && *r.Key != "" {
+			out = append(out, *r.Key)
+		}
+	}
+	slices.Sort(out[1:])
+	return out[:min(len(out), MaxLineKeys+1)], nil
 }
 
 // endStaleHead ends a pending delivery that belongs to an earlier registration of its group, and its current
@@ -211,17 +250,26 @@ func (s *Store) endStaleHead(ctx context.Context, d *deliveryDoc, at *attemptDoc
 	return err
 }
 
-// earlierMayAppear reports whether an event of topic before the head delivery's event (createdAt, then id)
-// that the group of sub will receive may still lack its delivery: the group's backfill is unfinished, or an
-// earlier event still marked for fan-out has no delivery for the group (see ClaimHead). It costs one query of
-// marked events (index pulse_events_fanout) and, when there are some, one count of the group's deliveries
-// of them.
-func (s *Store) earlierMayAppear(ctx context.Context, topic string, sub *subscriptionDoc, head *deliveryDoc) (bool, error) {
+// keyFilter matches an ordering key in a query: the key itself, or for "" documents without one (a null
+// equality, which an index on orderingKey serves).
+func keyFilter(key string) any {
+	if key == "" {
+		return nil
+	}
+	return key
+}
+
+// earlierMayAppear reports whether an event of the line (topic and ordering key) before the head delivery's
+// event (createdAt, then id) that the group of sub will receive may still lack its delivery: the group's
+// backfill is unfinished, or an earlier event of the line still marked for fan-out has no delivery for the
+// group (see ClaimHead). It costs one query of marked events (index pulse_events_fanout) and, when there are
+// some, one count of the group's deliveries of them.
+func (s *Store) earlierMayAppear(ctx context.Context, line pulsetype.Line, sub *subscriptionDoc, head *deliveryDoc) (bool, error) {
 	if sub.Backfill != nil {
 		return true, nil
 	}
 	marked, err := findAll[eventDoc](ctx, s.events, "find earlier unfinished fan-outs",
-		bson.M{"fanout": true, "createdAt": bson.M{"$lte": head.EventCreatedAt}, "topic": topic},
+		bson.M{"fanout": true, "createdAt": bson.M{"$lte": head.EventCreatedAt}, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)},
 		options.Find().SetSort(bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}).SetLimit(maxOrderCheck).
 			SetProjection(bson.M{"createdAt": 1}))
 	if err != nil {

@@ -11,11 +11,13 @@ import (
 // eventDoc is a document of <prefix>.events. Data is the event's JSON text, kept as a string so numbers,
 // unicode escapes and key order come back byte-equal.
 type eventDoc struct {
-	ID        string            `bson:"_id"`
-	Topic     string            `bson:"topic"`
-	Data      string            `bson:"data"`
-	Headers   map[string]string `bson:"headers,omitempty"`
-	CreatedAt time.Time         `bson:"createdAt"`
+	ID      string            `bson:"_id"`
+	Topic   string            `bson:"topic"`
+	Data    string            `bson:"data"`
+	Headers map[string]string `bson:"headers,omitempty"`
+	// OrderingKey is the event's ordering key; absent without one.
+	OrderingKey string    `bson:"orderingKey,omitempty"`
+	CreatedAt   time.Time `bson:"createdAt"`
 	// Fanout is true until deliveries and first attempts exist for every subscribed consumer group.
 	Fanout bool `bson:"fanout,omitempty"`
 	// Staged marks events of an array publish that is not yet committed; they are invisible.
@@ -24,7 +26,8 @@ type eventDoc struct {
 }
 
 func (d *eventDoc) event() *pulsetype.Event {
-	return &pulsetype.Event{ID: d.ID, Topic: d.Topic, Data: json.RawMessage(d.Data), Headers: d.Headers, CreatedAt: d.CreatedAt, ExpiresAt: d.ExpiresAt}
+	return &pulsetype.Event{ID: d.ID, Topic: d.Topic, Data: json.RawMessage(d.Data), Headers: d.Headers, OrderingKey: d.OrderingKey,
+		CreatedAt: d.CreatedAt, ExpiresAt: d.ExpiresAt}
 }
 
 // subscriptionDoc is a document of <prefix>.subscriptions: one per consumer group, _id = the group.
@@ -93,10 +96,13 @@ func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, 
 
 // deliveryDoc is a document of <prefix>.deliveries: one per (consumer group, event).
 type deliveryDoc struct {
-	ID             string               `bson:"_id"`
-	EventID        string               `bson:"eventId"`
-	ConsumerGroup  string               `bson:"consumerGroup"`
-	Topic          string               `bson:"topic"`
+	ID            string `bson:"_id"`
+	EventID       string `bson:"eventId"`
+	ConsumerGroup string `bson:"consumerGroup"`
+	Topic         string `bson:"topic"`
+	// OrderingKey is the event's ordering key, absent without one: an ordered group's line is
+	// (topic, orderingKey).
+	OrderingKey    string               `bson:"orderingKey,omitempty"`
 	EventCreatedAt time.Time            `bson:"eventCreatedAt"`
 	Status         pulsetype.Status     `bson:"status"`
 	CreatedAt      time.Time            `bson:"createdAt"`
@@ -114,7 +120,7 @@ type deliveryDoc struct {
 
 func (d *deliveryDoc) delivery() *pulsetype.Delivery {
 	return &pulsetype.Delivery{
-		ID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic, Status: d.Status,
+		ID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic, OrderingKey: d.OrderingKey, Status: d.Status,
 		EventCreatedAt: d.EventCreatedAt, CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, EndedAt: d.EndedAt,
 		FinalAttempt: d.FinalAttempt, Error: d.Error, ReopenedAttempt: d.ReopenedAttempt, Incarnation: d.Incarnation,
 	}

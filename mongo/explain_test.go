@@ -35,7 +35,8 @@ func TestHotQueriesUseIndexes(t *testing.T) {
 		{"repair scan", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"status": "pending", "_id": bson.M{"$gt": ""}}}, {Key: "sort", Value: bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}}}},
 		{"list", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{}}, {Key: "sort", Value: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}}}},
 		{"list by group", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g"}}, {Key: "sort", Value: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}}}},
-		{"head of line", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "topic": "t", "status": "pending"}}, {Key: "sort", Value: bson.D{{Key: "eventCreatedAt", Value: 1}}}}},
+		{"head of a keyed line", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "topic": "t", "status": "pending", "orderingKey": "k"}}, {Key: "sort", Value: bson.D{{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}}}}},
+		{"head of the unkeyed line", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "topic": "t", "status": "pending", "orderingKey": nil}}, {Key: "sort", Value: bson.D{{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}}}}},
 		{"fan-out repair", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"fanout": true, "createdAt": bson.M{"$lt": now}}}}},
 		{"backfill", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"topic": bson.M{"$in": bson.A{"t"}}, "_id": bson.M{"$gt": ""}}}}},
 	} {

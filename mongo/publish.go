@@ -156,6 +156,9 @@ func (d *eventDoc) insertFields() bson.M {
 	if len(d.Headers) > 0 {
 		f["headers"] = d.Headers
 	}
+	if d.OrderingKey != "" {
+		f["orderingKey"] = d.OrderingKey
+	}
 	if d.ExpiresAt != nil {
 		f["expiresAt"] = d.ExpiresAt
 	}
@@ -164,16 +167,16 @@ func (d *eventDoc) insertFields() bson.M {
 
 func (s *Store) newEventDoc(e *pulsetype.Event, staged bool) *eventDoc {
 	return &eventDoc{
-		ID: e.ID, Topic: e.Topic, Data: string(e.Data), Headers: e.Headers, CreatedAt: e.CreatedAt,
+		ID: e.ID, Topic: e.Topic, Data: string(e.Data), Headers: e.Headers, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt,
 		Fanout: !staged, Staged: staged, ExpiresAt: e.ExpiresAt,
 	}
 }
 
-// sameContent reports whether a re-publish of a stored id carries the same event: the same topic and
-// headers, and data holding the same JSON value however it is spelled (pulsetype.SameJSON: member order,
+// sameContent reports whether a re-publish of a stored id carries the same event: the same topic, ordering
+// key and headers, and data holding the same JSON value however it is spelled (pulsetype.SameJSON: member order,
 // whitespace, escapes and number spelling do not matter).
 func sameContent(d *eventDoc, e *pulsetype.Event) bool {
-	return d.Topic == e.Topic && maps.Equal(d.Headers, e.Headers) &&
+	return d.Topic == e.Topic && d.OrderingKey == e.OrderingKey && maps.Equal(d.Headers, e.Headers) &&
 		(d.Data == string(e.Data) || pulsetype.SameJSON([]byte(d.Data), e.Data))
 }
 
@@ -269,7 +272,8 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 				continue // offsetReset latest: the group registered after this event was published
 			}
 			d := &deliveryDoc{
-				ID: DeliveryID(sub.ID, e.ID), EventID: e.ID, ConsumerGroup: sub.ID, Topic: e.Topic, Incarnation: sub.Incarnation,
+				ID: DeliveryID(sub.ID, e.ID), EventID: e.ID, ConsumerGroup: sub.ID, Topic: e.Topic, OrderingKey: e.OrderingKey,
+				Incarnation:    sub.Incarnation,
 				EventCreatedAt: e.CreatedAt, Status: pulsetype.StatusPending, CreatedAt: now, UpdatedAt: now,
 			}
 			deliveries = append(deliveries, d)

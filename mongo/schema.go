@@ -32,8 +32,10 @@ var indexSpecs = []indexSpec{
 	{coll: "subscriptions", name: "pulse_subscriptions_topics", keys: bson.D{{Key: "topics", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_event_unique", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, unique: true},
 	{coll: "deliveries", name: "pulse_deliveries_status_id", keys: bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}},
-	// Serves the head of line of an ordered consumer group: its oldest pending delivery of a topic.
-	{coll: "deliveries", name: "pulse_deliveries_acquisition", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "status", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}}},
+	// Serves the head of a line of an ordered consumer group (topic and ordering key; ClaimHead) and the
+	// ordering keys with pending deliveries (OrderingKeys). It replaces pulse_deliveries_acquisition (the
+	// head per topic), which a database created by an earlier version still holds unused: drop it at will.
+	{coll: "deliveries", name: "pulse_deliveries_line", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "status", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}}},
 	// Serve GET /v1/deliveries newest first, with and without a consumer group.
 	{coll: "deliveries", name: "pulse_deliveries_created", keys: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_created", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},

@@ -44,11 +44,15 @@ const (
 // Event is one published event. Data holds the JSON exactly as the application sent it (compacted), so the
 // webhook body carries it byte-equal.
 type Event struct {
-	ID        string            `json:"id"`
-	Topic     string            `json:"topic"`
-	Data      json.RawMessage   `json:"data"`
-	Headers   map[string]string `json:"headers,omitempty"`
-	CreatedAt time.Time         `json:"createdAt"`
+	ID      string            `json:"id"`
+	Topic   string            `json:"topic"`
+	Data    json.RawMessage   `json:"data"`
+	Headers map[string]string `json:"headers,omitempty"`
+	// OrderingKey, when set (1 to MaxOrderingKey characters), puts the event in its own line of an ordered
+	// consumer group: such a group delivers in order per (topic, orderingKey), and events without a key form
+	// one line per topic.
+	OrderingKey string    `json:"orderingKey,omitempty"`
+	CreatedAt   time.Time `json:"createdAt"`
 	// ExpiresAt is when retention removes the event (createdAt + PULSE_EVENT_RETENTION); nil keeps it
 	// forever. No attempt may start at or after it: such an attempt ends as event_expired.
 	ExpiresAt *time.Time `json:"-"`
@@ -57,7 +61,11 @@ type Event struct {
 // ExpiredAt reports whether retention has removed the event by time now.
 func (e *Event) ExpiredAt(now time.Time) bool { return e.ExpiresAt != nil && !now.Before(*e.ExpiresAt) }
 
-// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}, createdAt in
+// MaxOrderingKey is the longest ordering key an event may carry, in characters (Unicode code points).
+const MaxOrderingKey = 200
+
+// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}, followed by
+// "orderingKey" when the event has one, createdAt in
 // TimeLayout (milliseconds, as stored, so the in-memory event of the first attempt and the stored one of a
 // retry give the same bytes). It is the same
 // bytes on every attempt because every field comes from the stored event, and data is copied verbatim (no
@@ -93,6 +101,10 @@ func (e *Event) Envelope() []byte {
 	out = append(out, data...)
 	out = append(out, `,"headers":`...)
 	out = append(out, headers...)
+	if e.OrderingKey != "" {
+		out = append(out, `,"orderingKey":`...)
+		out = append(out, str(e.OrderingKey)...)
+	}
 	return append(out, '}')
 }
 
@@ -108,6 +120,7 @@ type Delivery struct {
 	EventID        string     `json:"eventId"`
 	ConsumerGroup  string     `json:"consumerGroup"`
 	Topic          string     `json:"topic"`
+	OrderingKey    string     `json:"orderingKey,omitempty"`
 	Status         Status     `json:"status"`
 	EventCreatedAt time.Time  `json:"eventCreatedAt"`
 	CreatedAt      time.Time  `json:"createdAt"`
@@ -119,6 +132,12 @@ type Delivery struct {
 	ReopenedAttempt int `json:"-"`
 	// Incarnation is the registration of the consumer group this delivery belongs to (Endpoint.Incarnation).
 	Incarnation string `json:"-"`
+}
+
+// Line is one line of an ordered consumer group: its deliveries of one topic and one ordering key (""
+// for the events without a key), POSTed one at a time, oldest event (createdAt, then id) first.
+type Line struct {
+	ConsumerGroup, Topic, OrderingKey string
 }
 
 // DeliveryRef identifies a delivery and what each of its attempts carries: its event, consumer group, topic
