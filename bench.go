@@ -66,8 +66,13 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	uri := fs.String("mongodb-uri", getenv("PULSE_MONGODB_URI"), "database to use instead of a fresh embedded development database (default $PULSE_MONGODB_URI)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	ordered := fs.Bool("ordered", false, "register the consumer groups as ordered (one POST at a time per group, in order)")
+	keys := fs.Int("keys", 0, "give event i the ordering key k<i mod keys> (0: no keys); with --ordered, one line per key")
+	delay := fs.Duration("receiver-delay", 0, "how long the receiver takes to answer each POST")
 	if err := cli.Parse(fs, args, benchSynopsis, stdout); err != nil {
 		return err
+	}
+	if *keys < 0 || *delay < 0 {
+		return cli.Usagef(cli.Usage(fs, benchSynopsis), "bench: --keys and --receiver-delay must not be negative")
 	}
 	if *events < 1 || *groups < 1 || *concurrency < 1 || *replicas < 1 {
 		return cli.Usagef(cli.Usage(fs, benchSynopsis), "bench: --events, --groups, --replicas and --concurrency must be at least 1")
@@ -86,6 +91,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	dbName := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 
 	rcv := newBenchReceiver()
+	rcv.delay = *delay
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -168,7 +174,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 			for i := range work {
 				id := fmt.Sprintf("bench-%d", i)
 				rcv.published(id)
-				if err := benchRequest(ctx, "POST", apis[i%len(apis)]+"/v1/events", fmt.Sprintf(`{"id":%q,"topic":"bench","data":{"i":%d}}`, id, i), http.StatusAccepted); err != nil {
+				key := ""
+				if *keys > 0 {
+					key = fmt.Sprintf(`,"orderingKey":"k%d"`, i%*keys)
+				}
+				if err := benchRequest(ctx, "POST", apis[i%len(apis)]+"/v1/events", fmt.Sprintf(`{"id":%q,"topic":"bench","data":{"i":%d}%s}`, id, i, key), http.StatusAccepted); err != nil {
 					pubErr.Store(err)
 				}
 			}
@@ -294,6 +304,7 @@ type benchReceiver struct {
 	lat    []time.Duration
 	n      int
 	notify chan struct{}
+	delay  time.Duration // how long each answer takes (a slow receiver)
 }
 
 func newBenchReceiver() *benchReceiver {
@@ -308,6 +319,12 @@ func (b *benchReceiver) published(id string) {
 
 func (b *benchReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
+	if b.delay > 0 {
+		select {
+		case <-time.After(b.delay):
+		case <-r.Context().Done():
+		}
+	}
 	key := r.URL.Path + " " + r.Header.Get("Idempotency-Key")
 	b.mu.Lock()
 	b.n++

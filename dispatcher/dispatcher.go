@@ -563,40 +563,71 @@ func (d *Dispatcher) claimOrdered(ctx context.Context, poll bool) []string {
 	return groups
 }
 
+// lineClaimers bounds the head-of-line claims of one (group, topic) that run at once: each costs a few
+// database round trips, and a group with many ordering keys would otherwise claim its lines one after another.
+const lineClaimers = 8
+
 // claimLines claims the head of every line (ordering key) of an ordered group's topic that has pending
-// deliveries, starting at a random key so that lines past the group's free slots are not always the same
-// ones. It reports false when the group has no free slot left (or ctx ended).
+// deliveries, up to lineClaimers at once, starting at a random key so that lines past the group's free slots
+// are not always the same ones. Claims in progress count against the group's slots (a claim that finds a
+// head moves to in flight, one that finds none gives its slot back). It blocks until every claim it started
+// has returned, and reports false when the group has no free slot left (or ctx ended).
 func (d *Dispatcher) claimLines(ctx context.Context, group, topic string) bool {
 	keys, err := d.store.OrderingKeys(ctx, group, topic)
 	if err != nil {
 		d.logErr(ctx, err, "list ordering keys")
 		return true
 	}
+	var (
+		wg       sync.WaitGroup
+		claiming int // claims running; guarded by d.mu
+	)
+	defer wg.Wait()
+	sem := make(chan struct{}, lineClaimers)
 	start := rand.IntN(len(keys))
 	for i := range keys {
-		d.mu.Lock()
-		admit := d.admitLocked(group, 0, d.opts.Workers-d.total)
-		d.mu.Unlock()
-		if !admit || ctx.Err() != nil {
-			return false
+		sem <- struct{}{}
+		for {
+			d.mu.Lock()
+			admit := d.admitLocked(group, claiming, d.opts.Workers-d.total-claiming)
+			if admit {
+				claiming++
+			}
+			busy := claiming
+			d.mu.Unlock()
+			if admit {
+				break
+			}
+			if busy == 0 || ctx.Err() != nil {
+				<-sem
+				return false
+			}
+			wg.Wait() // the running claims may give their slots back
 		}
 		line := pulsetype.Line{ConsumerGroup: group, Topic: topic, OrderingKey: keys[(start+i)%len(keys)]}
-		a, wait, err := d.store.ClaimHead(ctx, d.opts.Owner, line)
-		if err != nil {
-			d.logErr(ctx, err, "claim head of line")
-			continue
-		}
-		if a != nil {
-			d.launch(job{a: a})
-		}
-		if wait > 0 { // the head settles by itself: look again then
-			time.AfterFunc(wait, func() {
-				d.mu.Lock()
-				d.orderedKick[group] = true
-				d.mu.Unlock()
-				signal(d.kick)
-			})
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			a, wait, err := d.store.ClaimHead(ctx, d.opts.Owner, line)
+			if a != nil {
+				d.launch(job{a: a})
+			}
+			d.mu.Lock()
+			claiming--
+			d.mu.Unlock()
+			if err != nil {
+				d.logErr(ctx, err, "claim head of line")
+			}
+			if wait > 0 { // the head settles by itself: look again then
+				time.AfterFunc(wait, func() {
+					d.mu.Lock()
+					d.orderedKick[group] = true
+					d.mu.Unlock()
+					signal(d.kick)
+				})
+			}
+		}()
 	}
 	return true
 }
