@@ -198,9 +198,11 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "shutting_down", "the sidecar is shutting down; publish to another replica or retry")
 		return
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
+	cloudEvents := isCloudEvents(r.Header)
+	if ct := r.Header.Get("Content-Type"); ct != "" && !cloudEvents {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "Content-Type must be application/json, got "+ct)
+			writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
+				"Content-Type must be application/json, "+ceStructured+" or "+ceBatch+" (or a binary-mode CloudEvent with ce-* headers), got "+ct)
 			return
 		}
 	}
@@ -214,7 +216,11 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "unreadable_body", "the body could not be read: "+err.Error())
 		return
 	}
-	events, isArray, err := DecodeEvents(body)
+	decode := DecodeEvents
+	if cloudEvents {
+		decode = func(body []byte) ([]*pulsetype.Event, bool, error) { return DecodeCloudEvents(r.Header, body) }
+	}
+	events, isArray, err := decode(body)
 	if err != nil {
 		var br *BadRequestError
 		errors.As(err, &br)

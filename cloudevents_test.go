@@ -1,0 +1,138 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// postCE POSTs body to /v1/events with the given headers and returns the status and the decoded answer.
+func postCE(t *testing.T, url string, header map[string]string, body string, out any) int {
+	t.Helper()
+	req, err := http.NewRequest("POST", url+"/v1/events", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("answer %d is not JSON: %q", resp.StatusCode, raw)
+		}
+	}
+	return resp.StatusCode
+}
+
+// CloudEvents 1.0 in structured, batch and binary mode become events: type the topic, id the id, data the
+// data, partitionkey the ordering key, the other attributes event headers ce-*, all delivered to the webhook.
+func TestCloudEventsIn(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 200)
+	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"order.created"}})
+	structured := `{"specversion":"1.0","id":"ce-1","type":"order.created","source":"/shop","subject":"o-1",
+		"time":"2025-03-01T12:00:00Z","datacontenttype":"application/json","tenant":"eu","data":{"n":1}}`
+	if code := postCE(t, s.URL, map[string]string{"Content-Type": "application/cloudevents+json"}, structured, nil); code != 202 {
+		t.Fatalf("structured mode answered %d", code)
+	}
+	batch := `[{"specversion":"1.0","id":"ce-2","type":"order.created","source":"/shop","data":{"n":2}},
+		{"specversion":"1.0","id":"ce-3","type":"order.created","source":"/shop","partitionkey":"c-9","data":[3]}]`
+	var out []struct{ ID string }
+	if code := postCE(t, s.URL, map[string]string{"Content-Type": "application/cloudevents-batch+json"}, batch, &out); code != 202 || len(out) != 2 {
+		t.Fatalf("batch mode answered %d %v", code, out)
+	}
+	binary := map[string]string{"Ce-Specversion": "1.0", "Ce-Id": "ce-4", "Ce-Type": "order.created",
+		"Ce-Source": "/shop", "Ce-Subject": "o-4", "Content-Type": "application/json"}
+	if code := postCE(t, s.URL, binary, `{"n":4}`, nil); code != 202 {
+		t.Fatalf("binary mode answered %d", code)
+	}
+	waitFor(t, 20*time.Second, "four POSTs", func() bool { return len(orderOf(rcv)) == 4 })
+	got := map[string]struct {
+		Topic, OrderingKey string
+		Data               json.RawMessage
+		Headers            map[string]string
+	}{}
+	for _, r := range rcv.received() {
+		var env struct {
+			ID, Topic, OrderingKey string
+			Data                   json.RawMessage
+			Headers                map[string]string
+		}
+		if err := json.Unmarshal(r.Body, &env); err != nil {
+			t.Fatal(err)
+		}
+		got[env.ID] = struct {
+			Topic, OrderingKey string
+			Data               json.RawMessage
+			Headers            map[string]string
+		}{env.Topic, env.OrderingKey, env.Data, env.Headers}
+	}
+	e1 := got["ce-1"]
+	if e1.Topic != "order.created" || string(e1.Data) != `{"n":1}` || e1.Headers["ce-source"] != "/shop" || e1.Headers["ce-subject"] != "o-1" ||
+		e1.Headers["ce-time"] != "2025-03-01T12:00:00Z" || e1.Headers["ce-datacontenttype"] != "application/json" || e1.Headers["ce-tenant"] != "eu" {
+		t.Errorf("structured event delivered as %+v", e1)
+	}
+	if e3 := got["ce-3"]; e3.OrderingKey != "c-9" || string(e3.Data) != `[3]` {
+		t.Errorf("batch event ce-3 delivered as %+v", e3)
+	}
+	if e4 := got["ce-4"]; string(e4.Data) != `{"n":4}` || e4.Headers["ce-subject"] != "o-4" || e4.Headers["ce-source"] != "/shop" {
+		t.Errorf("binary event delivered as %+v", e4)
+	}
+	// The same id and attributes again is an idempotent re-publish.
+	if code := postCE(t, s.URL, binary, `{"n":4}`, nil); code != 200 {
+		t.Errorf("binary re-publish answered %d, want 200", code)
+	}
+}
+
+// A CloudEvent missing required attributes, or with data that is not JSON, is refused naming the problem.
+func TestCloudEventsInRejects(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	for _, tc := range []struct {
+		name   string
+		header map[string]string
+		body   string
+		status int
+		code   string
+		names  []string
+	}{
+		{"structured without id and source", map[string]string{"Content-Type": "application/cloudevents+json"},
+			`{"specversion":"1.0","type":"t","data":1}`, 400, "invalid_cloudevent", []string{"id", "source"}},
+		{"binary without type", map[string]string{"Ce-Specversion": "1.0", "Ce-Id": "x", "Ce-Source": "/s", "Content-Type": "application/json"},
+			`1`, 400, "invalid_cloudevent", []string{"type"}},
+		{"batch with a bad event", map[string]string{"Content-Type": "application/cloudevents-batch+json"},
+			`[{"specversion":"1.0","id":"a","type":"t","source":"/s"},{"specversion":"1.0","id":"b","source":"/s"}]`, 400, "invalid_cloudevent", []string{"events[1]", "type"}},
+		{"type that is no topic", map[string]string{"Content-Type": "application/cloudevents+json"},
+			`{"specversion":"1.0","id":"a","type":"has space","source":"/s"}`, 400, "invalid_topic", []string{"type"}},
+		{"text data", map[string]string{"Ce-Specversion": "1.0", "Ce-Id": "x", "Ce-Type": "t", "Ce-Source": "/s", "Content-Type": "text/plain"},
+			`hello`, 415, "unsupported_media_type", []string{"datacontenttype"}},
+		{"malformed structured body", map[string]string{"Content-Type": "application/cloudevents+json"},
+			`{"specversion":`, 400, "invalid_cloudevent", nil},
+	} {
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		code := postCE(t, s.URL, tc.header, tc.body, &e)
+		if code != tc.status || e.Error.Code != tc.code {
+			t.Errorf("%s: got %d %+v, want %d %s", tc.name, code, e.Error, tc.status, tc.code)
+		}
+		for _, n := range tc.names {
+			if !strings.Contains(e.Error.Message, n) {
+				t.Errorf("%s: message %q does not name %s", tc.name, e.Error.Message, n)
+			}
+		}
+	}
+	if n := b.count("events", map[string]any{}); n != 0 {
+		t.Fatalf("%d events stored after rejected CloudEvents", n)
+	}
+}
