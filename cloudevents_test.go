@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cloudevents/sdk-go/v2/binding"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 )
 
 // postCE POSTs body to /v1/events with the given headers and returns the status and the decoded answer.
@@ -134,5 +140,58 @@ func TestCloudEventsInRejects(t *testing.T) {
 	}
 	if n := b.count("events", map[string]any{}); n != 0 {
 		t.Fatalf("%d events stored after rejected CloudEvents", n)
+	}
+}
+
+// An endpoint with "format": "cloudevents" receives binary-mode CloudEvents that the SDK reads back: ce-id,
+// ce-type, ce-source, ce-specversion, ce-time, ce-subject and the data as the body, with Idempotency-Key and
+// a signature, the same bytes and headers on the retry.
+func TestCloudEventsOut(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	rcv := newReceiver(t, 500, 200)
+	secret := "whsec_" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
+	s.registerEndpoint(t, "ce", map[string]any{"url": rcv.URL, "topics": []string{"order.created"}, "format": "cloudevents",
+		"retryDelay": "1ms", "secret": secret})
+	binary := map[string]string{"Ce-Specversion": "1.0", "Ce-Id": "o-7", "Ce-Type": "order.created",
+		"Ce-Source": "/shop", "Ce-Subject": "o-7", "Ce-Tenant": "eu", "Content-Type": "application/json"}
+	if code := postCE(t, s.URL, binary, `{"n": 7}`, nil); code != 202 {
+		t.Fatalf("publish answered %d", code)
+	}
+	waitFor(t, 20*time.Second, "the failed POST and its retry", func() bool { return len(rcv.received()) == 2 })
+	got := rcv.received()
+	first, retry := got[0], got[1]
+	if !bytes.Equal(first.Body, retry.Body) || string(first.Body) != `{"n":7}` {
+		t.Errorf("bodies %q and %q, want {\"n\":7} twice", first.Body, retry.Body)
+	}
+	for _, h := range []string{"Ce-Id", "Ce-Type", "Ce-Source", "Ce-Specversion", "Ce-Time", "Ce-Subject", "Ce-Tenant", "Content-Type", "Idempotency-Key", "Webhook-Signature"} {
+		if first.Header.Get(h) == "" || first.Header.Get(h) != retry.Header.Get(h) {
+			t.Errorf("header %s: %q then %q, want the same non-empty value", h, first.Header.Get(h), retry.Header.Get(h))
+		}
+	}
+	msg := cehttp.NewMessage(retry.Header, io.NopCloser(bytes.NewReader(retry.Body)))
+	ev, err := binding.ToEvent(context.Background(), msg)
+	if err != nil {
+		t.Fatalf("the SDK does not read the POST as a CloudEvent: %v", err)
+	}
+	if err := ev.Validate(); err != nil || ev.ID() != "o-7" || ev.Type() != "order.created" || ev.Source() != "/shop" ||
+		ev.Subject() != "o-7" || ev.Extensions()["tenant"] != "eu" || ev.Time().IsZero() || string(ev.Data()) != `{"n":7}` {
+		t.Errorf("read back %v (validate: %v)", ev, err)
+	}
+	// An event published as plain JSON gets the default source and its createdAt as time.
+	if code := do(t, "POST", s.URL+"/v1/events", map[string]any{"topic": "order.created", "data": 1, "orderingKey": "c-1"}, nil); code != 202 {
+		t.Fatalf("JSON publish answered %d", code)
+	}
+	waitFor(t, 20*time.Second, "the JSON event", func() bool { return len(rcv.received()) == 3 })
+	h := rcv.received()[2].Header
+	if h.Get("Ce-Source") != "/pulse-sidecar" || h.Get("Ce-Time") == "" || h.Get("Ce-Partitionkey") != "c-1" || h.Get("Ce-Specversion") != "1.0" {
+		t.Errorf("JSON event sent with ce headers %v", h)
+	}
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	if code := do(t, "PUT", s.URL+"/v1/endpoints/bad", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "format": "xml"}, &e); code != 400 ||
+		!strings.Contains(e.Error.Message, "format") {
+		t.Errorf("format xml answered %d %+v", code, e.Error)
 	}
 }

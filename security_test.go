@@ -178,7 +178,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 		action, auth string
 		changed      []any // nil: not checked
 	}{
-		{"endpoint.created", "PULSE_API_TOKEN#2", []any{"delivery", "maxConcurrency", "maxRetries", "maxRetryDelay", "offsetReset", "ordered", "retryBackoffMultiplier", "retryDelay", "secret", "timeout", "topics", "url", "headers.Authorization"}},
+		{"endpoint.created", "PULSE_API_TOKEN#2", []any{"delivery", "format", "maxConcurrency", "maxRetries", "maxRetryDelay", "offsetReset", "ordered", "retryBackoffMultiplier", "retryDelay", "secret", "timeout", "topics", "url", "headers.Authorization"}},
 		{"endpoint.changed", "PULSE_API_TOKEN#1", []any{"url", "headers.X-Env"}},
 		{"delivery.retried", "PULSE_API_TOKEN#1", nil},
 		{"deliveries.replayed", "PULSE_API_TOKEN#1", nil},

@@ -156,8 +156,12 @@ func (d *Dispatcher) abandon(ctx context.Context, a *pulsetype.Attempt, log zero
 }
 
 func (d *Dispatcher) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsetype.Endpoint, ev *pulsetype.Event) pulsetype.AttemptResult {
+	body, bodyHeaders := ev.Envelope(), map[string]string(nil)
+	if ep.Format == pulsetype.FormatCloudEvents {
+		bodyHeaders, body = ev.CloudEvent()
+	}
 	r := d.sender.Send(ctx, webhook.Request{
-		URL: ep.URL, Body: ev.Envelope(), EventID: ev.ID, Topic: ev.Topic, ConsumerGroup: a.ConsumerGroup,
+		URL: ep.URL, Body: body, BodyHeaders: bodyHeaders, EventID: ev.ID, Topic: ev.Topic, ConsumerGroup: a.ConsumerGroup,
 		DeliveryID: a.DeliveryID, Attempt: a.Number, Headers: ep.Headers, Secret: ep.Secret,
 		Timeout: time.Duration(*ep.Timeout), InsecureSkipVerify: ep.InsecureSkipVerify,
 	})

@@ -1,6 +1,7 @@
 package mongo
 
 import (
+	"cmp"
 	"encoding/json"
 	"time"
 
@@ -37,6 +38,7 @@ type subscriptionDoc struct {
 	Topics                 []string `bson:"topics"`
 	Delivery               string   `bson:"delivery"`
 	Ordered                bool     `bson:"ordered"`
+	Format                 string   `bson:"format,omitempty"` // empty for groups stored before formats: envelope
 	OffsetReset            string   `bson:"offsetReset"`
 	MaxRetries             int      `bson:"maxRetries"`
 	RetryDelayMs           int64    `bson:"retryDelayMs"`
@@ -83,6 +85,7 @@ func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, 
 	maxRetries, mult, conc := d.MaxRetries, d.RetryBackoffMultiplier, d.MaxConcurrency
 	ep := &pulsetype.Endpoint{
 		ConsumerGroup: d.ID, URL: d.URL, Topics: d.Topics, Delivery: d.Delivery, Ordered: d.Ordered,
+		Format:      cmp.Or(d.Format, pulsetype.FormatEnvelope),
 		OffsetReset: d.OffsetReset, MaxRetries: &maxRetries, RetryDelay: durPtr(d.RetryDelayMs),
 		RetryBackoffMultiplier: &mult, MaxRetryDelay: durPtr(d.MaxRetryDelayMs), Timeout: durPtr(d.TimeoutMs),
 		MaxConcurrency: &conc, Headers: d.Headers, Secret: d.Secret, InsecureSkipVerify: d.InsecureSkipVerify,

@@ -23,7 +23,7 @@ import (
 func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored *pulsetype.Endpoint, created bool, err error) {
 	now := s.now()
 	set := bson.M{
-		"url": e.URL, "topics": e.Topics, "delivery": e.Delivery, "ordered": e.Ordered,
+		"url": e.URL, "topics": e.Topics, "delivery": e.Delivery, "ordered": e.Ordered, "format": e.Format,
 		"offsetReset": e.OffsetReset, "maxRetries": *e.MaxRetries, "retryDelayMs": ms(e.RetryDelay),
 		"retryBackoffMultiplier": *e.RetryBackoffMultiplier, "maxRetryDelayMs": ms(e.MaxRetryDelay),
 		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency,

@@ -19,6 +19,15 @@ const (
 	AtMostOnce  = "at-most-once"
 )
 
+// Formats of the webhook request of an endpoint.
+const (
+	// FormatEnvelope is the default: the body is Event.Envelope, Content-Type application/json.
+	FormatEnvelope = "envelope"
+	// FormatCloudEvents is a CloudEvents 1.0 binary-mode request: ce-* headers and the data as the body (see
+	// Event.CloudEvent).
+	FormatCloudEvents = "cloudevents"
+)
+
 // Offset resets: which events a newly registered consumer group receives.
 const (
 	OffsetLatest   = "latest"   // events published after registration
@@ -80,11 +89,13 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // Endpoint is a consumer group's webhook registration: where its events go and how they are retried.
 // Pointer fields are optional in the API body; Normalize fills their defaults.
 type Endpoint struct {
-	ConsumerGroup          string            `json:"consumerGroup"`
-	URL                    string            `json:"url"`
-	Topics                 []string          `json:"topics"`
-	Delivery               string            `json:"delivery"`
-	Ordered                bool              `json:"ordered"`
+	ConsumerGroup string   `json:"consumerGroup"`
+	URL           string   `json:"url"`
+	Topics        []string `json:"topics"`
+	Delivery      string   `json:"delivery"`
+	Ordered       bool     `json:"ordered"`
+	// Format is FormatEnvelope (the default) or FormatCloudEvents.
+	Format                 string            `json:"format"`
 	OffsetReset            string            `json:"offsetReset"`
 	MaxRetries             *int              `json:"maxRetries,omitempty"`
 	RetryDelay             *Duration         `json:"retryDelay,omitempty"`
@@ -151,6 +162,13 @@ func (e *Endpoint) Normalize() error {
 	case AtLeastOnce, AtMostOnce:
 	default:
 		return &FieldError{"delivery", fmt.Sprintf("must be %q or %q, got %q", AtLeastOnce, AtMostOnce, e.Delivery)}
+	}
+	switch e.Format {
+	case "":
+		e.Format = FormatEnvelope
+	case FormatEnvelope, FormatCloudEvents:
+	default:
+		return &FieldError{"format", fmt.Sprintf("must be %q or %q, got %q", FormatEnvelope, FormatCloudEvents, e.Format)}
 	}
 	switch e.OffsetReset {
 	case "":

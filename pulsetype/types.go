@@ -3,6 +3,7 @@ package pulsetype
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"time"
 )
 
@@ -106,6 +107,41 @@ func (e *Event) Envelope() []byte {
 		out = append(out, str(e.OrderingKey)...)
 	}
 	return append(out, '}')
+}
+
+// CloudEventSource is the ce-source of an event published without one (not as a CloudEvent).
+const CloudEventSource = "/pulse-sidecar"
+
+// CloudEvent returns the event as a CloudEvents 1.0 binary-mode request: headers ce-specversion 1.0, ce-id (the
+// event id), ce-type (the topic), ce-source (the kept "ce-source" event header, else CloudEventSource),
+// ce-time (the kept "ce-time", else createdAt in TimeLayout), ce-partitionkey (the ordering key) when set,
+// every other kept "ce-<name>" event header as ce-<name> (ce-subject among them), and Content-Type
+// application/json; the body is the data verbatim. Event headers not starting with "ce-" are not sent. Every
+// value comes from the stored event, so the request is the same on every attempt.
+func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
+	headers = map[string]string{"Content-Type": "application/json"}
+	for k, v := range e.Headers {
+		if name, ok := strings.CutPrefix(strings.ToLower(k), "ce-"); ok && name != "datacontenttype" && name != "specversion" {
+			headers["ce-"+name] = v
+		}
+	}
+	headers["ce-specversion"] = "1.0"
+	headers["ce-id"] = e.ID
+	headers["ce-type"] = e.Topic
+	if headers["ce-source"] == "" {
+		headers["ce-source"] = CloudEventSource
+	}
+	if headers["ce-time"] == "" {
+		headers["ce-time"] = FormatTime(e.CreatedAt)
+	}
+	if e.OrderingKey != "" {
+		headers["ce-partitionkey"] = e.OrderingKey
+	}
+	body = e.Data
+	if len(body) == 0 {
+		body = []byte("null")
+	}
+	return headers, body
 }
 
 // ErrorInfo is the code and human message of a failed attempt or terminal delivery.

@@ -30,6 +30,10 @@ type Request struct {
 	// Headers are the endpoint's own headers. They cannot replace the headers this package sets (see
 	// reservedHeaders); such entries are dropped.
 	Headers map[string]string
+	// BodyHeaders describe the body and are set after the endpoint's own headers, replacing them: the
+	// ce-* headers of a CloudEvents binary-mode request, and Content-Type (application/json when absent).
+	// Contract headers other than Content-Type cannot be replaced.
+	BodyHeaders map[string]string
 	// Secret is the Standard Webhooks signing secret ("whsec_<base64>"). Empty means the request is unsigned.
 	Secret string
 	// Timeout bounds the whole attempt: dial, TLS, sending, waiting for and reading the response.
@@ -107,6 +111,14 @@ func newHTTPRequest(ctx context.Context, r *Request, ts time.Time, userAgent str
 	}
 
 	h.Set("Content-Type", "application/json")
+	for name, value := range r.BodyHeaders {
+		if !validHeaderName(name) || !validHeaderValue(value) {
+			return nil, invalid("body header " + strconv.Quote(name) + " is not a valid header")
+		}
+		if k := http.CanonicalHeaderKey(name); k == "Content-Type" || !reservedHeaders[k] {
+			h.Set(name, value)
+		}
+	}
 	h.Set("Idempotency-Key", r.EventID)
 	h.Set(standardwebhooks.HeaderWebhookID, r.EventID)
 	h.Set(standardwebhooks.HeaderWebhookTimestamp, strconv.FormatInt(ts.Unix(), 10))
