@@ -28,6 +28,7 @@ import (
 	"github.com/pulse-sidecar/pulse/httpapi"
 	"github.com/pulse-sidecar/pulse/internal/cli"
 	"github.com/pulse-sidecar/pulse/internal/sealing"
+	"github.com/pulse-sidecar/pulse/internal/tracing"
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/mongo"
 	"github.com/pulse-sidecar/pulse/mongo/devdb"
@@ -180,15 +181,25 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	metrics := httpapi.NewMetrics()
 	metrics.CountPendingWith(store.PendingByGroup, pendingCountMaxAge, log)
 	recon := reconciler.New(store, owner, cfg.LockTimeout, metrics, log)
+	tp, err := tracing.NewProvider(startCtx, cfg.OTLPEndpoint)
+	if err != nil {
+		return fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT: %w", err)
+	}
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tp.Shutdown(flushCtx) // spans that do not reach the collector are dropped
+	}()
+	tracer := tracing.Tracer(tp)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
-		Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
+		Tracer: tracer, Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
 	})
 	var notify httpapi.Notifier = disp
 	if cfg.TestCrashAfterPublish {
 		log.Warn().Msg("PULSE_TEST_CRASH_AFTER_PUBLISH: this process dies after its first publish, before fanning it out (testing only)")
 		notify = crashAfterPublish{disp}
 	}
-	api := httpapi.New(store, notify, httpapi.Options{APITokens: cfg.APITokens(), ReadTokens: cfg.APIReadTokens(), MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log})
+	api := httpapi.New(store, notify, httpapi.Options{APITokens: cfg.APITokens(), ReadTokens: cfg.APIReadTokens(), MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log, Tracer: tracer})
 
 	var endpointsHash [32]byte
 	if cfg.EndpointsFile != "" {

@@ -99,6 +99,10 @@ type Config struct {
 	LogLevel string `env:"PULSE_LOG_LEVEL" envDefault:"info"`
 	// LogFormat is json or console.
 	LogFormat string `env:"PULSE_LOG_FORMAT" envDefault:"json"`
+	// OTLPEndpoint is the standard OTEL_EXPORTER_OTLP_ENDPOINT, an OTLP/HTTP base URL (spans go to
+	// <url>/v1/traces; the exporter reads the other OTEL_EXPORTER_OTLP_* variables itself). Default empty:
+	// spans are made (webhook POSTs carry traceparent) but nothing is exported.
+	OTLPEndpoint string `env:"OTEL_EXPORTER_OTLP_ENDPOINT"`
 	// MaxBodyBytes bounds a publish request body, in bytes (413 above it); at most MaxMaxBodyBytes, so that
 	// the largest event fits one MongoDB document.
 	MaxBodyBytes int64 `env:"PULSE_MAX_BODY_BYTES" envDefault:"1048576"`

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -52,6 +53,7 @@ type Observer interface {
 // Options configure a Dispatcher.
 type Options struct {
 	Owner           string        // this process's lock owner id (UUIDv7)
+	Tracer          trace.Tracer  // makes a span per attempt, child of the event's publish span; nil: none
 	Workers         int           // POSTs in flight at most, across consumer groups
 	PollInterval    time.Duration // longest sleep without a wake-up; also the reaper's period
 	RepairInterval  time.Duration // period of the partial-state repair scan (default: PollInterval)

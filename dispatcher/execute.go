@@ -7,7 +7,11 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pulse-sidecar/pulse/internal/tracing"
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/reconciler"
@@ -156,9 +160,24 @@ func (d *Dispatcher) abandon(ctx context.Context, a *pulsetype.Attempt, log zero
 }
 
 func (d *Dispatcher) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsetype.Endpoint, ev *pulsetype.Event) pulsetype.AttemptResult {
-	body, bodyHeaders := ev.Envelope(), map[string]string(nil)
+	body, bodyHeaders := ev.Envelope(), map[string]string{}
 	if ep.Format == pulsetype.FormatCloudEvents {
 		bodyHeaders, body = ev.CloudEvent()
+	}
+	tracer := d.opts.Tracer
+	if tracer == nil {
+		tracer = tracing.Tracer(nil)
+	}
+	_, span := tracer.Start(tracing.Resume(ctx, ev.TraceParent, ev.TraceState), "deliver "+ev.Topic,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+			attribute.String("pulse.consumer_group", a.ConsumerGroup), attribute.Int("pulse.attempt", a.Number),
+			attribute.String("pulse.topic", ev.Topic), attribute.String("pulse.event_id", ev.ID)))
+	defer span.End()
+	if tp, ts := tracing.Carried(trace.ContextWithSpan(ctx, span)); tp != "" {
+		bodyHeaders["traceparent"] = tp
+		if ts != "" {
+			bodyHeaders["tracestate"] = ts
+		}
 	}
 	r := d.sender.Send(ctx, webhook.Request{
 		URL: ep.URL, Body: body, BodyHeaders: bodyHeaders, EventID: ev.ID, Topic: ev.Topic, ConsumerGroup: a.ConsumerGroup,
@@ -166,6 +185,10 @@ func (d *Dispatcher) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsety
 		Timeout: time.Duration(*ep.Timeout), InsecureSkipVerify: ep.InsecureSkipVerify,
 	})
 	res := pulsetype.AttemptResult{HTTPStatus: r.HTTPStatus, Duration: r.Duration, ResponseBody: r.Body, RetryAfter: r.RetryAfter}
+	span.SetAttributes(attribute.Int("http.response.status_code", r.HTTPStatus), attribute.String("pulse.outcome", r.Outcome.String()))
+	if r.Outcome != webhook.OutcomeSuccess {
+		span.SetStatus(codes.Error, r.Message)
+	}
 	if r.Outcome == webhook.OutcomeSuccess {
 		res.Status = pulsetype.StatusSuccess
 		return res

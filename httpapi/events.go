@@ -14,6 +14,11 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pulse-sidecar/pulse/internal/tracing"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -227,12 +232,25 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		writeError(w, br.Status, br.Code, br.Message)
 		return
 	}
+	tracer := s.opts.Tracer
+	if tracer == nil {
+		tracer = tracing.Tracer(nil)
+	}
+	// The publish span is a child of the request's traceparent, if any; it is kept with the events.
+	ctx, span := tracer.Start(tracing.Resume(r.Context(), r.Header.Get("traceparent"), r.Header.Get("tracestate")), "publish",
+		trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attribute.Int("pulse.events", len(events))))
+	defer span.End()
+	traceparent, tracestate := tracing.Carried(ctx)
 	for _, e := range events {
 		if e.ID == "" {
 			e.ID = uuid.Must(uuid.NewV7()).String()
 		}
+		e.TraceParent, e.TraceState = traceparent, tracestate
 	}
 	published, err := s.store.Publish(r.Context(), events)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
 	if errors.Is(err, pulsetype.ErrIDConflict) {
 		writeError(w, http.StatusConflict, "id_conflict", "an event with this id was already published with other content")
 		return

@@ -14,6 +14,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -55,6 +56,8 @@ type Options struct {
 	Logger       zerolog.Logger
 	// Metrics, when set, is served at GET /metrics and counts publishes.
 	Metrics *Metrics
+	// Tracer makes the publish spans; nil makes none (the request's traceparent is still kept).
+	Tracer trace.Tracer
 }
 
 // Server is the HTTP API. Its handler is safe for concurrent use.

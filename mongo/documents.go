@@ -19,6 +19,9 @@ type eventDoc struct {
 	// OrderingKey is the event's ordering key; absent without one.
 	OrderingKey string    `bson:"orderingKey,omitempty"`
 	CreatedAt   time.Time `bson:"createdAt"`
+	// TraceParent and TraceState are the W3C trace context of the publish span.
+	TraceParent string `bson:"traceparent,omitempty"`
+	TraceState  string `bson:"tracestate,omitempty"`
 	// Fanout is true until deliveries and first attempts exist for every subscribed consumer group.
 	Fanout bool `bson:"fanout,omitempty"`
 	// Staged marks events of an array publish that is not yet committed; they are invisible.
@@ -28,6 +31,7 @@ type eventDoc struct {
 
 func (d *eventDoc) event() *pulsetype.Event {
 	return &pulsetype.Event{ID: d.ID, Topic: d.Topic, Data: json.RawMessage(d.Data), Headers: d.Headers, OrderingKey: d.OrderingKey,
+		TraceParent: d.TraceParent, TraceState: d.TraceState,
 		CreatedAt: d.CreatedAt, ExpiresAt: d.ExpiresAt}
 }
 

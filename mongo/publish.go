@@ -159,6 +159,12 @@ func (d *eventDoc) insertFields() bson.M {
 	if d.OrderingKey != "" {
 		f["orderingKey"] = d.OrderingKey
 	}
+	if d.TraceParent != "" {
+		f["traceparent"] = d.TraceParent
+	}
+	if d.TraceState != "" {
+		f["tracestate"] = d.TraceState
+	}
 	if d.ExpiresAt != nil {
 		f["expiresAt"] = d.ExpiresAt
 	}
@@ -168,6 +174,7 @@ func (d *eventDoc) insertFields() bson.M {
 func (s *Store) newEventDoc(e *pulsetype.Event, staged bool) *eventDoc {
 	return &eventDoc{
 		ID: e.ID, Topic: e.Topic, Data: string(e.Data), Headers: e.Headers, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt,
+		TraceParent: e.TraceParent, TraceState: e.TraceState,
 		Fanout: !staged, Staged: staged, ExpiresAt: e.ExpiresAt,
 	}
 }

@@ -54,6 +54,10 @@ type Event struct {
 	// one line per topic.
 	OrderingKey string    `json:"orderingKey,omitempty"`
 	CreatedAt   time.Time `json:"createdAt"`
+	// TraceParent and TraceState are the W3C trace context of the publish span; each webhook attempt is a
+	// child span of it. They are not part of the event's content (a re-publish may carry another).
+	TraceParent string `json:"-"`
+	TraceState  string `json:"-"`
 	// ExpiresAt is when retention removes the event (createdAt + PULSE_EVENT_RETENTION); nil keeps it
 	// forever. No attempt may start at or after it: such an attempt ends as event_expired.
 	ExpiresAt *time.Time `json:"-"`
