@@ -51,6 +51,9 @@ func (b *bundle) fastEnv() map[string]string {
 type sidecar struct {
 	URL  string
 	logs *syncBuffer
+	// stop shuts the sidecar down and waits for it, failing the test if it exited with an error; it is safe
+	// twice (t.Cleanup calls it too). Nil for sidecars not started by start.
+	stop func()
 }
 
 // start runs a sidecar in-process with env and returns once it listens; it is stopped in t.Cleanup.
@@ -79,15 +82,16 @@ func (b *bundle) start(env map[string]string) *sidecar {
 		}
 		_, _ = io.Copy(io.Discard, pr)
 	}()
-	b.t.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {
 			b.t.Errorf("sidecar exited with %v", err)
 		}
 	})
+	b.t.Cleanup(stop)
 	select {
 	case a := <-addr:
-		return &sidecar{URL: "http://" + a, logs: logs}
+		return &sidecar{URL: "http://" + a, logs: logs, stop: stop}
 	case err := <-done:
 		b.t.Fatalf("sidecar did not start: %v\n%s", err, logs.String())
 	case <-time.After(60 * time.Second):

@@ -306,43 +306,13 @@ func TestDevDatabaseFilesHoldNoSecret(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	env := map[string]string{"PULSE_DATA_DIR": dir, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_ENCRYPTION_KEY": keyB64(7),
 		"PULSE_LOG_LEVEL": "info"}
-	logs := &syncBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	pr, pw := io.Pipe()
-	go func() {
-		err := run(ctx, nil, func(k string) string { return env[k] }, io.MultiWriter(pw, logs))
-		pw.Close()
-		done <- err
-	}()
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			var line struct{ Message, Addr string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "listening" {
-				addr <- line.Addr
-			}
-		}
-	}()
-	var s *sidecar
-	select {
-	case a := <-addr:
-		s = &sidecar{URL: "http://" + a, logs: logs}
-	case err := <-done:
-		t.Fatalf("sidecar exited: %v\n%s", err, logs.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("sidecar did not start\n%s", logs.String())
-	}
+	s := (&bundle{t: t}).start(env)
 	const secret, cred, marker = "whsec_ZGV2LWRiLXNpZ25pbmcta2V5LWNsZWFy", "Bearer devcred-6a5b4c3d", "marker-event-data-0f1e2d"
 	s.registerEndpoint(t, "g", map[string]any{"url": "http://127.0.0.1:9/", "topics": []string{"t"}, "secret": secret,
 		"headers": map[string]string{"Authorization": cred}})
 	s.publish(t, "t", marker)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("sidecar exited with %v", err)
-	}
-	if strings.Contains(logs.String(), "PULSE_ENCRYPTION_KEY is not set") {
+	s.stop() // the database's files are complete once it stopped
+	if strings.Contains(s.logs.String(), "PULSE_ENCRYPTION_KEY is not set") {
 		t.Error("warned about a missing key although one is set")
 	}
 	var sawMarker bool

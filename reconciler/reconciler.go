@@ -143,16 +143,20 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 	if len(deliveries) == 0 {
 		return 0, nil
 	}
-	// A group deleted by a delete that failed or crashed before ending its pending deliveries: end them now.
-	gone, ended := map[string]bool{}, 0
+	// Each group's endpoint is read once per pass: its retry policy serves every repair below, and a group
+	// deleted by a delete that failed or crashed before ending its pending deliveries has them ended now.
+	policies, gone, ended := map[string]pulsetype.RetryPolicy{}, map[string]bool{}, 0
 	for _, d := range deliveries {
 		if _, seen := gone[d.ConsumerGroup]; seen {
 			continue
 		}
-		_, err := r.store.GetEndpoint(ctx, d.ConsumerGroup)
+		ep, err := r.store.GetEndpoint(ctx, d.ConsumerGroup)
 		gone[d.ConsumerGroup] = errors.Is(err, pulsetype.ErrNotFound)
 		if err != nil && !errors.Is(err, pulsetype.ErrNotFound) {
 			return 0, err
+		}
+		if ep != nil {
+			policies[d.ConsumerGroup] = ep.Policy()
 		}
 		if gone[d.ConsumerGroup] {
 			if err := r.store.EndPending(ctx, d.ConsumerGroup, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted"); err != nil {
@@ -176,7 +180,7 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 	}
 	repaired := ended
 	for _, d := range deliveries {
-		did, err := r.repairOne(ctx, d, attempts[d.ID])
+		did, err := r.repairOne(ctx, d, attempts[d.ID], policies[d.ConsumerGroup])
 		if err != nil {
 			return repaired, err
 		}
@@ -187,8 +191,8 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 	return repaired, nil
 }
 
-// repairOne repairs one pending delivery given its attempts in order.
-func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attempts []*pulsetype.Attempt) (bool, error) {
+// repairOne repairs one pending delivery given its attempts in order and its group's retry policy.
+func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attempts []*pulsetype.Attempt, policy pulsetype.RetryPolicy) (bool, error) {
 	if len(attempts) == 0 {
 		created, err := r.store.CreateAttempt(ctx, d.Ref(), 1, 0)
 		if created {
@@ -206,10 +210,6 @@ func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attem
 			r.report(KindMissingRetry, d, 1)
 		}
 		return created, err
-	}
-	policy, err := r.policy(ctx, d.ConsumerGroup)
-	if err != nil {
-		return false, err
 	}
 	step, err := FollowUp(ctx, r.store, last, last.Status, last.Error, last.Terminal, last.RetryAfter, policy)
 	if err != nil || !step.Created {
