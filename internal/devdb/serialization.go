@@ -336,17 +336,9 @@ func (w *splitWrite) matching(q bson.Raw) (ids []bson.RawValue, failed []byte, e
 	cmd := bson.D{{Key: "find", Value: coll}, {Key: "filter", Value: q}, {Key: "projection", Value: bson.D{{Key: "_id", Value: 1}}},
 		{Key: "batchSize", Value: int32(1000)}, {Key: "$db", Value: db}}
 	for {
-		req, err := requestMsg(w.m.requestID, cmd)
-		if err != nil {
-			return nil, nil, fmt.Errorf("interleave %s: %w", w.m.name(), err)
-		}
-		reply, err := w.db.run(true, w.takeGone(), func() ([]byte, error) { return exchange(w.upstream, req) })
-		if err != nil {
-			return nil, nil, err
-		}
-		body, ok := replyBody(reply)
-		if !ok {
-			return nil, reply, nil
+		body, failed, err := w.send(true, cmd)
+		if failed != nil || err != nil {
+			return nil, failed, err
 		}
 		batch, ok := body.Lookup("cursor", "firstBatch").ArrayOK()
 		if !ok {
@@ -375,17 +367,9 @@ func (w *splitWrite) step(i int32, stmt bson.Raw) (failed []byte, writeError boo
 			cmd = append(cmd, bson.E{Key: k, Value: e.Value()})
 		}
 	}
-	req, err := requestMsg(w.m.requestID, append(cmd, bson.E{Key: w.key, Value: bson.A{stmt}}))
-	if err != nil {
-		return nil, false, fmt.Errorf("interleave %s: %w", w.m.name(), err)
-	}
-	reply, err := w.db.run(false, w.takeGone(), func() ([]byte, error) { return exchange(w.upstream, req) })
-	if err != nil {
-		return nil, false, err
-	}
-	body, ok := replyBody(reply)
-	if !ok {
-		return reply, false, nil
+	body, failed, err := w.send(false, append(cmd, bson.E{Key: w.key, Value: bson.A{stmt}}))
+	if failed != nil || err != nil {
+		return failed, false, err
 	}
 	n, _ := body.Lookup("n").AsInt64OK()
 	modified, _ := body.Lookup("nModified").AsInt64OK()
@@ -410,6 +394,24 @@ func (w *splitWrite) step(i int32, stmt bson.Raw) (failed []byte, writeError boo
 		w.writeErrors = append(w.writeErrors, reindexed)
 	}
 	return nil, len(errs) > 0, nil
+}
+
+// send sends cmd upstream, holding the database's mutex shared or alone, and returns the body of its reply,
+// or the reply as is when it is a command error (ok 0).
+func (w *splitWrite) send(shared bool, cmd bson.D) (body bson.Raw, failed []byte, err error) {
+	req, err := requestMsg(w.m.requestID, cmd)
+	if err != nil {
+		return nil, nil, fmt.Errorf("interleave %s: %w", w.m.name(), err)
+	}
+	reply, err := w.db.run(shared, w.takeGone(), func() ([]byte, error) { return exchange(w.upstream, req) })
+	if err != nil {
+		return nil, nil, err
+	}
+	body, ok := replyBody(reply)
+	if !ok {
+		return nil, reply, nil
+	}
+	return body, nil, nil
 }
 
 // takeGone returns w.gone the first time and nil afterwards.

@@ -29,21 +29,8 @@ type commandUpstream struct {
 
 func newCommandUpstream(t *testing.T, pairFinds bool) *commandUpstream {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &commandUpstream{ln: ln, pairFinds: pairFinds, findArrived: make(chan struct{})}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go u.serve(c)
-		}
-	}()
+	u := &commandUpstream{pairFinds: pairFinds, findArrived: make(chan struct{})}
+	u.ln = listenUpstream(t, u.serve)
 	return u
 }
 
