@@ -40,19 +40,14 @@ import (
 // scraped) is reused.
 const pendingCountMaxAge = 15 * time.Second
 
-// serve runs the sidecar until ctx is done. Its background services (the lease keeper, the clock sync, the
-// retention sweeper, the change-stream and endpoints-file watchers, and the dispatcher, started in this
-// order) share one lifecycle (internal/startstop): each Stop returns once every goroutine the service
-// started has exited, so none outlives serve. Shutdown goes in this order:
+// serve runs the sidecar until ctx is done. Its background services start in this order: the lease keeper,
+// the clock sync, the retention sweeper, the change-stream and endpoints-file watchers, the dispatcher (a
+// failed start stops those started, last first). Each Stop waits for its service's goroutines
+// (internal/startstop). Shutdown goes in this order:
 //  1. publishes and /readyz answer 503 (the API stays up so clients get an answer, not a refused connection);
-//  2. the dispatcher stops claiming, lets in-flight POSTs finish and be recorded within
-//     PULSE_SHUTDOWN_TIMEOUT, and aborts the rest unrecorded (their leases expire and the reaper takes over);
-//  3. the watchers, the sweeper and the clock sync stop, then the lease keeper (it renewed the leases of the
-//     in-flight POSTs until they were recorded);
-//  4. the HTTP servers close (5 s for open requests);
-//  5. the traces are flushed, the database is disconnected and the development database, if any, stopped.
-//
-// A start that fails stops what it started already, last first.
+//  2. the dispatcher stops claiming; in-flight POSTs finish and are recorded within PULSE_SHUTDOWN_TIMEOUT;
+//  3. the watchers, the sweeper and the clock sync stop, then the keeper (it renewed the in-flight leases);
+//  4. the HTTP servers close, then the database is disconnected.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	if err := cli.Parse(fs, args, serveUsage(), stdout); err != nil {
@@ -215,7 +210,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 			Msg("some endpoints hold secrets in clear or under an older key: each is re-encrypted with the first key when next registered (PUT or the endpoints file)")
 	}
 
-	// Started in this order, stopped in the reverse one (see serve).
+	// Started in this order, stopped in the reverse one (see serve's comment).
 	services := []startstop.Service{keeper, lease.NewClockSync(clock, store.ServerTime, lease.DefaultSyncInterval, log),
 		reconciler.NewSweeper(store.Sweep, reconciler.DefaultSweepInterval, log)}
 	switch {
