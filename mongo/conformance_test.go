@@ -66,6 +66,8 @@ func (fs Features) has(f feature) bool {
 
 // Server is the database server of one conformance case.
 type Server struct {
+	// URI is the server's connection string.
+	URI string
 	// Client is connected to the server; Database names a fresh database of the case's own. Both are
 	// cleaned up when the case ends.
 	Client   *mongo.Client
@@ -137,7 +139,7 @@ func openTestDB(t *testing.T, s testdb.Serialization) Server {
 	if s != "" {
 		testdb.Serialize(t, client, dbName, s)
 	}
-	return Server{Client: client, Database: dbName, Connect: func(opts *options.ClientOptions) *mongo.Client {
+	return Server{URI: testdb.URI(t), Client: client, Database: dbName, Connect: func(opts *options.ClientOptions) *mongo.Client {
 		t.Helper()
 		all := []*options.ClientOptions{options.Client().ApplyURI(testdb.URI(t)).SetServerSelectionTimeout(30 * time.Second)}
 		if opts != nil {
@@ -276,6 +278,8 @@ var conformanceCases = []conformanceCase{
 	{name: "EnsureSchemaRefusesUserWithoutIndexRights", run: testEnsureSchemaRefusesUserWithoutIndexRights},
 	// sealing_test.go
 	{name: "EndpointSecretsEncryptedAtRest", run: testEndpointSecretsEncryptedAtRest},
+	// connect_test.go
+	{name: "ServerTime", run: testServerTime},
 	// explain_test.go, shardplan_test.go
 	{name: "HotQueriesUseIndexes", run: testHotQueriesUseIndexes},
 	{name: "ShardPlanCoversHotQueries", run: testShardPlanCoversHotQueries},
