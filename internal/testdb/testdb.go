@@ -1,7 +1,7 @@
 // Package testdb gives tests a MongoDB wire-protocol database of their own.
 //
 // By default it starts the project's `pulse devdb` subcommand (an embedded FerretDB behind the
-// linearizing proxy of package mongo/devdb) once per test process, as a child process built
+// linearizing proxy of package internal/devdb) once per test process, as a child process built
 // without -race: instrumenting FerretDB would make it several times slower. The package does not
 // import FerretDB for the same reason.
 //
