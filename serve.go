@@ -172,7 +172,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	if err != nil {
 		return err
 	}
-	if !caps.TTL {
+	if !caps.TTLIndexes {
 		log.Info().Msg("the database has no TTL indexes: a sweeper deletes expired documents every minute instead")
 	}
 	if cfg.ChangeStreams == config.ChangeStreamsRequired && !caps.ChangeStreams {

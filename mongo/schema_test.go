@@ -112,7 +112,7 @@ func TestEnsureSchemaCreatesEveryIndexAndIsIdempotent(t *testing.T) {
 		t.Errorf("Capabilities() = %+v, EnsureSchema returned %+v", s.Capabilities(), caps)
 	}
 	if onFerretDB() {
-		if caps.TTL || caps.ChangeStreams {
+		if caps.TTLIndexes || caps.ChangeStreams {
 			t.Errorf("capabilities on FerretDB = %+v, want TTL=false ChangeStreams=false", caps)
 		}
 	}
