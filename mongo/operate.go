@@ -137,8 +137,7 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 // ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of a consumer group in status whose
 // createdAt lies in [from, to) and whose topic the group subscribes to now, walking them once in id order in
 // batches of 100, and returns how many it reopened (a cancelled delivery whose attempt is still in flight is
-// skipped). It returns pulsetype.ErrNotFound when the group has no
-// endpoint.
+// skipped). It returns pulsetype.ErrNotFound when the group has no endpoint.
 func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error) {
 	ep, err := s.GetEndpoint(ctx, group)
 	if err != nil {

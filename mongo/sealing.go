@@ -55,12 +55,12 @@ func sealAD(group, field, header string) []byte {
 // clear otherwise; the other form is removed.
 func (s *Store) secretFields(e *pulsetype.Endpoint) (set, unset bson.M, err error) {
 	set, unset = bson.M{}, bson.M{}
-	if e.PreviousSecret == "" || e.PreviousSecretExpiresAt == nil {
-		unset[fieldPreviousSecret], unset[fieldPreviousSecretSealed], unset[fieldPreviousSecretExpiresAt] = "", "", ""
-	} else {
+	previous := e.PreviousSecret != "" && e.PreviousSecretExpiresAt != nil
+	if previous {
 		set[fieldPreviousSecretExpiresAt] = e.PreviousSecretExpiresAt
+	} else {
+		unset[fieldPreviousSecret], unset[fieldPreviousSecretSealed], unset[fieldPreviousSecretExpiresAt] = "", "", ""
 	}
-	_, previous := set[fieldPreviousSecretExpiresAt]
 	if !s.opts.Keys.Enabled() {
 		set[fieldSecret], set[fieldHeaders] = e.Secret, e.Headers
 		unset[fieldSecretSealed], unset[fieldHeadersSealed] = "", ""

@@ -106,7 +106,7 @@ type Endpoint struct {
 	MaxConcurrency         *int              `json:"maxConcurrency,omitempty"`
 	Headers                map[string]string `json:"headers,omitempty"`
 	Secret                 string            `json:"secret,omitempty"`
-	// PreviousSecret is the secret a rotation replaced (RotateSecret): POSTs are signed with it too, after
+	// PreviousSecret is the secret a rotation replaced (POST .../rotate-secret): POSTs are signed with it too, after
 	// Secret, until PreviousSecretExpiresAt. Reads never show it; a PUT body cannot set it.
 	PreviousSecret string `json:"-"`
 	// PreviousSecretExpiresAt ends the overlap of a rotation: from then on only Secret signs. Shown in reads,

@@ -20,7 +20,7 @@ func TestGenerateSecret(t *testing.T) {
 	}
 	for _, bad := range []string{"", "whsec_", "whsec_c2hvcnQ=", "c2VjcmV0LWJlZm9yZS10aGUtcm90YXRpb24=", "whsec_!!!!"} {
 		if err := pulsetype.CheckSecret(bad); err == nil {
-			t.Errorf("pulsetype.CheckSecret(%q) = nil, want an error", bad)
+			t.Errorf("CheckSecret(%q) = nil, want an error", bad)
 		}
 	}
 }
