@@ -39,11 +39,16 @@ var indexSpecs = []indexSpec{
 	// Serve GET /v1/deliveries newest first, with and without a consumer group.
 	{coll: "deliveries", name: "pulse_deliveries_created", keys: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_created", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
+	// Serves GET /v1/deliveries?consumerGroup=&status= and the pending figures of GET /v1/stats (count and
+	// oldest pending delivery of a group).
+	{coll: "deliveries", name: "pulse_deliveries_group_status_created", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "status", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
 	{coll: "deliveries", name: "pulse_deliveries_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
 	{coll: "history", name: "pulse_history_delivery_attempt_unique", keys: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}, unique: true},
 	// Serves both the claim ({status: pending, lockedUntil: null, nextAttemptAt ≤ now}) and the reaper
 	// ({status: pending, lockedUntil < now}).
 	{coll: "history", name: "pulse_history_acquisition", keys: bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
+	// Serves the attempt figures of GET /v1/stats: a group's attempts ended in the last hour, by status.
+	{coll: "history", name: "pulse_history_group_status_ended", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "status", Value: 1}, {Key: "endedAt", Value: -1}}},
 	{coll: "history", name: "pulse_history_lock_token", keys: bson.D{{Key: "lockToken", Value: 1}}},
 	{coll: "history", name: "pulse_history_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
 }
@@ -103,8 +108,9 @@ type existingIndex struct {
 // variants. Whether the server has TTL indexes is probed on a scratch collection of its own (see probeTTL),
 // never read from an existing index: where it has them, the three expiresAt indexes must be TTL indexes
 // with expireAfterSeconds 0; where it has not (FerretDB), they are plain and the sweeper takes over. It also
-// detects change streams. It returns an *IndexMismatchError, *UniqueViolationError or *PermissionError for
-// an operator to resolve; it never drops anything of ours.
+// detects change streams and whether the server scans to filter (FerretDB). It returns an
+// *IndexMismatchError, *UniqueViolationError or *PermissionError for an operator to resolve; it never drops
+// anything of ours.
 func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 	var caps Capabilities
 	colls := map[string]*mongo.Collection{"events": s.events, "subscriptions": s.subscriptions, "deliveries": s.deliveries, "history": s.history}
@@ -154,6 +160,7 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 		}
 	}
 	caps.ChangeStreams = s.supportsChangeStreams(ctx)
+	caps.ScansFilters = s.isFerretDB(ctx)
 	s.caps = caps
 	return caps, nil
 }
@@ -303,6 +310,17 @@ func (s *Store) supportsChangeStreams(ctx context.Context) bool {
 		return false
 	}
 	return hello.SetName != "" || hello.Msg == "isdbgrid"
+}
+
+// isFerretDB reports whether the server is FerretDB: its buildInfo carries ferretdbVersion.
+func (s *Store) isFerretDB(ctx context.Context) bool {
+	var info struct {
+		FerretDBVersion string `bson:"ferretdbVersion"`
+	}
+	if err := s.db.RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&info); err != nil {
+		return false
+	}
+	return info.FerretDBVersion != ""
 }
 
 // isUnauthorized reports whether the server refused a command for the user's lack of rights: code 13

@@ -45,6 +45,9 @@ type Store struct {
 type Capabilities struct {
 	TTL           bool // TTL indexes (FerretDB answers 238 NotImplemented)
 	ChangeStreams bool // replica set or sharded cluster
+	// ScansFilters: the server evaluates query filters by reading its collections rather than through our
+	// indexes (FerretDB, which answers buildInfo with ferretdbVersion), so fewer queries beat narrower ones.
+	ScansFilters bool
 }
 
 // New returns a Store on client. It does no I/O; call EnsureSchema before use.
