@@ -1,6 +1,7 @@
 // Package mongo is the one implementation of the sidecar's storage: events, subscriptions (one per consumer
 // group), deliveries and history attempts in four collections named <prefix>.events, .subscriptions,
-// .deliveries and .history.
+// .deliveries and .history. It also connects to the server (Connect), reads its clock (Store.ServerTime)
+// and watches the events collection for new events (EventWatcher).
 //
 // Invariants:
 //   - no multi-document transactions: replicas converge through unique indexes (consumerGroup+eventId on

@@ -17,7 +17,7 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// WatchEvents sends a $changeStream aggregate on the events collection (checked with the driver's command
+// The EventWatcher sends a $changeStream aggregate on the events collection (checked with the driver's command
 // monitor). Where the server has no change streams (FerretDB) the failure is reported and the stream
 // reopened after the retry interval; on a replica set (PULSE_TEST_MONGODB_URI) a publish wakes the watcher.
 func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
@@ -42,11 +42,12 @@ func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var woken atomic.Int64
-	done := make(chan struct{})
-	go func() { s.WatchEvents(ctx, 50*time.Millisecond, func() { woken.Add(1) }, zerolog.Nop()); close(done) }()
+	w := NewEventWatcher(s, 50*time.Millisecond, func() { woken.Add(1) }, zerolog.Nop())
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
 
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(streams) }
 	deadline := time.Now().Add(10 * time.Second)
@@ -82,6 +83,5 @@ func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
 	if err != nil || stage.Document().Lookup("$changeStream").Type != bson.TypeEmbeddedDocument {
 		t.Fatalf("first stage is not $changeStream: %s", first)
 	}
-	cancel()
-	<-done
+	w.Stop()
 }

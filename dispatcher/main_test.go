@@ -1,0 +1,41 @@
+package dispatcher
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/pulse-sidecar/pulse/lease"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// TestMain fails the package when a goroutine of a Dispatcher (loop, workers, recorder) outlives the tests:
+// every test stops what it started.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Stop is safe before Start and twice, and returns once the loop and the recorder have exited (the leak
+// check of TestMain fails otherwise).
+func TestStopBeforeStartAndTwice(t *testing.T) {
+	t.Parallel()
+	s := &idleStore{}
+	keeper := lease.NewKeeper(func(context.Context, []pulsetype.LeaseKey) ([]pulsetype.LeaseKey, error) { return nil, nil },
+		time.Second, nil, zerolog.Nop())
+	opts := Options{Owner: "o", Workers: 1, PollInterval: 10 * time.Millisecond, LockTimeout: time.Second, ShutdownTimeout: time.Second, Logger: zerolog.Nop()}
+	New(s, noSender{}, s, keeper, opts).Stop()
+	d := New(s, noSender{}, s, keeper, opts)
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(s.times()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the loop did not poll within 10s")
+		}
+		time.Sleep(5 * time.Millisecond) // poll
+	}
+	d.Stop()
+	d.Stop()
+}
