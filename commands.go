@@ -14,7 +14,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/cli"
-	"github.com/pulse-sidecar/pulse/mongo/devdb"
+	"github.com/pulse-sidecar/pulse/internal/devdb"
 )
 
 // runDevDB runs the embedded development database on its own (pulse devdb --listen --data-dir).

@@ -9,7 +9,6 @@ import (
 
 	drvevent "go.mongodb.org/mongo-driver/v2/event"
 
-	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -33,8 +32,8 @@ func TestDatabaseName(t *testing.T) {
 }
 
 // A connected Store reads the server's clock with hello, through the monitor the client was given.
-func TestServerTime(t *testing.T) {
-	t.Parallel()
+func testServerTime(t *testing.T, e *env) {
+	b := e.setup(t)
 	var mu sync.Mutex
 	var commands []string
 	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
@@ -42,7 +41,7 @@ func TestServerTime(t *testing.T) {
 		commands = append(commands, e.CommandName)
 		mu.Unlock()
 	}}
-	client, err := Connect(testdb.URI(t), ConnectOptions{ServerSelectionTimeout: 30 * time.Second, Monitor: monitor})
+	client, err := Connect(b.srv.URI, ConnectOptions{ServerSelectionTimeout: 30 * time.Second, Monitor: monitor})
 	if err != nil {
 		t.Fatal(err)
 	}

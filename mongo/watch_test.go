@@ -10,19 +10,17 @@ import (
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	drvevent "go.mongodb.org/mongo-driver/v2/event"
-	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // The EventWatcher sends a $changeStream aggregate on the events collection (checked with the driver's command
 // monitor). Where the server has no change streams (FerretDB) the failure is reported and the stream
 // reopened after the retry interval; on a replica set (PULSE_TEST_MONGODB_URI) a publish wakes the watcher.
-func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
-	t.Parallel()
-	_, dbName := testdb.Database(t)
+func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
+	b := e.setup(t)
+	dbName := b.dbName
 	var mu sync.Mutex
 	var streams []bson.Raw
 	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
@@ -32,11 +30,7 @@ func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
 			mu.Unlock()
 		}
 	}}
-	client, err := mongodrv.Connect(options.Client().ApplyURI(testdb.URI(t)).SetMonitor(monitor))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	client := b.srv.Connect(options.Client().SetMonitor(monitor))
 	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
 	caps, err := s.EnsureSchema(context.Background())
 	if err != nil {

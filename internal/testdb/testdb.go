@@ -1,7 +1,7 @@
 // Package testdb gives tests a MongoDB wire-protocol database of their own.
 //
 // By default it starts the project's `pulse devdb` subcommand (an embedded FerretDB behind the
-// linearizing proxy of package mongo/devdb) once per test process, as a child process built
+// linearizing proxy of package internal/devdb) once per test process, as a child process built
 // without -race: instrumenting FerretDB would make it several times slower. The package does not
 // import FerretDB for the same reason.
 //
@@ -9,6 +9,9 @@
 //   - PULSE_TEST_MONGODB_URI: use this server (for example a real MongoDB replica set) instead.
 //   - PULSE_TEST_POSTGRES_URL: run the child devdb on FerretDB's postgresql handler.
 //   - PULSE_TEST_BINARY: use this pulse binary instead of building one.
+//
+// The proxy runs the operations on a database one at a time (Linearized); Serialize lets a test's
+// database interleave them as MongoDB may (Interleaved), for race tests to run in both orders.
 //
 // A package that uses it calls Main from its TestMain:
 //
@@ -36,6 +39,7 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
@@ -153,6 +157,40 @@ func Database(t testing.TB) (client *mongo.Client, dbName string) {
 		t.Fatalf("testdb: ping %s: %v", uri, err)
 	}
 	return client, dbName
+}
+
+// Embedded reports whether the tests run on the embedded database, that is whether
+// PULSE_TEST_MONGODB_URI is unset.
+func Embedded() bool { return os.Getenv(EnvMongoDBURI) == "" }
+
+// Serialization is how the embedded database's proxy orders the operations on one database (the
+// serializations of internal/devdb, named alike; not imported, to keep FerretDB out of the test binaries).
+type Serialization string
+
+const (
+	// Linearized runs a database's operations one at a time, each whole (the default).
+	Linearized Serialization = "linearized"
+	// Interleaved runs a database's reads together and its writes one document at a time, with other
+	// operations between the documents of one write: interleavings MongoDB allows without transactions.
+	Interleaved Serialization = "interleaved"
+)
+
+// serializationCommand is devdb.SerializationCommand.
+const serializationCommand = "devdbSerialization"
+
+// Serialize sets how the embedded database orders the operations on database dbName, through client; the
+// setting lasts until the next Serialize of that database. It fails t on a server given by
+// PULSE_TEST_MONGODB_URI (a real server has its own order: check Embedded first) or if the proxy refuses.
+func Serialize(t testing.TB, client *mongo.Client, dbName string, s Serialization) {
+	t.Helper()
+	if !Embedded() {
+		t.Fatalf("testdb: Serialize(%s) needs the embedded database; %s is set", s, EnvMongoDBURI)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	if err := client.Database(dbName).RunCommand(ctx, bson.D{{Key: serializationCommand, Value: string(s)}}).Err(); err != nil {
+		t.Fatalf("testdb: set serialization %s of %s: %v", s, dbName, err)
+	}
 }
 
 // Binary returns the path of the project's pulse binary, built without -race: PULSE_TEST_BINARY when
