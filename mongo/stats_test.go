@@ -41,8 +41,8 @@ func (b *bundle) stats(s *Store, groups ...string) []*pulsetype.GroupStats {
 // GroupStats counts a group's pending deliveries and its attempts ended in the last hour (not earlier ones,
 // not those ended without a POST for an Ended code), takes the latency median over the window's POSTs,
 // and never counts another group's work; a history retention shorter than the hour shortens the window.
-func TestGroupStatsCountsTheLastHour(t *testing.T) {
-	b := setup(t)
+func testGroupStatsCountsTheLastHour(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
 	b.putEndpoint(s, "mailer", "u")
@@ -121,11 +121,11 @@ func TestMedian(t *testing.T) {
 // answers the exact figures and the first pages of ListDeliveries (all, failing, failing of one group,
 // pending of one group, by topic and status) and a second page hold 50 matching deliveries each. The
 // timings are logged, not asserted.
-func TestConsoleReadsWith10000Deliveries(t *testing.T) {
+func testConsoleReadsWith10000Deliveries(t *testing.T, e *env) {
 	if testing.Short() {
 		t.Skip("writes 10,000 deliveries; skipped with -short")
 	}
-	b := setup(t)
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	now := b.clock.Now()
 	groups := []string{"ledger", "mailer"}
