@@ -246,6 +246,9 @@
   function renderGroupFilter() {
     const sel = $("f-group");
     const keep = view.filters.group;
+    const names = view.groups.map(({ ep }) => ep.consumerGroup).join("\n");
+    if (sel.dataset.names === names) return; // unchanged: an open drop-down stays open
+    sel.dataset.names = names;
     const opts = [el("option", { value: "", text: "all" })];
     for (const { ep } of view.groups) opts.push(el("option", { value: ep.consumerGroup, text: ep.consumerGroup }));
     if (keep && !view.groups.some(({ ep }) => ep.consumerGroup === keep)) opts.push(el("option", { value: keep, text: keep }));
