@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -31,7 +30,6 @@ import (
 	"github.com/pulse-sidecar/pulse/internal/tracing"
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/mongo"
-	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/reconciler"
 	"github.com/pulse-sidecar/pulse/webhook"
 )
@@ -53,7 +51,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err := cli.Parse(fs, args, serveUsage(), stdout); err != nil {
 		return err
 	}
-	return serveWith(ctx, getenv, stdout, serveHooks{})
+	hooks, err := testHooks(getenv)
+	if err != nil {
+		return err
+	}
+	return serveWith(ctx, getenv, stdout, hooks)
 }
 
 // serveUsage is the text of `pulse serve --help`: the configuration variables with their defaults, read
@@ -64,7 +66,7 @@ func serveUsage() string {
 	t := reflect.TypeOf(config.Config{})
 	for i := range t.NumField() {
 		name := t.Field(i).Tag.Get("env")
-		if name == "" || strings.HasPrefix(name, "PULSE_TEST_") { // test hooks are not configuration
+		if name == "" {
 			continue
 		}
 		if def, ok := t.Field(i).Tag.Lookup("envDefault"); ok {
@@ -76,10 +78,14 @@ func serveUsage() string {
 	return b.String()
 }
 
-// serveHooks let `pulse bench` observe a sidecar it runs in-process; the zero value changes nothing.
+// serveHooks let `pulse bench` observe a sidecar it runs in-process, and tests bend one (testhooks.go); the
+// zero value changes nothing.
 type serveHooks struct {
 	monitor *event.CommandMonitor // counts the sidecar's database commands
 	ready   func(addr string)     // called once the API listens
+
+	clockSkew         time.Duration // shifts the local clock (PULSE_TEST_CLOCK_SKEW)
+	crashAfterPublish bool          // SIGKILL after the first publish (PULSE_TEST_CRASH_AFTER_PUBLISH)
 }
 
 func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer, hooks serveHooks) error {
@@ -135,9 +141,9 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	}()
 
 	local := time.Now
-	if cfg.TestClockSkew != 0 {
-		local = func() time.Time { return time.Now().Add(cfg.TestClockSkew) }
-		log.Warn().Dur("skew_ms", cfg.TestClockSkew).Msg("PULSE_TEST_CLOCK_SKEW shifts this process's clock (testing only)")
+	if hooks.clockSkew != 0 {
+		local = func() time.Time { return time.Now().Add(hooks.clockSkew) }
+		log.Warn().Dur("skew_ms", hooks.clockSkew).Msg("PULSE_TEST_CLOCK_SKEW shifts this process's clock (testing only)")
 	}
 	clock := lease.NewClock(local)
 	store := mongo.New(client, mongo.Options{
@@ -154,7 +160,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	if err != nil {
 		return err
 	}
-	if !caps.TTL {
+	if !caps.TTLIndexes {
 		log.Info().Msg("the database has no TTL indexes: a sweeper deletes expired documents every minute instead")
 	}
 	if cfg.ChangeStreams == config.ChangeStreamsRequired && !caps.ChangeStreams {
@@ -184,7 +190,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		Tracer: tracer, Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
 	})
 	var notify httpapi.Notifier = disp
-	if cfg.TestCrashAfterPublish {
+	if hooks.crashAfterPublish {
 		log.Warn().Msg("PULSE_TEST_CRASH_AFTER_PUBLISH: this process dies after its first publish, before fanning it out (testing only)")
 		notify = crashAfterPublish{disp}
 	}
@@ -310,15 +316,3 @@ func newLogger(cfg *config.Config, stdout io.Writer) zerolog.Logger {
 var _ httpapi.Store = (*mongo.Store)(nil)
 var _ dispatcher.Store = (*mongo.Store)(nil)
 var _ reconciler.Store = (*mongo.Store)(nil)
-
-// crashAfterPublish is the notifier of PULSE_TEST_CRASH_AFTER_PUBLISH: it keeps a publish from the
-// dispatcher and SIGKILLs the process once the publish had time to answer 202.
-type crashAfterPublish struct{ httpapi.Notifier }
-
-func (crashAfterPublish) Published([]*pulsetype.Event) {
-	time.AfterFunc(200*time.Millisecond, func() {
-		if p, err := os.FindProcess(os.Getpid()); err == nil {
-			_ = p.Kill() // SIGKILL: no deferred function runs, as in a crash
-		}
-	})
-}

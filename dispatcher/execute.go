@@ -181,7 +181,7 @@ func (d *Dispatcher) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsety
 	}
 	r := d.sender.Send(ctx, webhook.Request{
 		URL: ep.URL, Body: body, BodyHeaders: bodyHeaders, EventID: ev.ID, Topic: ev.Topic, ConsumerGroup: a.ConsumerGroup,
-		DeliveryID: a.DeliveryID, Attempt: a.Number, Headers: ep.Headers, Secret: ep.Secret,
+		DeliveryID: a.DeliveryID, Attempt: a.Number, Headers: ep.Headers, Secret: ep.Secret, PreviousSecret: ep.PreviousSecretAt(d.opts.Now()),
 		Timeout: time.Duration(*ep.Timeout), InsecureSkipVerify: ep.InsecureSkipVerify,
 	})
 	res := pulsetype.AttemptResult{HTTPStatus: r.HTTPStatus, Duration: r.Duration, ResponseBody: r.Body, RetryAfter: r.RetryAfter}

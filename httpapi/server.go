@@ -35,6 +35,8 @@ type Store interface {
 	ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error)
 	RetryDelivery(ctx context.Context, id string) (int, error)
 	ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error)
+	CancelDelivery(ctx context.Context, id string) (pulsetype.CancelResult, error)
+	RotateSecret(ctx context.Context, group, secret string, overlap time.Duration) (*pulsetype.Endpoint, error)
 	Stats(ctx context.Context, groups []string) ([]*pulsetype.GroupStats, error)
 }
 
@@ -95,7 +97,9 @@ func (s *Server) Handler() http.Handler {
 		r.Get("/deliveries", s.listDeliveries)
 		r.Get("/deliveries/{id}", s.getDelivery)
 		r.Post("/deliveries/{id}/retry", s.retryDelivery)
+		r.Post("/deliveries/{id}/cancel", s.cancelDelivery)
 		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
+		r.Post("/endpoints/{consumerGroup}/rotate-secret", s.rotateSecret)
 		r.Get("/stats", s.stats)
 		r.Get("/endpoints", s.listEndpoints)
 		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)

@@ -269,6 +269,9 @@ var conformanceCases = []conformanceCase{
 	{name: "RetryAfterTheHistoryExpiredIsNotFound", run: testRetryAfterTheHistoryExpiredIsNotFound},
 	// schema_test.go, schema_verify_test.go
 	{name: "CapabilitiesMatchTheServer", run: testCapabilitiesMatchTheServer},
+	{name: "DetectCapabilities", run: testDetectCapabilities},
+	{name: "GivenCapabilitiesAreNotDetected", run: testGivenCapabilitiesAreNotDetected},
+	{name: "UpdateCommandsHonourMaxUpdateStatements", run: testUpdateCommandsHonourMaxUpdateStatements},
 	{name: "EnsureSchemaCreatesEveryIndexAndIsIdempotent", run: testEnsureSchemaCreatesEveryIndexAndIsIdempotent},
 	{name: "EnsureSchemaConcurrentStores", run: testEnsureSchemaConcurrentStores, race: true},
 	{name: "EnsureSchemaRefusesIncompatibleIndex", run: testEnsureSchemaRefusesIncompatibleIndex},

@@ -13,5 +13,8 @@
 //   - expiresAt is written only when a document becomes terminal; reads treat expired documents as gone;
 //   - indexes are created when missing and verified at every start; an incompatible one stops the start and
 //     is never dropped (docs/delivery.md, "Collections, retention and startup safety");
-//   - driver errors are translated here: mongo.ErrNoDocuments never leaves this package.
+//   - driver errors are translated here: mongo.ErrNoDocuments never leaves this package;
+//   - what the server can do (Capabilities: TTL and partial indexes, change streams, statements per update
+//     command, whether filters scan) is fixed once, when EnsureSchema builds the store with it; no other call asks which server
+//     it talks to.
 package mongo

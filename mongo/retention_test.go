@@ -48,13 +48,13 @@ func testTTLIndexesAreRequested(t *testing.T, e *env) {
 	mu.Lock()
 	defer mu.Unlock()
 	want := []string{"pulse_probe_ttl"}
-	if caps.TTL {
+	if caps.TTLIndexes {
 		want = append(want, "pulse_events_expires_at_ttl", "pulse_deliveries_expires_at_ttl", "pulse_history_expires_at_ttl")
 	}
 	if !slices.Equal(ttl, want) {
-		t.Fatalf("createIndexes with expireAfterSeconds 0 sent for %v, want %v (server TTL %v)", ttl, want, caps.TTL)
+		t.Fatalf("createIndexes with expireAfterSeconds 0 sent for %v, want %v (server TTL %v)", ttl, want, caps.TTLIndexes)
 	}
-	if caps.TTL {
+	if caps.TTLIndexes {
 		found, err := listIndexes(context.Background(), s.history)
 		if err != nil {
 			t.Fatal(err)

@@ -84,7 +84,7 @@ func testRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T, e *env) {
 			if got := b.count("history", bson.M{"_id": next.ID}); got != 1 {
 				t.Fatalf("the sweep removed the retry's attempt %d", n)
 			}
-			if !s.Capabilities().TTL {
+			if !s.Capabilities().TTLIndexes {
 				if got := b.count("history", bson.M{"_id": a.ID}); got != 0 {
 					t.Errorf("the expired attempt 1 survived the sweep: the sweep did not run as the test assumes")
 				}
@@ -144,7 +144,7 @@ func testRetryAfterTheHistoryExpiredIsNotFound(t *testing.T, e *env) {
 	if _, err := s.Sweep(b.ctx); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
-	if !s.Capabilities().TTL && b.count("deliveries", bson.M{"_id": id}) != 0 {
+	if !s.Capabilities().TTLIndexes && b.count("deliveries", bson.M{"_id": id}) != 0 {
 		t.Fatalf("the sweep kept the expired delivery")
 	}
 }

@@ -215,18 +215,18 @@ func testTTLFallbackComesFromTheServer(t *testing.T, e *env) {
 	var mismatch *IndexMismatchError
 	switch {
 	case serverTTL && !errors.As(err, &mismatch):
-		t.Fatalf("EnsureSchema with plain indexes under the TTL names on a server with TTL = %v (TTL %v), want an *IndexMismatchError", err, caps.TTL)
+		t.Fatalf("EnsureSchema with plain indexes under the TTL names on a server with TTL = %v (TTL %v), want an *IndexMismatchError", err, caps.TTLIndexes)
 	case !serverTTL && err != nil:
 		t.Fatalf("EnsureSchema on a server without TTL = %v, want the plain indexes accepted", err)
-	case !serverTTL && caps.TTL:
-		t.Fatalf("Capabilities.TTL = true on a server without TTL indexes")
+	case !serverTTL && caps.TTLIndexes:
+		t.Fatalf("Capabilities.TTLIndexes = true on a server without TTL indexes")
 	}
 	t.Logf("server has TTL indexes: %v; EnsureSchema: %v", serverTTL, err)
 
 	// On fresh collections, TTL comes from the server alone.
 	caps, err = New(b.client, b.options(func(o *Options) { o.CollectionPrefix = "fresh" })).EnsureSchema(b.ctx)
-	if err != nil || caps.TTL != serverTTL {
-		t.Fatalf("EnsureSchema on fresh collections = TTL %v, %v; want TTL %v (what the server is)", caps.TTL, err, serverTTL)
+	if err != nil || caps.TTLIndexes != serverTTL {
+		t.Fatalf("EnsureSchema on fresh collections = TTL %v, %v; want TTL %v (what the server is)", caps.TTLIndexes, err, serverTTL)
 	}
 	for _, name := range b.collectionNames() {
 		if strings.Contains(name, "schema_probe") {

@@ -48,9 +48,9 @@ func (s *Store) statsWindow() (now, since time.Time) {
 	return now, now.Add(-window)
 }
 
-// endedCodes are the error codes of attempts ended without a POST for a reason that is not the receiver's
-// (pulsetype.Ended): they count neither as failures nor for latency.
-var endedCodes = bson.A{pulsetype.CodeEventExpired, pulsetype.CodeEndpointDeleted, pulsetype.CodeUnsubscribed}
+// endedCodes are the error codes for which pulsetype.Ended is true: attempts ended for a reason that is not
+// the receiver's (most without a POST), which count neither as failures nor for latency.
+var endedCodes = bson.A{pulsetype.CodeEventExpired, pulsetype.CodeEndpointDeleted, pulsetype.CodeUnsubscribed, pulsetype.CodeCancelled}
 
 // groupStats computes one group's figures with five indexed queries:
 //   - pending count and oldest pending delivery: pulse_deliveries_group_status_created (a count of index

@@ -3,6 +3,7 @@ package mongo
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -227,5 +228,16 @@ func testConsoleReadsWith10000Deliveries(t *testing.T, e *env) {
 	t.Logf("ListDeliveries second page of mailer's failing deliveries: %s", time.Since(start).Round(time.Millisecond))
 	if err != nil || len(page) != 50 {
 		t.Errorf("second page = %d deliveries, %v; want 50", len(page), err)
+	}
+}
+
+// The indexed queries leave out exactly the codes pulsetype.Ended reports, as the scan does.
+func TestEndedCodesAreEnded(t *testing.T) {
+	t.Parallel()
+	for _, code := range []string{pulsetype.CodeHandlerError, pulsetype.CodeWorkerLost, pulsetype.CodeEventExpired,
+		pulsetype.CodeEndpointDeleted, pulsetype.CodeUnsubscribed, pulsetype.CodeCancelled} {
+		if got := slices.Contains(endedCodes, any(code)); got != pulsetype.Ended(code) {
+			t.Errorf("%s in endedCodes = %v, pulsetype.Ended = %v", code, got, pulsetype.Ended(code))
+		}
 	}
 }

@@ -731,11 +731,11 @@ func testExpiredDocumentsAreInvisibleAndSwept(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
-	if onFerretDB() && s.Capabilities().TTL {
-		t.Errorf("Capabilities().TTL = true on FerretDB")
+	if onFerretDB() && s.Capabilities().TTLIndexes {
+		t.Errorf("Capabilities().TTLIndexes = true on FerretDB")
 	}
 	want := int64(1) // the old staged event
-	if !s.Capabilities().TTL {
+	if !s.Capabilities().TTLIndexes {
 		want += 3 // the expired event, delivery and attempt
 		for _, c := range []struct{ suffix, id string }{{"events", ev.ID}, {"deliveries", deliveryID}, {"history", a.ID}} {
 			if got := b.count(c.suffix, bson.M{"_id": c.id}); got != 0 {

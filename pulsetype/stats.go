@@ -19,8 +19,8 @@ type GroupStats struct {
 	OldestPendingAt    *time.Time `json:"oldestPendingAt,omitempty"`
 	OldestPendingAgeMs int64      `json:"oldestPendingAgeMs"`
 	// Succeeded1h and Failed1h count the attempts that ended in the window with status success or error.
-	// Failed1h leaves out attempts ended without a POST for a reason that is not the receiver's (Ended codes:
-	// event_expired, endpoint_deleted, unsubscribed).
+	// Failed1h leaves out attempts ended for a reason that is not the receiver's (Ended codes:
+	// event_expired, endpoint_deleted, unsubscribed, cancelled).
 	Succeeded1h int64 `json:"succeeded1h"`
 	Failed1h    int64 `json:"failed1h"`
 	// LatencyP50Ms is the median duration in milliseconds of the window's most recent POSTs (up to

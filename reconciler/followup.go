@@ -23,12 +23,15 @@ type Step struct {
 }
 
 // Decide returns what follows attempt number n that ended with status and e (docs/delivery.md, "Lifecycle"): success
-// ends the delivery; an error gets attempt n+1 while policy allows it (terminal reports a non-retryable
-// answer, retryAfter a receiver's Retry-After), and otherwise ends the delivery with that error. It reads
-// nothing and writes nothing.
+// ends the delivery; an attempt ended by a cancel (code cancelled) ends it as cancelled; another error gets
+// attempt n+1 while policy allows it (terminal reports a non-retryable answer, retryAfter a receiver's
+// Retry-After), and otherwise ends the delivery with that error. It reads nothing and writes nothing.
 func Decide(n int, status pulsetype.Status, e *pulsetype.ErrorInfo, terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) pulsetype.NextStep {
 	if status == pulsetype.StatusSuccess {
 		return pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}
+	}
+	if e.CodeOrEmpty() == pulsetype.CodeCancelled { // a cancel that stopped before ending its delivery
+		return pulsetype.NextStep{EndStatus: pulsetype.StatusCancelled, EndError: e}
 	}
 	if retry, delay := policy.Next(n, e.CodeOrEmpty(), terminal, retryAfter); retry {
 		return pulsetype.NextStep{Retry: true, Delay: delay}

@@ -8,7 +8,8 @@
 // Environment:
 //   - PULSE_TEST_MONGODB_URI: use this server (for example a real MongoDB replica set) instead.
 //   - PULSE_TEST_POSTGRES_URL: run the child devdb on FerretDB's postgresql handler.
-//   - PULSE_TEST_BINARY: use this pulse binary instead of building one.
+//   - PULSE_TEST_BINARY: use this pulse binary instead of building one (build it with
+//     -tags pulsetesthooks, or the process tests' PULSE_TEST_* hooks have no effect).
 //
 // The proxy runs the operations on a database one at a time (Linearized); Serialize lets a test's
 // database interleave them as MongoDB may (Interleaved), for race tests to run in both orders.
@@ -50,6 +51,10 @@ const (
 	EnvPostgresURL = "PULSE_TEST_POSTGRES_URL"
 	EnvBinary      = "PULSE_TEST_BINARY"
 )
+
+// testHooksTag is the build tag under which the pulse binary reads its PULSE_TEST_* hooks (testhooks.go in
+// the module root); a binary built without it ignores them.
+const testHooksTag = "pulsetesthooks"
 
 const (
 	// dirPrefix names the per-process temporary directories (binary, data, devdb log); the owner's
@@ -193,8 +198,9 @@ func Serialize(t testing.TB, client *mongo.Client, dbName string, s Serializatio
 	}
 }
 
-// Binary returns the path of the project's pulse binary, built without -race: PULSE_TEST_BINARY when
-// set, otherwise the result of `go build -o <tempdir>/pulse .` in the module root, run once per test
+// Binary returns the path of the project's pulse binary, built without -race and with its test hooks
+// (PULSE_TEST_CLOCK_SKEW, PULSE_TEST_CRASH_AFTER_PUBLISH): PULSE_TEST_BINARY when set, otherwise the result
+// of `go build -tags pulsetesthooks -o <tempdir>/pulse .` in the module root, run once per test
 // process (the go tool is GOROOT/bin/go, or "go" on PATH). It is safe for concurrent use and fails t
 // if the build fails (the error includes the compiler's output).
 func Binary(t testing.TB) string {
@@ -219,7 +225,7 @@ func buildBinary() (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "pulse")
-	cmd := exec.Command(goTool(), "build", "-o", out, ".")
+	cmd := exec.Command(goTool(), "build", "-tags", testHooksTag, "-o", out, ".")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
 	start := time.Now()
