@@ -16,8 +16,8 @@ import (
 )
 
 // ListDeliveries returns one page of deliveries, newest first (createdAt, then id, descending), and the
-// cursor of the next page ("" on the last). Served by pulse_deliveries_created or
-// pulse_deliveries_group_created.
+// cursor of the next page ("" on the last). Served by pulse_deliveries_created,
+// pulse_deliveries_group_created or, with a group and a status, pulse_deliveries_group_status_created.
 func (s *Store) ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error) {
 	filter := bson.M{}
 	if f.ConsumerGroup != "" {
@@ -37,7 +37,10 @@ func (s *Store) ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) 
 		filter["$or"] = bson.A{bson.M{"createdAt": bson.M{"$lt": at}}, bson.M{"createdAt": at, "_id": bson.M{"$lt": id}}}
 	}
 	hint := "pulse_deliveries_created"
-	if f.ConsumerGroup != "" {
+	switch {
+	case f.ConsumerGroup != "" && f.Status != "":
+		hint = "pulse_deliveries_group_status_created"
+	case f.ConsumerGroup != "":
 		hint = "pulse_deliveries_group_created"
 	}
 	cur, err := s.deliveries.Find(ctx, filter, options.Find().
