@@ -132,6 +132,17 @@ func (b *bundle) tornStateNamed(eventID, group string, delivery bson.M, attempts
 	for k, v := range delivery {
 		doc[k] = v
 	}
+	// The queue holds a pending delivery's latest attempt from before the attempt is written until the
+	// delivery moves on (the queue document of attempt 1 alone when the crash came before the attempt).
+	queued := bson.M{"_id": deliveryID + "-" + string(rune('0'+max(1, len(attempts)))), "deliveryId": deliveryID, "eventId": eventID,
+		"consumerGroup": group, "topic": "t", "attempt": max(1, len(attempts)), "eventCreatedAt": now, "createdAt": now.Add(-time.Hour),
+		"nextAttemptAt": now, "incarnation": sub.Incarnation}
+	if len(attempts) > 0 {
+		last := attempts[len(attempts)-1]
+		if until, ok := last["lockedUntil"]; ok && last["status"] == "pending" {
+			queued["lockedUntil"], queued["lockToken"] = until, last["lockToken"]
+		}
+	}
 	if _, err := db.Collection("pulse.deliveries").InsertOne(ctx, doc); err != nil {
 		b.t.Fatal(err)
 	}
@@ -145,7 +156,25 @@ func (b *bundle) tornStateNamed(eventID, group string, delivery bson.M, attempts
 			b.t.Fatal(err)
 		}
 	}
+	// Queued last: running replicas see the torn state whole (a queue document an hour old whose delivery
+	// does not exist yet would be removed as one its fan-out left behind).
+	if _, err := db.Collection("pulse.queue").InsertOne(ctx, queued); err != nil {
+		b.t.Fatal(err)
+	}
 	return eventID
+}
+
+// markForFanOut leaves event id of topic t as a publisher that died before fanning it out leaves it: marked
+// for fan-out, with its document in the outbox (written before the mark).
+func (b *bundle) markForFanOut(id string) {
+	b.t.Helper()
+	db := b.client.Database(b.dbName)
+	if _, err := db.Collection("pulse.outbox").InsertOne(context.Background(), bson.M{"_id": id, "topic": "t", "createdAt": time.Now().UTC()}); err != nil {
+		b.t.Fatal(err)
+	}
+	if _, err := db.Collection("pulse.events").UpdateOne(context.Background(), bson.M{"_id": id}, bson.M{"$set": bson.M{"fanout": true}}); err != nil {
+		b.t.Fatal(err)
+	}
 }
 
 // Every other row of the crash-window table (docs/delivery.md), and the reconciler's partial states, written straight
@@ -194,11 +223,7 @@ func TestCrashWindowsAreRepaired(t *testing.T) {
 			id := b.tornState("g", tc.delivery, tc.attempts...)
 			if tc.wantFanout {
 				// Published after the group registered (createdAt now); older than a lock timeout once repaired.
-				_, err := b.client.Database(b.dbName).Collection("pulse.events").UpdateOne(context.Background(),
-					bson.M{"_id": id}, bson.M{"$set": bson.M{"fanout": true}})
-				if err != nil {
-					t.Fatal(err)
-				}
+				b.markForFanOut(id)
 			}
 			d := s.waitDelivery(t, id, "g", 30*time.Second)
 			if d.Status != "success" || len(d.Attempts) != len(tc.wantCodes) {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -147,10 +146,7 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 		k := kinds[i%len(kinds)]
 		id := b.tornStateNamed(fmt.Sprintf("torn-%02d", i), "g", k.delivery, k.attempts...)
 		if k.delivery == nil {
-			if _, err := b.client.Database(b.dbName).Collection("pulse.events").UpdateOne(context.Background(),
-				bson.M{"_id": id}, bson.M{"$set": bson.M{"fanout": true}}); err != nil {
-				t.Fatal(err)
-			}
+			b.markForFanOut(id)
 		}
 		all = append(all, torn{id, k.wantPOSTs})
 	}

@@ -24,37 +24,45 @@ func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *att
 }
 
 // ClaimBatch leases up to limit claimable attempts (pending, no lease, nextAttemptAt ≤ now) of consumer
-// groups not in exclude, most overdue first, in two round trips: one query reads a window of candidates
-// (three times limit, at most 64), then one fenced claim leases a random limit of them (see ClaimAttempts).
-// Replicas read the same most-overdue window; the random pick spreads them over it. It returns the attempts
-// it leased, possibly none.
+// groups not in exclude, most overdue first, in two round trips: one query of the queue reads a window of
+// candidates (three times limit, at most 64), then one fenced claim leases a random limit of them (see
+// ClaimAttempts). Replicas read the same most-overdue window; the random pick spreads them over it. It returns
+// the attempts it leased, possibly none.
 func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error) {
 	now := s.now()
-	filter := bson.M{"status": pulsetype.StatusPending, "lockedUntil": nil, "nextAttemptAt": bson.M{"$lte": now}}
+	filter := bson.M{"lockedUntil": nil, "nextAttemptAt": bson.M{"$lte": now}, "ended": bson.M{"$ne": true}}
 	if len(exclude) > 0 {
 		filter["consumerGroup"] = bson.M{"$nin": exclude}
 	}
-	docs, err := findAll[attemptDoc](ctx, s.history, "find claimable attempts", filter, options.Find().
-		SetSort(bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
+	docs, err := findAll[queueDoc](ctx, s.queue, "find claimable attempts", filter, options.Find().
+		SetSort(bson.D{{Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
 		SetLimit(int64(min(3*limit, 64))))
 	if err != nil {
 		return nil, err
 	}
 	rand.Shuffle(len(docs), func(i, j int) { docs[i], docs[j] = docs[j], docs[i] })
 	candidates := make([]*pulsetype.Attempt, 0, min(limit, len(docs)))
-	for i := range docs[:min(limit, len(docs))] {
-		candidates = append(candidates, docs[i].attempt())
+	for _, d := range docs[:min(limit, len(docs))] {
+		candidates = append(candidates, d.attempt())
 	}
 	return s.ClaimAttempts(ctx, owner, candidates)
 }
 
-// ClaimAttempts leases the given unleased attempts (as read from the database, or as FanOut created them)
-// with one updateMany whose filter holds their ids, status pending and no lease, so concurrent replicas never
-// lease one attempt twice. The attempts it wins share one fresh UUIDv7 lock token (the fencing token of
-// every later write, together with the attempt id), lockOwner owner, lockedAt, heartbeatAt and startedAt
-// now, and lockedUntil now + lock timeout. When the update matched fewer than all of them, a second query
-// reads back the ones leased under the token. It returns the leased attempts with their lease fields set,
-// possibly none; it does not modify its argument.
+// attempt returns the queue document as the pending, unleased attempt it stands for.
+func (d *queueDoc) attempt() *pulsetype.Attempt {
+	return &pulsetype.Attempt{ID: d.ID, DeliveryID: d.DeliveryID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
+		Number: d.Attempt, Status: pulsetype.StatusPending, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt, Incarnation: d.Incarnation}
+}
+
+// ClaimAttempts leases the given unleased attempts (as read from the queue, or as FanOut created them) with
+// one updateMany of their history documents whose filter holds their ids, status pending and no lease, so
+// concurrent replicas never lease one attempt twice. The attempts it wins share one fresh UUIDv7 lock token
+// (the fencing token of every later write, together with the attempt id), lockOwner owner, lockedAt,
+// heartbeatAt and startedAt now, and lockedUntil now + lock timeout; one update of their queue documents then
+// copies the lease, so claims of the queue skip them. When the update matched fewer than all of them, a
+// second query reads back every one's state: the ones leased under the token are ours, and the queue
+// documents of the others are corrected (leased elsewhere, or ended). It returns the leased attempts with
+// their lease fields set, possibly none; it does not modify its argument.
 func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error) {
 	if len(attempts) == 0 {
 		return nil, nil
@@ -71,35 +79,77 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	if err != nil {
 		return nil, wrap("claim attempts", err)
 	}
-	if res.MatchedCount == 0 {
-		return nil, nil
-	}
-	if int(res.MatchedCount) < len(attempts) { // some were leased by another replica first: read back ours
-		docs, err := findAll[attemptDoc](ctx, s.history, "read back claimed attempts", bson.M{"lockToken": token})
+	var out []*pulsetype.Attempt
+	if int(res.MatchedCount) == len(attempts) {
+		out = make([]*pulsetype.Attempt, len(attempts))
+		for i, a := range attempts {
+			c := *a
+			c.LockOwner, c.LockToken, c.LockedUntil, c.StartedAt = owner, token, &until, &now
+			out[i] = &c
+		}
+	} else { // some were leased by another replica first, or have ended: read back which are ours
+		docs, err := findAll[attemptDoc](ctx, s.history, "read back claimed attempts", bson.M{"_id": bson.M{"$in": ids}})
 		if err != nil {
 			return nil, err
 		}
-		out := make([]*pulsetype.Attempt, len(docs))
+		var stale []*attemptDoc
 		for i := range docs {
-			out[i] = docs[i].attempt()
+			if docs[i].LockToken == token && docs[i].Status == pulsetype.StatusPending {
+				out = append(out, docs[i].attempt())
+			} else {
+				stale = append(stale, &docs[i])
+			}
 		}
-		return out, nil
+		if err := s.hintQueue(ctx, stale); err != nil {
+			return nil, err
+		}
 	}
-	out := make([]*pulsetype.Attempt, len(attempts))
-	for i, a := range attempts {
-		c := *a
-		c.LockOwner, c.LockToken, c.LockedUntil, c.StartedAt = owner, token, &until, &now
-		out[i] = &c
+	if len(out) > 0 {
+		leased := make([]string, len(out))
+		for i, a := range out {
+			leased[i] = a.ID
+		}
+		if _, err := s.queue.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": leased}},
+			bson.M{"$set": bson.M{"lockedUntil": until, "lockToken": token}}); err != nil {
+			return nil, wrap("copy leases to the queue", err)
+		}
 	}
 	return out, nil
 }
 
-// claimByID leases one attempt if it is still pending and unleased; it returns nil when another replica
-// leased it first.
+// hintQueue corrects the queue documents of attempts found otherwise than the queue said: a leased one
+// gets its lease copied, an ended one is marked ended (claims skip it; the repair scan finishes it), one
+// pending and unleased loses its lease copy. It costs one bulk update.
+func (s *Store) hintQueue(ctx context.Context, attempts []*attemptDoc) error {
+	if len(attempts) == 0 {
+		return nil
+	}
+	models := make([]mongo.WriteModel, len(attempts))
+	for i, a := range attempts {
+		var update bson.M
+		switch {
+		case a.Status != pulsetype.StatusPending:
+			update = bson.M{"$set": bson.M{"ended": true}}
+		case a.LockedUntil != nil:
+			update = bson.M{"$set": bson.M{"lockedUntil": a.LockedUntil, "lockToken": a.LockToken}}
+		default:
+			update = bson.M{"$unset": bson.M{"lockedUntil": "", "lockToken": ""}}
+		}
+		models[i] = mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": a.ID}).SetUpdate(update)
+	}
+	if _, err := s.bulkUpdate(ctx, s.queue, models); err != nil {
+		return wrap("correct queue documents", err)
+	}
+	return nil
+}
+
+// claimByID leases one attempt if it is still pending and unleased, and copies the lease to its queue
+// document; it returns nil when another replica leased it first.
 func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) (*pulsetype.Attempt, error) {
+	until := now.Add(s.opts.LockTimeout)
+	token := uuid.Must(uuid.NewV7()).String()
 	update := bson.M{"$set": bson.M{
-		"lockOwner": owner, "lockToken": uuid.Must(uuid.NewV7()).String(), "lockedAt": now,
-		"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now, "startedAt": now,
+		"lockOwner": owner, "lockToken": token, "lockedAt": now, "lockedUntil": until, "heartbeatAt": now, "startedAt": now,
 	}}
 	var doc attemptDoc
 	err := s.history.FindOneAndUpdate(ctx, bson.M{"_id": id, "status": pulsetype.StatusPending, "lockedUntil": nil}, update,
@@ -109,6 +159,9 @@ func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) 
 	}
 	if err != nil {
 		return nil, wrap("claim attempt", err)
+	}
+	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": bson.M{"lockedUntil": until, "lockToken": token}}); err != nil {
+		return nil, wrap("copy lease to the queue", err)
 	}
 	return doc.attempt(), nil
 }
@@ -143,24 +196,20 @@ const maxOrderCheck = 100
 // A head that belongs to an earlier registration of the group (see pulsetype.Endpoint.Incarnation) is ended
 // as endpoint_deleted instead of holding up the line. It returns nil when the head is running, waiting for
 // its retry, blocked, or absent; wait > 0 says when to look again without waiting for other news (the
-// settle window, or at once after ending a stale head).
+// settle window, or at once after ending a stale head or removing a finished delivery's queue document).
 //
-// It costs one query of the line's head (index pulse_deliveries_line), one of the subscription, one of the
-// head's attempts and, when the head is due, those of earlierMayAppear; errors are the database's, wrapped.
+// The line is read from the queue, which holds pending work only (a delivery's attempts are queued before
+// the delivery is written, so a pending delivery is never missing from it): one query of the line's first
+// queue documents (index pulse_queue_line), one of their deliveries, one of the subscription, one of the
+// head's attempt by id and, when the head is due, those of earlierMayAppear; errors are the database's,
+// wrapped.
 func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (a *pulsetype.Attempt, wait time.Duration, err error) {
-	group, topic := line.ConsumerGroup, line.Topic
-	var head deliveryDoc
-	err = s.deliveries.FindOne(ctx, bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending, "orderingKey": keyFilter(line.OrderingKey)},
-		options.FindOne().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "status", Value: 1},
-			{Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}})).Decode(&head)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, 0, nil
-	}
-	if err != nil {
-		return nil, 0, wrap("find head of line", err)
+	head, q, err := s.lineHead(ctx, line)
+	if head == nil || err != nil {
+		return nil, 0, err
 	}
 	var sub subscriptionDoc
-	err = s.subscriptions.FindOne(ctx, bson.M{"_id": group},
+	err = s.subscriptions.FindOne(ctx, bson.M{"_id": line.ConsumerGroup},
 		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1})).Decode(&sub)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, 0, nil // deleted: its pending deliveries are being ended
@@ -169,10 +218,9 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 		return nil, 0, wrap("read subscription", err)
 	}
 	var at attemptDoc
-	err = s.history.FindOne(ctx, bson.M{"deliveryId": head.ID},
-		options.FindOne().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: -1}})).Decode(&at)
+	err = s.history.FindOne(ctx, bson.M{"_id": q.ID}).Decode(&at)
 	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, 0, nil // the reconciler creates its first attempt
+		return nil, 0, nil // being created; the repair scan creates it after a crash
 	}
 	if err != nil {
 		return nil, 0, wrap("find head attempt", err)
@@ -180,7 +228,7 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	if head.Incarnation != sub.Incarnation {
 		// A delivery of an earlier registration of the group (deleted and registered again while its POST
 		// ran): it must not hold up the new registration's line, whenever its retry would come due.
-		return nil, time.Millisecond, s.endStaleHead(ctx, &head, &at)
+		return nil, time.Millisecond, s.endStaleHead(ctx, head, &at)
 	}
 	if settled := head.EventCreatedAt.Add(OrderSettle); s.now().Before(settled) {
 		return nil, settled.Sub(s.now()), nil
@@ -189,11 +237,79 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	if at.Status != pulsetype.StatusPending || at.LockedUntil != nil || at.NextAttemptAt.After(now) {
 		return nil, 0, nil
 	}
-	if blocked, err := s.earlierMayAppear(ctx, line, &sub, &head); err != nil || blocked {
+	if blocked, err := s.earlierMayAppear(ctx, line, &sub, head); err != nil || blocked {
 		return nil, 0, err
 	}
 	a, err = s.claimByID(ctx, owner, at.ID, now)
 	return a, 0, err
+}
+
+// lineScan bounds the queue documents one look at a line's head reads: deliveries that ended while their
+// queue documents wait to be removed come before the pending head.
+const lineScan = 8
+
+// lineHead returns the line's oldest pending delivery and the queue document of its latest attempt, or nil
+// when the line has none among its first lineScan queue documents. It removes the queue documents it finds
+// of ended deliveries whose attempts have ended (normally removed by the writer that ended them).
+func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, error) {
+	queued, err := findAll[queueDoc](ctx, s.queue, "find head of line",
+		bson.M{"consumerGroup": line.ConsumerGroup, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)},
+		options.Find().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1},
+			{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}).SetLimit(lineScan))
+	if err != nil || len(queued) == 0 {
+		return nil, nil, err
+	}
+	ids := make([]string, 0, len(queued))
+	for _, q := range queued {
+		if !slices.Contains(ids, q.DeliveryID) {
+			ids = append(ids, q.DeliveryID)
+		}
+	}
+	deliveries, err := findAll[deliveryDoc](ctx, s.deliveries, "read deliveries of a line", bson.M{"_id": bson.M{"$in": ids}})
+	if err != nil {
+		return nil, nil, err
+	}
+	byID := map[string]*deliveryDoc{}
+	for i := range deliveries {
+		byID[deliveries[i].ID] = &deliveries[i]
+	}
+	var ended []string
+	for i := range queued {
+		q := &queued[i]
+		d, ok := byID[q.DeliveryID]
+		switch {
+		case !ok:
+			return nil, nil, nil // its fan-out is under way (queued before written): wait for it
+		case d.Status == pulsetype.StatusPending:
+			return d, q, s.unqueueEnded(ctx, ended)
+		default:
+			ended = append(ended, q.ID)
+		}
+	}
+	return nil, nil, s.unqueueEnded(ctx, ended)
+}
+
+// unqueueEnded removes the queue documents ids (of deliveries that ended) whose attempts are not pending: one
+// that is (the attempt of a cancelled delivery still in flight) stays queued for the reaper.
+func (s *Store) unqueueEnded(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	running, err := findAll[attemptDoc](ctx, s.history, "find running attempts of ended deliveries",
+		bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending}, options.Find().SetProjection(bson.M{"_id": 1}))
+	if err != nil {
+		return err
+	}
+	ids = slices.DeleteFunc(ids, func(id string) bool {
+		return slices.ContainsFunc(running, func(a attemptDoc) bool { return a.ID == id })
+	})
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": ids}}); err != nil {
+		return wrap("remove queue documents of ended deliveries", err)
+	}
+	return nil
 }
 
 // MaxLineKeys bounds the ordering keys OrderingKeys returns for one (consumer group, topic).
@@ -202,11 +318,11 @@ const MaxLineKeys = 1000
 // OrderingKeys returns the ordering keys of the pending deliveries of a consumer group's topic, "" (the
 // events without a key) first and always present, then the others in ascending order, at most MaxLineKeys of
 // them (an arbitrary subset when there are more: the rest wait for a later turn); the
-// dispatcher claims the head of each of these lines. It costs one aggregation ($match on index
-// pulse_deliveries_line, then $group by key); errors are the database's, wrapped.
+// dispatcher claims the head of each of these lines. It costs one aggregation of the queue ($match on index
+// pulse_queue_line, then $group by key); errors are the database's, wrapped.
 func (s *Store) OrderingKeys(ctx context.Context, group, topic string) ([]string, error) {
-	cur, err := s.deliveries.Aggregate(ctx, bson.A{
-		bson.M{"$match": bson.M{"consumerGroup": group, "topic": topic, "status": pulsetype.StatusPending}},
+	cur, err := s.queue.Aggregate(ctx, bson.A{
+		bson.M{"$match": bson.M{"consumerGroup": group, "topic": topic}},
 		bson.M{"$group": bson.M{"_id": "$orderingKey"}},
 		bson.M{"$limit": MaxLineKeys + 1},
 	})
@@ -262,35 +378,48 @@ func keyFilter(key string) any {
 // earlierMayAppear reports whether an event of the line (topic and ordering key) before the head delivery's
 // event (createdAt, then id) that the group of sub will receive may still lack its delivery: the group's
 // backfill is unfinished, or an earlier event of the line still marked for fan-out has no delivery for the
-// group (see ClaimHead). It costs one query of marked events (index pulse_events_fanout) and, when there are
-// some, one count of the group's deliveries of them.
+// group (see ClaimHead). It costs one query of the line's unfinished fan-outs (the outbox, index
+// pulse_outbox_line) and, when there are some, one read of their events and one of the group's deliveries of
+// them, both by id. An outbox document whose event is not committed yet counts for nothing: its commit
+// stamps a createdAt later than this check.
 func (s *Store) earlierMayAppear(ctx context.Context, line pulsetype.Line, sub *subscriptionDoc, head *deliveryDoc) (bool, error) {
 	if sub.Backfill != nil {
 		return true, nil
 	}
-	marked, err := findAll[eventDoc](ctx, s.events, "find earlier unfinished fan-outs",
-		bson.M{"fanout": true, "createdAt": bson.M{"$lte": head.EventCreatedAt}, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)},
-		options.Find().SetSort(bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}).SetLimit(maxOrderCheck).
-			SetProjection(bson.M{"createdAt": 1}))
+	marks, err := findAll[outboxDoc](ctx, s.outbox, "find earlier unfinished fan-outs",
+		bson.M{"topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)},
+		options.Find().SetSort(bson.D{{Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "createdAt", Value: 1}}).SetLimit(maxOrderCheck))
+	if err != nil || len(marks) == 0 {
+		return false, err
+	}
+	ids := make([]string, len(marks))
+	for i, m := range marks {
+		ids[i] = m.ID
+	}
+	events, err := s.findEvents(ctx, ids)
 	if err != nil {
 		return false, err
 	}
-	var ids []string
-	for _, e := range marked {
+	var deliveries []string
+	for _, e := range events {
+		if !e.Fanout || e.Staged {
+			continue
+		}
 		earlier := e.CreatedAt.Before(head.EventCreatedAt) || e.CreatedAt.Equal(head.EventCreatedAt) && e.ID < head.EventID
 		wanted := sub.OffsetReset == pulsetype.OffsetEarliest || !e.CreatedAt.Before(sub.CreatedAt)
 		if earlier && wanted {
-			ids = append(ids, e.ID)
+			deliveries = append(deliveries, DeliveryID(sub.ID, e.ID))
 		}
 	}
-	if len(ids) == 0 {
+	if len(deliveries) == 0 {
 		return false, nil
 	}
-	n, err := s.deliveries.CountDocuments(ctx, bson.M{"consumerGroup": sub.ID, "eventId": bson.M{"$in": ids}})
+	found, err := findAll[deliveryDoc](ctx, s.deliveries, "find deliveries of earlier events", bson.M{"_id": bson.M{"$in": deliveries}},
+		options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
-		return false, wrap("count deliveries of earlier events", err)
+		return false, err
 	}
-	return int(n) < len(ids), nil
+	return len(found) < len(deliveries), nil
 }
 
 // Renew extends the given leases to now + lock timeout and stamps heartbeatAt, with one updateMany fenced by
@@ -480,19 +609,24 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	return nil
 }
 
-// FollowUps applies the next step of each recorded completion (see reconciler.Decide) with at most two
-// commands: one bulk update ends the deliveries that ended (pending ones only: a delivery another replica
-// ended stays as it is; successes with the same final attempt share one updateMany), and one unordered
-// insertMany creates the next attempts (a duplicate means another replica created it). Both are idempotent;
-// after a crash in between, the reconciler finds the rest.
+// FollowUps applies the next step of each recorded completion (see reconciler.Decide), then removes the
+// completed attempts from the queue, with at most five commands: one bulk update ends the deliveries that
+// ended (pending ones only: a delivery another replica ended stays as it is; successes with the same final
+// attempt share one updateMany); for the retries, one read of their lines from the queue, one insert of the
+// next attempts' queue documents and one unordered insertMany of the next attempts (a duplicate means
+// another writer created that attempt, with its own queue document); last, one delete of the completed
+// attempts' queue documents. All are idempotent; after a crash in between, the repair scan finds the rest
+// through the queue documents still there.
 func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error {
 	now := s.now()
 	exp := expiry(now, s.opts.HistoryRetention)
 	var ends []mongo.WriteModel
-	var retries []any
+	var retries []*attemptDoc
 	succeeded := map[int][]string{} // delivery ids by final attempt
-	for _, c := range cs {
+	done := make([]string, len(cs))
+	for i, c := range cs {
 		a := c.Attempt
+		done[i] = a.ID
 		switch {
 		case c.Next.Retry:
 			retries = append(retries, newAttemptDoc(a.Ref(), a.Number+1, now, now.Add(c.Next.Delay)))
@@ -512,12 +646,92 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 			return wrap("end deliveries", err)
 		}
 	}
-	if len(retries) > 0 {
-		if _, err := s.history.InsertMany(ctx, retries, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
-			return wrap("create next attempts", err)
-		}
+	if err := s.createAttempts(ctx, retries); err != nil {
+		return wrap("create next attempts", err)
+	}
+	if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": done}}); err != nil {
+		return wrap("remove completed attempts from the queue", err)
 	}
 	return nil
+}
+
+// createAttempts inserts pending attempts: their queue documents first (placed in their deliveries' lines,
+// read from the queue, see linesOf), then the attempts; a duplicate (another writer created that attempt
+// number) removes this call's queue document again. It returns which ones it created, by index.
+func (s *Store) createAttempts(ctx context.Context, attempts []*attemptDoc) error {
+	_, err := s.insertAttempts(ctx, attempts)
+	return err
+}
+
+// insertAttempts is createAttempts; it also reports which attempts it inserted.
+func (s *Store) insertAttempts(ctx context.Context, attempts []*attemptDoc) ([]bool, error) {
+	if len(attempts) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(attempts))
+	for i, a := range attempts {
+		ids[i] = a.DeliveryID
+	}
+	lines, err := s.linesOf(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	queue, docs := make([]any, len(attempts)), make([]any, len(attempts))
+	for i, a := range attempts {
+		l := lines[a.DeliveryID]
+		queue[i], docs[i] = queued(a, l.OrderingKey, l.EventCreatedAt), a
+	}
+	if _, err := s.queue.InsertMany(ctx, queue, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+		return nil, wrap("queue attempts", err)
+	}
+	_, err = s.history.InsertMany(ctx, docs, options.InsertMany().SetOrdered(false))
+	if err != nil && !onlyDuplicates(err) {
+		return nil, wrap("insert attempts", err)
+	}
+	inserted := make([]bool, len(attempts))
+	for i := range attempts {
+		inserted[i] = !failedAt(err, i)
+	}
+	return inserted, s.unqueueDuplicates(ctx, docs, err)
+}
+
+// line is where a delivery's attempts stand in its line (see queueDoc).
+type line struct {
+	OrderingKey    string    `bson:"orderingKey,omitempty"`
+	EventCreatedAt time.Time `bson:"eventCreatedAt"`
+}
+
+// linesOf returns the line of each delivery: from its queue documents, else (none queued: a delivery
+// reopened, or repaired) from the delivery itself. It costs one query of the queue and, for deliveries
+// without queue documents, one read of them by id.
+func (s *Store) linesOf(ctx context.Context, deliveryIDs []string) (map[string]line, error) {
+	queued, err := findAll[queueDoc](ctx, s.queue, "read lines of queued deliveries", bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
+		options.Find().SetProjection(bson.M{"deliveryId": 1, "orderingKey": 1, "eventCreatedAt": 1}))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]line, len(deliveryIDs))
+	for _, q := range queued {
+		out[q.DeliveryID] = line{OrderingKey: q.OrderingKey, EventCreatedAt: q.EventCreatedAt}
+	}
+	var missing []string
+	for _, id := range deliveryIDs {
+		if _, ok := out[id]; !ok && !slices.Contains(missing, id) {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	docs, err := findAll[deliveryDoc](ctx, s.deliveries, "read lines of deliveries", bson.M{"_id": bson.M{"$in": missing}},
+		options.Find().SetProjection(bson.M{"orderingKey": 1, "eventCreatedAt": 1}))
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range docs {
+		out[d.ID] = line{OrderingKey: d.OrderingKey, EventCreatedAt: d.EventCreatedAt}
+	}
+	return out, nil
 }
 
 // endSet is the $set that makes a delivery terminal, with expiresAt riding in the same update.
@@ -532,24 +746,26 @@ func endSet(status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo, n
 	return set
 }
 
-// CreateAttempt inserts attempt number n of the delivery ref names, due after delay. It returns created=false
-// when that attempt already exists (another replica or an earlier try created it: the unique index on
-// deliveryId + attempt makes this exactly-once).
+// CreateAttempt inserts attempt number n of the delivery ref names, due after delay, queued first (see
+// createAttempts), and removes the queue documents of the delivery's earlier attempts, which have ended. It
+// returns created=false when that attempt already exists (another replica or an earlier try created it: the
+// unique index on deliveryId + attempt makes this exactly-once).
 func (s *Store) CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n int, delay time.Duration) (created bool, err error) {
 	now := s.now()
-	_, err = s.history.InsertOne(ctx, newAttemptDoc(ref, n, now, now.Add(delay)))
-	if mongo.IsDuplicateKeyError(err) {
-		return false, nil
-	}
+	inserted, err := s.insertAttempts(ctx, []*attemptDoc{newAttemptDoc(ref, n, now, now.Add(delay))})
 	if err != nil {
 		return false, wrap("create attempt", err)
 	}
-	return true, nil
+	if _, err := s.queue.DeleteMany(ctx, bson.M{"deliveryId": ref.DeliveryID, "attempt": bson.M{"$lt": n}}); err != nil {
+		return false, wrap("remove ended attempts from the queue", err)
+	}
+	return inserted[0], nil
 }
 
 // EndDelivery makes a pending delivery terminal (success or error) with its final attempt number, error and
-// expiresAt (now + history retention) in one update. It returns ended=false when the delivery was not
-// pending any more (another replica ended it first).
+// expiresAt (now + history retention) in one update, then removes the queue documents of its attempts up to
+// finalAttempt (which have ended). It returns ended=false when the delivery was not pending any more
+// (another replica ended it first).
 func (s *Store) EndDelivery(ctx context.Context, deliveryID string, status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo) (ended bool, err error) {
 	now := s.now()
 	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": deliveryID, "status": pulsetype.StatusPending},
@@ -557,23 +773,53 @@ func (s *Store) EndDelivery(ctx context.Context, deliveryID string, status pulse
 	if err != nil {
 		return false, wrap("end delivery", err)
 	}
+	if _, err := s.queue.DeleteMany(ctx, bson.M{"deliveryId": deliveryID, "attempt": bson.M{"$lte": finalAttempt}}); err != nil {
+		return false, wrap("remove ended attempts from the queue", err)
+	}
 	return res.ModifiedCount > 0, nil
 }
 
+// reapScan bounds the queue documents whose copied lease has expired that one ReapOne looks at: most of
+// them belong to attempts whose leases were renewed since (their copies are then corrected).
+const reapScan = 16
+
 // ReapOne turns one pending attempt whose lease expired into error/worker_lost, through a write whose filter
 // still holds the old lock token and the expired lockedUntil (a lease renewed meanwhile is not reaped). It
+// finds it through the queue (the attempts whose copied lease has expired, oldest first), reading each one's
+// lease from its history document and correcting the queue's copy of those renewed or ended meanwhile. It
 // returns the reaped attempt, or nil when there was none or another replica reaped it first.
 func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	now := s.now()
-	var doc attemptDoc
-	err := s.history.FindOne(ctx, bson.M{"status": pulsetype.StatusPending, "lockedUntil": bson.M{"$lt": now}},
-		options.FindOne().SetSort(bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}})).Decode(&doc)
-	if errors.Is(err, mongo.ErrNoDocuments) {
+	queued, err := findAll[queueDoc](ctx, s.queue, "find expired leases", bson.M{"lockedUntil": bson.M{"$lt": now}, "ended": bson.M{"$ne": true}},
+		options.Find().SetSort(bson.D{{Key: "lockedUntil", Value: 1}}).SetLimit(reapScan).SetProjection(bson.M{"_id": 1}))
+	if err != nil || len(queued) == 0 {
+		return nil, err
+	}
+	ids := make([]string, len(queued))
+	for i, q := range queued {
+		ids[i] = q.ID
+	}
+	docs, err := findAll[attemptDoc](ctx, s.history, "read expired leases", bson.M{"_id": bson.M{"$in": ids}})
+	if err != nil {
+		return nil, err
+	}
+	var expiredLease *attemptDoc
+	var stale []*attemptDoc
+	for i := range docs {
+		d := &docs[i]
+		if d.Status == pulsetype.StatusPending && d.LockedUntil != nil && d.LockedUntil.Before(now) && expiredLease == nil {
+			expiredLease = d
+		} else {
+			stale = append(stale, d)
+		}
+	}
+	if err := s.hintQueue(ctx, stale); err != nil {
+		return nil, err
+	}
+	if expiredLease == nil {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, wrap("find expired lease", err)
-	}
+	doc := expiredLease
 	e := &pulsetype.ErrorInfo{Code: pulsetype.CodeWorkerLost, Message: "the attempt's lease expired before it completed (lock owner " + doc.LockOwner + ")"}
 	set := bson.M{"status": pulsetype.StatusError, "endedAt": now, "error": e}
 	if exp := expiry(now, s.opts.HistoryRetention); exp != nil {
@@ -587,6 +833,9 @@ func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	}
 	if res.ModifiedCount == 0 {
 		return nil, nil
+	}
+	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": doc.ID}, bson.M{"$set": bson.M{"ended": true}}); err != nil {
+		return nil, wrap("mark reaped attempt in the queue", err)
 	}
 	a := doc.attempt()
 	a.Status, a.Error, a.EndedAt = pulsetype.StatusError, e, &now
@@ -603,8 +852,9 @@ func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pul
 	return out[0], err
 }
 
-// ReleaseAttempt gives a leased attempt back unstarted (its lease fields removed, fenced by its token), for
-// a claim that must not run after all. It returns pulsetype.ErrLeaseLost when the lease is no longer held.
+// ReleaseAttempt gives a leased attempt back unstarted (its lease fields removed, fenced by its token, and
+// its queue document's copy of the lease), for a claim that must not run after all. It returns
+// pulsetype.ErrLeaseLost when the lease is no longer held.
 func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error {
 	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending},
 		bson.M{"$unset": bson.M{"lockOwner": "", "lockToken": "", "lockedAt": "", "lockedUntil": "", "heartbeatAt": "", "startedAt": ""}})
@@ -613,6 +863,9 @@ func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error 
 	}
 	if res.MatchedCount == 0 {
 		return pulsetype.ErrLeaseLost
+	}
+	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.LockToken}, bson.M{"$unset": bson.M{"lockedUntil": "", "lockToken": ""}}); err != nil {
+		return wrap("release attempt in the queue", err)
 	}
 	return nil
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -56,6 +58,11 @@ func (s *Store) CancelDelivery(ctx context.Context, id string) (pulsetype.Cancel
 		return pulsetype.CancelResult{}, wrap("cancel delivery", err)
 	}
 	if upd.ModifiedCount > 0 {
+		if !res.InFlight { // no attempt of it is pending: nothing of it stays queued
+			if _, err := s.queue.DeleteMany(ctx, bson.M{"deliveryId": id}); err != nil {
+				return pulsetype.CancelResult{}, wrap("remove a cancelled delivery from the queue", err)
+			}
+		}
 		return res, nil
 	}
 	// Ended meanwhile: by the repair scan finishing this very cancel from its attempt, by another cancel, or by
@@ -92,11 +99,10 @@ func (s *Store) deliveryDoc(ctx context.Context, id string) (*deliveryDoc, error
 // that takes the next number, that attempt's id.
 func (s *Store) stopAttempts(ctx context.Context, d *pulsetype.Delivery) (res pulsetype.CancelResult, taken string, err error) {
 	for range maxCancelTries {
-		byDelivery, err := s.AttemptsOf(ctx, []string{d.ID})
+		attempts, err := s.queuedAttemptsOf(ctx, d.ID)
 		if err != nil {
 			return res, "", err
 		}
-		attempts := byDelivery[d.ID]
 		now := s.now()
 		ended := s.outcomeSet(pulsetype.AttemptResult{Status: pulsetype.StatusError, Terminal: true, Error: cancelled}, now)
 		// A reopened delivery's attempt may not exist yet: its number is reopenedAttempt.
@@ -132,4 +138,34 @@ func (s *Store) stopAttempts(ctx context.Context, d *pulsetype.Delivery) (res pu
 		return pulsetype.CancelResult{FinalAttempt: next, InFlight: inFlight}, doc.ID, nil
 	}
 	return res, "", fmt.Errorf("cancel delivery %s: its attempts changed during each of %d tries", d.ID, maxCancelTries)
+}
+
+// queuedAttemptsOf returns the attempts of a pending delivery that the queue holds (its latest, and an
+// ended one whose next step is being written), by number: one query of the queue and one read of the
+// attempts by id. A delivery without queue documents (written before the queue existed, and not migrated)
+// gets all its attempts (AttemptsOf).
+func (s *Store) queuedAttemptsOf(ctx context.Context, deliveryID string) ([]*pulsetype.Attempt, error) {
+	queued, err := findAll[queueDoc](ctx, s.queue, "find queued attempts", bson.M{"deliveryId": deliveryID},
+		options.Find().SetProjection(bson.M{"_id": 1}))
+	if err != nil {
+		return nil, err
+	}
+	if len(queued) == 0 {
+		byDelivery, err := s.AttemptsOf(ctx, []string{deliveryID})
+		return byDelivery[deliveryID], err
+	}
+	ids := make([]string, len(queued))
+	for i, q := range queued {
+		ids[i] = q.ID
+	}
+	docs, err := findAll[attemptDoc](ctx, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": ids}})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*pulsetype.Attempt, len(docs))
+	for i := range docs {
+		out[i] = docs[i].attempt()
+	}
+	slices.SortFunc(out, func(a, b *pulsetype.Attempt) int { return a.Number - b.Number })
+	return out, nil
 }

@@ -291,4 +291,9 @@ var conformanceCases = []conformanceCase{
 	{name: "ConsoleReadsWith10000Deliveries", run: testConsoleReadsWith10000Deliveries},
 	// watch_test.go
 	{name: "WatchEventsSendsChangeStreamAndReopens", run: testWatchEventsSendsChangeStreamAndReopens},
+	// queue_test.go
+	{name: "GroupCommitWritesConcurrentPublishesTogether", run: testGroupCommitWritesConcurrentPublishesTogether, race: true},
+	{name: "QueueHoldsPendingWorkOnly", run: testQueueHoldsPendingWorkOnly},
+	{name: "RepairScanWorksFromTheQueue", run: testRepairScanWorksFromTheQueue},
+	{name: "EnsureSchemaQueuesEarlierWork", run: testEnsureSchemaQueuesEarlierWork},
 }

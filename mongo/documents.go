@@ -177,3 +177,49 @@ func (d *attemptDoc) attempt() *pulsetype.Attempt {
 		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond,
 	}
 }
+
+// queueDoc is a document of <prefix>.queue, the index of pending work: one per attempt that is (or may
+// still be) pending, with the attempt's _id, from before the attempt is created in <prefix>.history until
+// its next step is recorded (the delivery's end or the next attempt's own queue document). The history
+// attempt stays the authority (its status, lease and fencing token); the queue only says where to look, so
+// that claims, the reaper, the repair scan and ordered lines read pending work and never the retained
+// history. The lease fields are hints, written after a claim and corrected when found stale.
+type queueDoc struct {
+	ID             string    `bson:"_id"` // the attempt's id
+	DeliveryID     string    `bson:"deliveryId"`
+	EventID        string    `bson:"eventId"`
+	ConsumerGroup  string    `bson:"consumerGroup"`
+	Topic          string    `bson:"topic"`
+	OrderingKey    string    `bson:"orderingKey,omitempty"`
+	EventCreatedAt time.Time `bson:"eventCreatedAt"`
+	Attempt        int       `bson:"attempt"`
+	Incarnation    string    `bson:"incarnation,omitempty"`
+	CreatedAt      time.Time `bson:"createdAt"`
+	NextAttemptAt  time.Time `bson:"nextAttemptAt"`
+	// LockedUntil and LockToken copy the attempt's lease when it was claimed (absent: claimable, as far as the
+	// queue knows); Ended is set once the attempt is known to have ended while its delivery's next step is
+	// not recorded yet. Claims skip both; the reaper and the repair scan check the attempt itself.
+	LockedUntil *time.Time `bson:"lockedUntil,omitempty"`
+	LockToken   string     `bson:"lockToken,omitempty"`
+	Ended       bool       `bson:"ended,omitempty"`
+}
+
+// queued returns the queue document of attempt a of the delivery d describes (eventCreatedAt and
+// orderingKey place it in its line).
+func queued(a *attemptDoc, orderingKey string, eventCreatedAt time.Time) *queueDoc {
+	return &queueDoc{ID: a.ID, DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic,
+		OrderingKey: orderingKey, EventCreatedAt: eventCreatedAt, Attempt: a.Attempt, Incarnation: a.Incarnation,
+		CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt}
+}
+
+// outboxDoc is a document of <prefix>.outbox: an event published and not yet fanned out, from before its
+// document is committed until its fanout mark is cleared. It indexes the events' fanout marks, which stay
+// the authority, so that the repair of interrupted fan-outs and the head-of-line check of ordered consumer
+// groups read unfinished fan-outs only. CreatedAt is taken before the event's own createdAt is stamped, so it
+// is never later than it (within the error of the store's clock).
+type outboxDoc struct {
+	ID          string    `bson:"_id"` // the event's id
+	Topic       string    `bson:"topic"`
+	OrderingKey string    `bson:"orderingKey,omitempty"`
+	CreatedAt   time.Time `bson:"createdAt"`
+}

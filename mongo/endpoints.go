@@ -154,14 +154,16 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 }
 
 // EndPending ends the pending work of a consumer group (of topics only, when given) that its subscription no
-// longer wants, with error code and message, in three commands:
+// longer wants, with error code and message. Pending work is found through the queue, which holds every
+// pending delivery (one query of the group's queue documents); then:
 //
-//  1. every pending attempt without a lease becomes error (terminal, with endedAt and expiresAt), so no
-//     replica can claim it any more;
-//  2. one query finds the deliveries whose attempt is leased: a POST in flight, left to finish and be
-//     recorded by its worker (its follow-up ends the delivery, or creates an attempt that the dispatcher ends
-//     with code without a POST, see dispatcher's endpoint check);
-//  3. every other pending delivery becomes error with code, endedAt and expiresAt.
+//  1. every queued attempt still pending without a lease becomes error (terminal, with endedAt and
+//     expiresAt), through one update fenced on that, so no replica can claim it any more;
+//  2. one read of those attempts by id finds the ones that are leased: a POST in flight, left to finish and
+//     be recorded by its worker (its follow-up ends the delivery, or creates an attempt that the dispatcher
+//     ends with code without a POST, see dispatcher's endpoint check);
+//  3. every other queued delivery still pending becomes error with code, endedAt and expiresAt, and the ended
+//     attempts leave the queue.
 //
 // A claim racing step 1 can only take an attempt step 2 then sees as leased. Running it twice is harmless.
 // It logs one info line with how many deliveries it ended, when it ended any.
@@ -169,41 +171,66 @@ func (s *Store) EndPending(ctx context.Context, group string, topics []string, c
 	now := s.now()
 	info := &pulsetype.ErrorInfo{Code: code, Message: msg}
 	exp := expiry(now, s.opts.HistoryRetention)
-	scope := func(extra bson.M) bson.M {
-		f := bson.M{"consumerGroup": group, "status": pulsetype.StatusPending}
-		if topics != nil {
-			f["topic"] = bson.M{"$in": topics}
-		}
-		maps.Copy(f, extra)
-		return f
+	scope := bson.M{"consumerGroup": group}
+	if topics != nil {
+		scope["topic"] = bson.M{"$in": topics}
+	}
+	queued, err := findAll[queueDoc](ctx, s.queue, "find queued attempts of a group", scope, options.Find().SetProjection(bson.M{"deliveryId": 1}))
+	if err != nil || len(queued) == 0 {
+		return err
+	}
+	ids := make([]string, len(queued))
+	for i, q := range queued {
+		ids[i] = q.ID
 	}
 	attemptSet := bson.M{"status": pulsetype.StatusError, "endedAt": now, "terminal": true, "error": info}
 	if exp != nil {
 		attemptSet["expiresAt"] = exp
 	}
-	if _, err := s.history.UpdateMany(ctx, scope(bson.M{"lockedUntil": nil}), bson.M{"$set": attemptSet}); err != nil {
+	if _, err := s.history.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending, "lockedUntil": nil},
+		bson.M{"$set": attemptSet}); err != nil {
 		return wrap("end pending attempts", err)
 	}
-	leased, err := findAll[attemptDoc](ctx, s.history, "find leased attempts", scope(bson.M{"lockedUntil": bson.M{"$ne": nil}}),
-		options.Find().SetProjection(bson.M{"deliveryId": 1}))
+	attempts, err := findAll[attemptDoc](ctx, s.history, "find leased attempts", bson.M{"_id": bson.M{"$in": ids}},
+		options.Find().SetProjection(bson.M{"deliveryId": 1, "status": 1}))
 	if err != nil {
 		return err
 	}
-	busy := make([]string, len(leased))
-	for i, a := range leased {
-		busy[i] = a.DeliveryID
+	var busy, ending, unqueue []string
+	for _, a := range attempts {
+		if a.Status == pulsetype.StatusPending {
+			busy = append(busy, a.DeliveryID)
+		} else {
+			unqueue = append(unqueue, a.ID)
+		}
+	}
+	for _, q := range queued {
+		if !slices.Contains(busy, q.DeliveryID) && !slices.Contains(ending, q.DeliveryID) {
+			ending = append(ending, q.DeliveryID)
+		}
 	}
 	set := bson.M{"status": pulsetype.StatusError, "endedAt": now, "updatedAt": now, "error": info}
 	if exp != nil {
 		set["expiresAt"] = exp
 	}
-	res, err := s.deliveries.UpdateMany(ctx, scope(bson.M{"_id": bson.M{"$nin": busy}}), bson.M{"$set": set})
-	if err != nil {
-		return wrap("end pending deliveries", err)
+	var ended int64
+	if len(ending) > 0 {
+		res, err := s.deliveries.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ending}, "status": pulsetype.StatusPending}, bson.M{"$set": set})
+		if err != nil {
+			return wrap("end pending deliveries", err)
+		}
+		ended = res.ModifiedCount
 	}
-	if res.ModifiedCount > 0 || len(busy) > 0 {
+	// Only ended attempts leave the queue: one being created meanwhile (a retry) stays, so the dispatcher
+	// claims it and ends it without a POST.
+	if len(unqueue) > 0 {
+		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": unqueue}}); err != nil {
+			return wrap("remove ended attempts from the queue", err)
+		}
+	}
+	if ended > 0 || len(busy) > 0 {
 		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", code).
-			Int64("ended", res.ModifiedCount).Int("in_flight", len(busy)).Msg("pending deliveries ended")
+			Int64("ended", ended).Int("in_flight", len(busy)).Msg("pending deliveries ended")
 	}
 	return nil
 }

@@ -40,6 +40,17 @@ func testHotQueriesUseIndexes(t *testing.T, e *env) {
 		{"stats: attempts ended in the window", "pulse.history", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "status": bson.M{"$in": bson.A{"success", "error"}}, "endedAt": bson.M{"$gt": now}}}, {Key: "sort", Value: bson.D{{Key: "endedAt", Value: -1}}}}},
 		{"fan-out repair", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"fanout": true, "createdAt": bson.M{"$lt": now}}}}},
 		{"backfill", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"topic": bson.M{"$in": bson.A{"t"}}, "_id": bson.M{"$gt": ""}}}}},
+		{"claim from the queue", "pulse.queue", bson.D{{Key: "filter", Value: bson.M{"lockedUntil": nil, "nextAttemptAt": bson.M{"$lte": now}, "ended": bson.M{"$ne": true}}},
+			{Key: "sort", Value: bson.D{{Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}}}},
+		{"reap from the queue", "pulse.queue", bson.D{{Key: "filter", Value: bson.M{"lockedUntil": bson.M{"$lt": now}, "ended": bson.M{"$ne": true}}},
+			{Key: "sort", Value: bson.D{{Key: "lockedUntil", Value: 1}}}}},
+		{"repair scan of the queue", "pulse.queue", bson.D{{Key: "filter", Value: bson.M{"deliveryId": bson.M{"$gt": ""}}},
+			{Key: "sort", Value: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}}}},
+		{"head of a line in the queue", "pulse.queue", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "topic": "t", "orderingKey": "k"}},
+			{Key: "sort", Value: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}}}},
+		{"stale fan-outs in the outbox", "pulse.outbox", bson.D{{Key: "filter", Value: bson.M{"createdAt": bson.M{"$lt": now}}}, {Key: "sort", Value: bson.D{{Key: "createdAt", Value: 1}}}}},
+		{"a line's unfinished fan-outs", "pulse.outbox", bson.D{{Key: "filter", Value: bson.M{"topic": "t", "orderingKey": nil}},
+			{Key: "sort", Value: bson.D{{Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "createdAt", Value: 1}}}}},
 	} {
 		cmd := append(bson.D{{Key: "find", Value: q.coll}}, q.find...)
 		var out bson.Raw

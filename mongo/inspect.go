@@ -55,17 +55,6 @@ func (s *Store) DeliveriesOfEvent(ctx context.Context, eventID string) ([]*pulse
 	return s.decodeDeliveries(ctx, cur)
 }
 
-// PendingDeliveries returns up to limit pending deliveries with an id greater than afterID, in id order: the
-// reconciler's scan (served by pulse_deliveries_status_id).
-func (s *Store) PendingDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, error) {
-	cur, err := s.deliveries.Find(ctx, bson.M{"status": pulsetype.StatusPending, "_id": bson.M{"$gt": afterID}},
-		options.Find().SetSort(bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}).SetLimit(int64(limit)))
-	if err != nil {
-		return nil, wrap("scan pending deliveries", err)
-	}
-	return s.decodeDeliveries(ctx, cur)
-}
-
 func (s *Store) decodeDeliveries(ctx context.Context, cur *mongo.Cursor) ([]*pulsetype.Delivery, error) {
 	var docs []deliveryDoc
 	if err := cur.All(ctx, &docs); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -121,18 +122,31 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 		next = max(next, attempts[len(attempts)-1].Number+1)
 	}
 	now := s.now()
+	d.Incarnation = ep.Incarnation
+	// Queued first, so that the reopened delivery is never missing from the queue: a crash after the reopen
+	// leaves the queue document, from which the repair scan inserts the attempt.
+	a := newAttemptDoc(d.Ref(), next, now, now)
+	if _, err := s.queue.InsertOne(ctx, queued(a, d.OrderingKey, d.EventCreatedAt)); err != nil {
+		return 0, wrap("queue the reopened attempt", err)
+	}
 	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": id, "status": d.Status},
 		bson.M{"$set": bson.M{"status": pulsetype.StatusPending, "updatedAt": now, "reopenedAttempt": next, "incarnation": ep.Incarnation},
 			"$unset": bson.M{"endedAt": "", "expiresAt": "", "error": "", "finalAttempt": ""}})
-	if err != nil {
-		return 0, wrap("reopen delivery", err)
-	}
-	if res.ModifiedCount == 0 {
+	if err != nil || res.ModifiedCount == 0 {
+		if _, derr := s.queue.DeleteOne(context.WithoutCancel(ctx), bson.M{"_id": a.ID}); derr != nil && err == nil {
+			err = derr
+		}
+		if err != nil {
+			return 0, wrap("reopen delivery", err)
+		}
 		return 0, pulsetype.ErrNotTerminal // reopened concurrently
 	}
-	d.Incarnation = ep.Incarnation
-	if _, err := s.CreateAttempt(ctx, d.Ref(), next, 0); err != nil {
-		return 0, err
+	_, err = s.history.InsertOne(ctx, a)
+	if mongo.IsDuplicateKeyError(err) { // its number was taken (a cancel racing the retry): not ours to run
+		_, err = s.queue.DeleteOne(ctx, bson.M{"_id": a.ID})
+	}
+	if err != nil {
+		return 0, wrap("create attempt", err)
 	}
 	return next, nil
 }

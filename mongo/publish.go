@@ -3,7 +3,6 @@ package mongo
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -26,149 +25,253 @@ func DeliveryID(consumerGroup, eventID string) string {
 }
 
 // Publish stores events durably; they are durable when it returns. Each event must carry its id (client-chosen
-// or a fresh UUIDv7). Either all events are stored or none: an array is inserted staged (invisible) and then
-// committed with one update; a crash in between leaves staged events that the sweeper removes. It returns
-// pulsetype.ErrIDConflict when an id is already used with other content (nothing is stored then). Stored
-// events carry fanout=true until FanOut created their deliveries. ExpiresAt is set here.
+// or a fresh UUIDv7). Either all events are stored or none. It returns pulsetype.ErrIDConflict when an id is
+// already used with other content (nothing is stored then). ExpiresAt is set here.
 //
-// CreatedAt is stamped by the database ($currentDate) in the very write that makes the event visible: the
-// upsert of a single event, the commit of an array. An event therefore never becomes visible with a
-// createdAt older than that of an event already visible, however long its write was stalled on the way (the
-// stall happens before the stamp), which is what ordered consumer groups rely on (see ClaimHead).
+// Events are written in steps that keep them invisible until the last (see publishRound): an insert of the
+// documents marked staged, an insert of their outbox documents (the index of unfinished fan-outs), and a
+// commit per event (filtered on staged) that makes it visible, marks it for fan-out and stamps its createdAt
+// ($currentDate). A crash before the commit leaves staged events that the sweeper removes. Concurrent calls
+// with one event each are committed together (groupCommit): one round of commands for all of them, each
+// call still returning only once its own event is durable, with its own outcome.
+//
+// CreatedAt is stamped by the database in the very write that makes the event visible, so an event never
+// becomes visible with a createdAt older than that of an event already visible, however long its write was
+// stalled on the way (the stall happens before the stamp), which is what ordered consumer groups rely on
+// (see ClaimHead).
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
-	now := s.now()
-	for _, e := range events {
-		e.CreatedAt, e.ExpiresAt = now, expiry(now, s.opts.EventRetention)
-	}
 	if len(events) == 1 {
-		e := events[0]
-		var stored eventDoc
-		doc := s.newEventDoc(e, false)
-		// The filter never matches a stored event, so an existing id fails on the unique _id (duplicate key)
-		// instead of being modified, and the idempotent path below reads it.
-		err := s.events.FindOneAndUpdate(ctx, bson.M{"_id": e.ID, "createdAt": bson.M{"$exists": false}},
-			bson.M{"$setOnInsert": doc.insertFields(), "$currentDate": bson.M{"createdAt": true}},
-			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&stored)
-		if err == nil {
-			e.CreatedAt = stored.CreatedAt.UTC()
-			return []pulsetype.Published{{Event: e}}, nil
+		p, err := s.publishes.publish(ctx, events[0])
+		if err != nil {
+			return nil, err
 		}
-		if !mongo.IsDuplicateKeyError(err) {
-			return nil, wrap("insert event", err)
-		}
+		return []pulsetype.Published{p}, nil
 	}
-	// A concurrent publish of the same ids can make one try fail (a duplicate key on insert, or its staged
-	// documents committed or cleaned up by the other): try again, reading what the other one stored.
+	s.stamp(events)
+	// A concurrent publish of the same ids can make one round fail (its staged documents committed or
+	// removed by the other): try again, reading what the other one stored.
 	for try := 0; ; try++ {
-		out, err := s.publishStaged(ctx, events)
-		if !errors.Is(err, errPublishRace) || try == 3 {
-			if errors.Is(err, errPublishRace) {
-				err = fmt.Errorf("publish: concurrent publishes of the same ids kept colliding")
+		outcomes, err := s.publishRound(ctx, events, true)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]pulsetype.Published, len(events))
+		retry := false
+		for i, o := range outcomes {
+			switch {
+			case errors.Is(o.err, errPublishRace):
+				retry = true
+			case o.err != nil:
+				return nil, o.err
 			}
-			return out, err
+			out[i] = o.published
+		}
+		if !retry {
+			return out, nil
+		}
+		if try == maxPublishTries-1 {
+			return nil, errors.New("publish: concurrent publishes of the same ids kept colliding")
 		}
 	}
 }
 
-// errPublishRace reports that a concurrent publish of the same ids interfered; Publish tries again.
+// stamp sets the events' CreatedAt (until the commit stamps it) and ExpiresAt.
+func (s *Store) stamp(events []*pulsetype.Event) {
+	now := s.now()
+	for _, e := range events {
+		e.CreatedAt, e.ExpiresAt = now, expiry(now, s.opts.EventRetention)
+	}
+}
+
+// maxPublishTries bounds how often a publish runs its round again after a concurrent publish of the same id
+// interfered (errPublishRace).
+const maxPublishTries = 4
+
+// errPublishRace reports that a concurrent publish of the same id interfered; the round runs again.
 var errPublishRace = errors.New("concurrent publish of the same ids")
 
-// publishStaged stores events all-or-nothing: the new ones are inserted staged, then every one is committed
-// with one update, then checked to be there and committed.
-func (s *Store) publishStaged(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
-	out := make([]pulsetype.Published, len(events))
-	ids := make([]string, len(events))
+// publishOutcome is what one round did with one event: stored (or found stored) as published says, or err.
+type publishOutcome struct {
+	published pulsetype.Published
+	err       error
+}
+
+// publishRound stores events (distinct ids, each with its CreatedAt and ExpiresAt set) in at most five
+// commands, more only when the batch needs more than Capabilities.MaxUpdateStatements statements per update:
+//
+//  1. one insert of the documents, staged (invisible; a duplicate key means the id is taken);
+//  2. one read of the documents whose ids were taken, compared with what is published: the same content
+//     (pulsetype.SameJSON for the data) is the event published before (Existing), other content is
+//     pulsetype.ErrIDConflict, and a document still staged (a concurrent publish, or one that crashed before
+//     its commit) is committed here too;
+//  3. one insert of the outbox documents of the events it commits (a duplicate is one a concurrent or
+//     earlier round wrote, and stays);
+//  4. the commits: per event an update filtered on its id and staged that removes staged, sets the fanout
+//     mark and stamps createdAt ($currentDate), so of concurrent commits one applies;
+//  5. one read of the committed events' createdAt.
+//
+// With all set (an array), a conflict of one event removes what this round inserted and fails the whole
+// round with pulsetype.ErrIDConflict; otherwise each event has an outcome of its own. An event whose
+// document a concurrent round removed before its commit has errPublishRace: the caller runs it again. The
+// returned error is the database's, for the whole round.
+func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all bool) ([]publishOutcome, error) {
+	out := make([]publishOutcome, len(events))
+	docs := make([]any, len(events))
 	for i, e := range events {
-		ids[i] = e.ID
-		out[i].Event = e
+		docs[i] = s.newEventDoc(e, true)
+		out[i].published.Event = e
 	}
-	existing, err := s.findEvents(ctx, ids)
-	if err != nil {
-		return nil, err
-	}
-	var fresh []any
-	var commit []string
-	for i, e := range events {
-		ex, ok := existing[e.ID]
-		if ok && expired(ex.ExpiresAt, s.now()) {
-			// Gone for every reader; remove it so the id can be published again.
-			if _, err := s.events.DeleteOne(ctx, bson.M{"_id": e.ID, "expiresAt": ex.ExpiresAt}); err != nil {
-				return nil, wrap("remove expired event", err)
-			}
-			return nil, errPublishRace
-		}
-		if ok && !sameContent(ex, e) {
-			return nil, pulsetype.ErrIDConflict
-		}
-		switch {
-		case ok && ex.Staged: // staged by a concurrent publish, or one that crashed before its commit
-			commit = append(commit, e.ID)
-		case ok:
-			out[i] = pulsetype.Published{Event: ex.event(), Existing: true}
-		default:
-			fresh = append(fresh, s.newEventDoc(e, true))
-			commit = append(commit, e.ID)
-		}
-	}
-	if len(fresh) > 0 {
-		res, err := s.events.InsertMany(ctx, fresh)
-		if err != nil {
-			// Remove only what this call inserted: the rest may be another publish's staged events.
-			if res != nil && len(res.InsertedIDs) > 0 {
-				_, _ = s.events.DeleteMany(context.WithoutCancel(ctx), bson.M{"_id": bson.M{"$in": res.InsertedIDs}, "staged": true})
-			}
-			if mongo.IsDuplicateKeyError(err) {
-				return nil, errPublishRace
-			}
+	taken := map[int]bool{}
+	if _, err := s.events.InsertMany(ctx, docs, options.InsertMany().SetOrdered(false)); err != nil {
+		var bwe mongo.BulkWriteException
+		if !onlyDuplicates(err) || !errors.As(err, &bwe) {
 			return nil, wrap("insert events", err)
+		}
+		for _, we := range bwe.WriteErrors {
+			taken[we.Index] = true
+		}
+	}
+	var fresh []string // ids this round inserted
+	for i, e := range events {
+		if !taken[i] {
+			fresh = append(fresh, e.ID)
+		}
+	}
+	undo := func() {
+		if len(fresh) > 0 { // only what this round inserted: the rest may be another publish's
+			bg := context.WithoutCancel(ctx)
+			_, _ = s.events.DeleteMany(bg, bson.M{"_id": bson.M{"$in": fresh}, "staged": true})
+			_, _ = s.outbox.DeleteMany(bg, bson.M{"_id": bson.M{"$in": fresh}})
+		}
+	}
+	commit := map[string]bool{}
+	for _, id := range fresh {
+		commit[id] = true
+	}
+	if len(taken) > 0 {
+		adopted, err := s.resolveTaken(ctx, events, taken, out)
+		if err != nil {
+			undo()
+			return nil, err
+		}
+		for i := range taken {
+			if all && out[i].err != nil {
+				undo()
+				if errors.Is(out[i].err, pulsetype.ErrIDConflict) {
+					return nil, pulsetype.ErrIDConflict
+				}
+				return out, nil // errPublishRace: the caller runs the round again
+			}
+		}
+		for _, id := range adopted {
+			commit[id] = true
 		}
 	}
 	if len(commit) == 0 {
 		return out, nil
 	}
-	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": commit}, "staged": true},
-		bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}, "$currentDate": bson.M{"createdAt": true}}); err != nil {
-		return nil, wrap("commit events", err)
+	var marks []any
+	ids := make([]string, 0, len(commit))
+	for _, e := range events {
+		if commit[e.ID] {
+			ids = append(ids, e.ID)
+			marks = append(marks, &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt})
+		}
 	}
-	committed, err := findAll[eventDoc](ctx, s.events, "read back committed events",
-		bson.M{"_id": bson.M{"$in": commit}, "staged": bson.M{"$ne": true}}, options.Find().SetProjection(bson.M{"createdAt": 1}))
+	if _, err := s.outbox.InsertMany(ctx, marks, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+		undo()
+		return nil, wrap("insert outbox documents", err)
+	}
+	stamps, err := s.commitEvents(ctx, ids)
+	if err != nil {
+		return nil, err // staged documents left behind are removed by the sweeper
+	}
+	for i, e := range events {
+		if !commit[e.ID] {
+			continue
+		}
+		t, ok := stamps[e.ID]
+		if !ok {
+			out[i].err = errPublishRace // removed by a concurrent round before it was committed
+			continue
+		}
+		e.CreatedAt = t
+		out[i].published = pulsetype.Published{Event: e}
+	}
+	return out, nil
+}
+
+// resolveTaken reads the stored documents of the events at the indexes of taken (ids already used) and sets
+// their outcomes: Existing, pulsetype.ErrIDConflict, or errPublishRace (gone meanwhile; an expired one is
+// removed first). It returns the ids of those still staged with the same content, for the caller to commit.
+func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, taken map[int]bool, out []publishOutcome) (adopted []string, err error) {
+	ids := make([]string, 0, len(taken))
+	for i := range taken {
+		ids = append(ids, events[i].ID)
+	}
+	existing, err := s.findEvents(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
-	if len(committed) != len(commit) {
-		return nil, errPublishRace // a concurrent publish removed staged documents before they were committed
+	now := s.now()
+	for i := range taken {
+		e := events[i]
+		ex, ok := existing[e.ID]
+		switch {
+		case !ok:
+			out[i].err = errPublishRace
+		case expired(ex.ExpiresAt, now):
+			// Gone for every reader; remove it so the id can be published again.
+			if _, err := s.events.DeleteOne(ctx, bson.M{"_id": e.ID, "expiresAt": ex.ExpiresAt}); err != nil {
+				return nil, wrap("remove expired event", err)
+			}
+			out[i].err = errPublishRace
+		case !sameContent(ex, e):
+			out[i].err = pulsetype.ErrIDConflict
+		case ex.Staged:
+			adopted = append(adopted, e.ID)
+		default:
+			out[i].published = pulsetype.Published{Event: ex.event(), Existing: true}
+		}
+	}
+	return adopted, nil
+}
+
+// commitEvents commits the staged events ids (step 4 of publishRound) and returns the createdAt of each one
+// committed, by this call or a concurrent one; an id missing from the answer was removed before its commit.
+// One event costs one findAndModify, more an update and a read.
+func (s *Store) commitEvents(ctx context.Context, ids []string) (map[string]time.Time, error) {
+	update := bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}, "$currentDate": bson.M{"createdAt": true}}
+	if len(ids) == 1 {
+		var d eventDoc
+		err := s.events.FindOneAndUpdate(ctx, bson.M{"_id": ids[0], "staged": true}, update,
+			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&d)
+		if err == nil {
+			return map[string]time.Time{d.ID: d.CreatedAt.UTC()}, nil
+		}
+		if !errors.Is(err, mongo.ErrNoDocuments) {
+			return nil, wrap("commit event", err)
+		}
+		// Committed or removed by a concurrent publish: read which.
+	} else {
+		models := make([]mongo.WriteModel, len(ids))
+		for i, id := range ids {
+			models[i] = mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": id, "staged": true}).SetUpdate(update)
+		}
+		if _, err := s.bulkUpdate(ctx, s.events, models); err != nil {
+			return nil, wrap("commit events", err)
+		}
+	}
+	committed, err := findAll[eventDoc](ctx, s.events, "read back committed events",
+		bson.M{"_id": bson.M{"$in": ids}, "staged": bson.M{"$ne": true}}, options.Find().SetProjection(bson.M{"createdAt": 1}))
+	if err != nil {
+		return nil, err
 	}
 	stamps := make(map[string]time.Time, len(committed))
 	for _, d := range committed {
 		stamps[d.ID] = d.CreatedAt.UTC()
 	}
-	for _, p := range out {
-		if t, ok := stamps[p.Event.ID]; ok && !p.Existing {
-			p.Event.CreatedAt = t
-		}
-	}
-	return out, nil
-}
-
-// insertFields are the fields of a new event's document but _id and createdAt (which the database stamps).
-func (d *eventDoc) insertFields() bson.M {
-	f := bson.M{"topic": d.Topic, "data": d.Data, "fanout": d.Fanout}
-	if len(d.Headers) > 0 {
-		f["headers"] = d.Headers
-	}
-	if d.OrderingKey != "" {
-		f["orderingKey"] = d.OrderingKey
-	}
-	if d.TraceParent != "" {
-		f["traceparent"] = d.TraceParent
-	}
-	if d.TraceState != "" {
-		f["tracestate"] = d.TraceState
-	}
-	if d.ExpiresAt != nil {
-		f["expiresAt"] = d.ExpiresAt
-	}
-	return f
+	return stamps, nil
 }
 
 func (s *Store) newEventDoc(e *pulsetype.Event, staged bool) *eventDoc {
@@ -233,10 +336,11 @@ func (s *Store) GetEvents(ctx context.Context, ids []string) (map[string]*pulset
 }
 
 // FanOut creates, for each event, the delivery and its first attempt for every consumer group subscribed to
-// the event's topic, with three commands per batch: one query for the subscriptions, one insertMany of
-// deliveries, one of first attempts. It is idempotent: duplicate-key errors mean another replica (or an
-// earlier try) already did it. It leaves the events' fanout mark for the caller to clear with ClearFanOut
-// (a crash before that is repaired by FanOutStale). It returns the first attempts it inserted, unleased.
+// the event's topic, with four commands per batch: one query for the subscriptions, one insert of the first
+// attempts' queue documents, one insertMany of deliveries, one of first attempts (see insertDeliveries). It is
+// idempotent: duplicate-key errors mean another replica (or an earlier try) already did it. It leaves the
+// events' fanout mark for the caller to clear with ClearFanOut (a crash before that is repaired by
+// FanOutStale). It returns the first attempts it inserted, unleased.
 func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulsetype.Attempt, error) {
 	if len(events) == 0 {
 		return nil, nil
@@ -252,8 +356,9 @@ func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulse
 	return s.insertDeliveries(ctx, events, subs)
 }
 
-// ClearFanOut removes the fanout mark of events whose deliveries exist, with one updateMany. Clearing late
-// is harmless: FanOutStale only takes marks older than one lock timeout, and a repeated fan-out is a no-op.
+// ClearFanOut removes the fanout mark of events whose deliveries exist, with one updateMany, then their
+// outbox documents. Clearing late is harmless: FanOutStale only takes marks older than one lock timeout, and a
+// repeated fan-out is a no-op.
 func (s *Store) ClearFanOut(ctx context.Context, eventIDs []string) error {
 	if len(eventIDs) == 0 {
 		return nil
@@ -261,15 +366,20 @@ func (s *Store) ClearFanOut(ctx context.Context, eventIDs []string) error {
 	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": eventIDs}, "fanout": true}, bson.M{"$unset": bson.M{"fanout": ""}}); err != nil {
 		return wrap("clear fanout mark", err)
 	}
+	if _, err := s.outbox.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": eventIDs}}); err != nil {
+		return wrap("remove outbox documents", err)
+	}
 	return nil
 }
 
-// insertDeliveries creates the delivery and first attempt of each event for each subscription of its topic,
-// with one insertMany per collection; duplicates (already created) are no-ops. It returns the first attempts
-// it inserted.
+// insertDeliveries creates the delivery and first attempt of each event for each subscription of its topic:
+// one insertMany of the attempts' queue documents first (so that no pending attempt or delivery is ever
+// missing from the queue), then one of the deliveries and one of the attempts; duplicates (already created)
+// are no-ops, and the queue documents of attempts another replica created first are removed again (that
+// replica wrote its own). It returns the first attempts it inserted.
 func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event, subs []subscriptionDoc) ([]*pulsetype.Attempt, error) {
 	now := s.now()
-	var deliveries, attempts []any
+	var deliveries, attempts, queue []any
 	for _, e := range events {
 		for _, sub := range subs {
 			if !slices.Contains(sub.Topics, e.Topic) {
@@ -283,14 +393,19 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 				Incarnation:    sub.Incarnation,
 				EventCreatedAt: e.CreatedAt, Status: pulsetype.StatusPending, CreatedAt: now, UpdatedAt: now,
 			}
+			a := newAttemptDoc(d.delivery().Ref(), 1, now, now)
 			deliveries = append(deliveries, d)
-			attempts = append(attempts, newAttemptDoc(d.delivery().Ref(), 1, now, now))
+			attempts = append(attempts, a)
+			queue = append(queue, queued(a, e.OrderingKey, e.CreatedAt))
 		}
 	}
 	if len(deliveries) == 0 {
 		return nil, nil
 	}
 	unordered := options.InsertMany().SetOrdered(false)
+	if _, err := s.queue.InsertMany(ctx, queue, unordered); err != nil && !onlyDuplicates(err) {
+		return nil, wrap("queue first attempts", err)
+	}
 	if _, err := s.deliveries.InsertMany(ctx, deliveries, unordered); err != nil && !onlyDuplicates(err) {
 		return nil, wrap("insert deliveries", err)
 	}
@@ -298,42 +413,84 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 	if err != nil && !onlyDuplicates(err) {
 		return nil, wrap("insert first attempts", err)
 	}
-	failed := map[int]bool{}
-	var bwe mongo.BulkWriteException
-	if errors.As(err, &bwe) {
-		for _, we := range bwe.WriteErrors {
-			failed[we.Index] = true
-		}
-	}
 	out := make([]*pulsetype.Attempt, 0, len(attempts))
 	for i, doc := range attempts {
-		if !failed[i] {
+		if !failedAt(err, i) {
 			out = append(out, doc.(*attemptDoc).attempt())
 		}
+	}
+	if err := s.unqueueDuplicates(ctx, attempts, err); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
-// FanOutStale runs FanOut for up to limit events still marked for fan-out and created more than age ago:
-// events whose publisher died before fanning them out (docs/delivery.md, "Recovery after a crash"). It
+// failedAt reports whether the insertMany that returned err failed to insert its document at index i.
+func failedAt(err error, i int) bool {
+	var bwe mongo.BulkWriteException
+	if !errors.As(err, &bwe) {
+		return false
+	}
+	return slices.ContainsFunc(bwe.WriteErrors, func(we mongo.BulkWriteError) bool { return we.Index == i })
+}
+
+// unqueueDuplicates removes the queue documents of the attempts (as inserted into the history with the
+// insertMany that returned err) that were duplicates: another writer created that attempt number of the
+// delivery first, with its own queue document.
+func (s *Store) unqueueDuplicates(ctx context.Context, attempts []any, err error) error {
+	var ids []string
+	for i, doc := range attempts {
+		if failedAt(err, i) {
+			ids = append(ids, doc.(*attemptDoc).ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": ids}}); err != nil {
+		return wrap("remove queue documents of duplicate attempts", err)
+	}
+	return nil
+}
+
+// FanOutStale runs FanOut for up to limit events still marked for fan-out whose outbox documents are older
+// than age: events whose publisher died before fanning them out (docs/delivery.md, "Recovery after a
+// crash"). It reads the outbox, never the retained events, and removes outbox documents left without a
+// mark: of events whose marks were cleared, and, after StagedTimeout, of publishes that never committed. It
 // returns how many first attempts it inserted.
 func (s *Store) FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error) {
-	cutoff := s.now().Add(-age)
-	docs, err := findAll[*eventDoc](ctx, s.events, "find events to fan out", bson.M{"fanout": true, "createdAt": bson.M{"$lt": cutoff}},
-		options.Find().SetSort(bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}).SetLimit(int64(limit)))
+	now := s.now()
+	marks, err := findAll[outboxDoc](ctx, s.outbox, "find unfinished fan-outs", bson.M{"createdAt": bson.M{"$lt": now.Add(-age)}},
+		options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}).SetLimit(int64(limit)))
+	if err != nil || len(marks) == 0 {
+		return 0, err
+	}
+	ids := make([]string, len(marks))
+	for i, m := range marks {
+		ids[i] = m.ID
+	}
+	docs, err := s.findEvents(ctx, ids)
 	if err != nil {
 		return 0, err
 	}
-	events := make([]*pulsetype.Event, len(docs))
-	ids := make([]string, len(docs))
-	for i, d := range docs {
-		events[i], ids[i] = d.event(), d.ID
+	var events []*pulsetype.Event
+	var done []string
+	for _, m := range marks {
+		d, ok := docs[m.ID]
+		switch {
+		case ok && d.Fanout && !d.Staged:
+			events = append(events, d.event())
+			done = append(done, m.ID)
+		case ok && d.Fanout: // marked and staged: not a document this version writes
+		case ok && !d.Staged || m.CreatedAt.Before(now.Add(-StagedTimeout)):
+			done = append(done, m.ID) // fanned out already, or a publish that never committed
+		}
 	}
 	inserted, err := s.FanOut(ctx, events)
 	if err != nil {
 		return 0, err
 	}
-	return len(inserted), s.ClearFanOut(ctx, ids)
+	return len(inserted), s.ClearFanOut(ctx, done)
 }
 
 // onlyDuplicates reports whether err is a bulk write error made only of duplicate-key errors ("already

@@ -14,7 +14,7 @@ import (
 
 // indexSpec is one named index the sidecar needs.
 type indexSpec struct {
-	coll   string // collection suffix: events, subscriptions, deliveries, history
+	coll   string // collection suffix: one of collectionNames
 	name   string
 	keys   bson.D
 	unique bool
@@ -48,7 +48,20 @@ var indexSpecs = []indexSpec{
 	{coll: "history", name: "pulse_history_group_status_ended", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "status", Value: 1}, {Key: "endedAt", Value: -1}}},
 	{coll: "history", name: "pulse_history_lock_token", keys: bson.D{{Key: "lockToken", Value: 1}}},
 	{coll: "history", name: "pulse_history_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
+	// The queue (pending work, see queueDoc): claims ({lockedUntil: null, nextAttemptAt ≤ now}) and the
+	// reaper ({lockedUntil < now}); the repair scan and the queue documents of one delivery; the heads of the
+	// lines of ordered consumer groups and their ordering keys.
+	{coll: "queue", name: "pulse_queue_acquisition", keys: bson.D{{Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
+	{coll: "queue", name: "pulse_queue_delivery", keys: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}},
+	{coll: "queue", name: "pulse_queue_line", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}},
+	// The outbox (unfinished fan-outs, see outboxDoc): the repair of interrupted fan-outs (oldest first) and
+	// the earlier-event check of a line.
+	{coll: "outbox", name: "pulse_outbox_created", keys: bson.D{{Key: "createdAt", Value: 1}}},
+	{coll: "outbox", name: "pulse_outbox_line", keys: bson.D{{Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "createdAt", Value: 1}}},
 }
+
+// collectionNames are the suffixes of the sidecar's collections, in the order EnsureSchema creates them.
+var collectionNames = []string{"events", "subscriptions", "deliveries", "history", "queue", "outbox"}
 
 // IndexMismatchError is returned by EnsureSchema when a named index exists with another configuration: other
 // keys (order or direction), uniqueness or expireAfterSeconds, a plain index where the server holds TTL
@@ -110,8 +123,8 @@ type existingIndex struct {
 // it never drops anything of ours.
 func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 	var caps Capabilities
-	colls := map[string]*mongo.Collection{"events": s.events, "subscriptions": s.subscriptions, "deliveries": s.deliveries, "history": s.history}
-	for _, name := range []string{"events", "subscriptions", "deliveries", "history"} {
+	colls := s.collections()
+	for _, name := range collectionNames {
 		err := s.db.CreateCollection(ctx, colls[name].Name())
 		var ce mongo.CommandError
 		if err != nil && !(errors.As(err, &ce) && (ce.Code == 48 || ce.Name == "NamespaceExists")) {
@@ -161,6 +174,9 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 		}
 	}
 	s.caps = caps
+	if err := s.migrateQueue(ctx); err != nil {
+		return caps, err
+	}
 	return caps, nil
 }
 

@@ -39,9 +39,11 @@ type Store struct {
 	client                                     *mongo.Client
 	db                                         *mongo.Database
 	events, subscriptions, deliveries, history *mongo.Collection
+	queue, outbox                              *mongo.Collection // pending work (queueDoc) and unfinished fan-outs (outboxDoc)
 	opts                                       Options
 	caps                                       Capabilities
 	log                                        zerolog.Logger
+	publishes                                  *groupCommit // concurrent publishes of one event each, written together
 }
 
 // New returns a Store on client. It does no I/O; call EnsureSchema before use.
@@ -51,16 +53,26 @@ func New(client *mongo.Client, opts Options) *Store {
 	}
 	db := client.Database(opts.Database)
 	p := opts.CollectionPrefix
-	return &Store{
+	s := &Store{
 		client:        client,
 		db:            db,
 		events:        db.Collection(p + ".events"),
 		subscriptions: db.Collection(p + ".subscriptions"),
 		deliveries:    db.Collection(p + ".deliveries"),
 		history:       db.Collection(p + ".history"),
+		queue:         db.Collection(p + ".queue"),
+		outbox:        db.Collection(p + ".outbox"),
 		opts:          opts,
 		log:           opts.Logger.With().Str("component", "store").Logger(),
 	}
+	s.publishes = &groupCommit{store: s}
+	return s
+}
+
+// collections returns the sidecar's collections by suffix (see collectionNames).
+func (s *Store) collections() map[string]*mongo.Collection {
+	return map[string]*mongo.Collection{"events": s.events, "subscriptions": s.subscriptions, "deliveries": s.deliveries,
+		"history": s.history, "queue": s.queue, "outbox": s.outbox}
 }
 
 // Capabilities returns the capabilities EnsureSchema built the store with (the zero value before it ran).

@@ -17,19 +17,26 @@ const StagedTimeout = time.Hour
 // monitor does the same and Sweep only removes staged leftovers. It returns how many documents it deleted.
 func (s *Store) Sweep(ctx context.Context) (int64, error) {
 	now := s.now()
-	var total int64
-	if !s.caps.TTLIndexes {
-		for _, c := range []*mongo.Collection{s.events, s.deliveries, s.history} {
-			res, err := c.DeleteMany(ctx, bson.M{"expiresAt": bson.M{"$lte": now}})
-			if err != nil {
-				return total, wrap("sweep "+c.Name(), err)
-			}
-			total += res.DeletedCount
+	staged := bson.M{"staged": true, "createdAt": bson.M{"$lt": now.Add(-StagedTimeout)}}
+	if s.caps.TTLIndexes {
+		res, err := s.events.DeleteMany(ctx, staged)
+		if err != nil {
+			return 0, wrap("sweep staged events", err)
 		}
+		return res.DeletedCount, nil
 	}
-	res, err := s.events.DeleteMany(ctx, bson.M{"staged": true, "createdAt": bson.M{"$lt": now.Add(-StagedTimeout)}})
-	if err != nil {
-		return total, wrap("sweep staged events", err)
+	// One delete per collection: a server without TTL indexes (FerretDB) reads the whole collection for it.
+	expired := bson.M{"expiresAt": bson.M{"$lte": now}}
+	var total int64
+	for _, c := range []struct {
+		coll   *mongo.Collection
+		filter bson.M
+	}{{s.events, bson.M{"$or": bson.A{expired, staged}}}, {s.deliveries, expired}, {s.history, expired}} {
+		res, err := c.coll.DeleteMany(ctx, c.filter)
+		if err != nil {
+			return total, wrap("sweep "+c.coll.Name(), err)
+		}
+		total += res.DeletedCount
 	}
-	return total + res.DeletedCount, nil
+	return total, nil
 }

@@ -17,8 +17,7 @@ import (
 type Store interface {
 	FollowUpStore
 	ReapOne(ctx context.Context) (*pulsetype.Attempt, error)
-	PendingDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, error)
-	AttemptsOf(ctx context.Context, deliveryIDs []string) (map[string][]*pulsetype.Attempt, error)
+	QueuedDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, map[string][]*pulsetype.Attempt, string, error)
 	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
 	Backfill(ctx context.Context, owner string, batch int) (int, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
@@ -100,10 +99,11 @@ func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// Repair examines the next BatchSize pending deliveries and repairs each partial state it finds, fans out
-// events whose fan-out was interrupted more than one lock timeout ago, and advances the backfill of an
-// earliest-offset consumer group. It returns how many repairs and backfilled deliveries it made. Repeated
-// calls walk all pending deliveries and start over.
+// Repair examines the pending deliveries among the next BatchSize queued ones (the store's queue of pending
+// work, with the attempts it holds of each) and repairs each partial state it finds, fans out events whose
+// fan-out was interrupted more than one lock timeout ago, and advances the backfill of an earliest-offset
+// consumer group. It returns how many repairs and backfilled deliveries it made. Repeated calls walk all
+// pending deliveries and start over; none reads the retained history.
 //
 // The three steps are independent: one that fails (say, an endpoint this replica cannot decrypt) does not
 // keep the others from running; their errors are joined.
@@ -129,13 +129,9 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 	r.mu.Lock()
 	after := r.cursor
 	r.mu.Unlock()
-	deliveries, err := r.store.PendingDeliveries(ctx, after, BatchSize)
+	deliveries, attempts, next, err := r.store.QueuedDeliveries(ctx, after, BatchSize)
 	if err != nil {
 		return 0, err
-	}
-	next := ""
-	if len(deliveries) == BatchSize {
-		next = deliveries[len(deliveries)-1].ID
 	}
 	r.mu.Lock()
 	r.cursor = next
@@ -170,14 +166,6 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 	if len(deliveries) == 0 {
 		return ended, nil
 	}
-	ids := make([]string, len(deliveries))
-	for i, d := range deliveries {
-		ids[i] = d.ID
-	}
-	attempts, err := r.store.AttemptsOf(ctx, ids)
-	if err != nil {
-		return 0, err
-	}
 	repaired := ended
 	for _, d := range deliveries {
 		did, err := r.repairOne(ctx, d, attempts[d.ID], policies[d.ConsumerGroup])
@@ -193,10 +181,14 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 
 // repairOne repairs one pending delivery given its attempts in order and its group's retry policy.
 func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attempts []*pulsetype.Attempt, policy pulsetype.RetryPolicy) (bool, error) {
-	if len(attempts) == 0 {
-		created, err := r.store.CreateAttempt(ctx, d.Ref(), 1, 0)
+	if len(attempts) == 0 { // a reopened delivery's earlier attempts are not queued: its next is reopenedAttempt
+		n, kind := 1, KindMissingFirstAttempt
+		if d.ReopenedAttempt > 0 {
+			n, kind = d.ReopenedAttempt, KindMissingRetry
+		}
+		created, err := r.store.CreateAttempt(ctx, d.Ref(), n, 0)
 		if created {
-			r.report(KindMissingFirstAttempt, d, 1)
+			r.report(kind, d, 1)
 		}
 		return created, err
 	}

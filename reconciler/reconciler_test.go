@@ -89,9 +89,13 @@ func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 	deliveryID := pmongo.DeliveryID("g", "e1")
 	delivery := bson.M{"_id": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "status": "pending",
 		"eventCreatedAt": now, "createdAt": now, "updatedAt": now}
+	// queued is the queue document a crash leaves for attempt 1 (queued before the attempt is inserted, and
+	// removed only once the delivery moved on).
+	queued := bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
+		"eventCreatedAt": now, "createdAt": old, "nextAttemptAt": now}
 	attempt := func(status string, extra bson.M) bson.M {
 		doc := bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t",
-			"attempt": 1, "status": status, "createdAt": now, "nextAttemptAt": now, "endedAt": now}
+			"attempt": 1, "status": status, "createdAt": old, "nextAttemptAt": old, "endedAt": old}
 		for k, v := range extra {
 			doc[k] = v
 		}
@@ -103,13 +107,17 @@ func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 		kind   string
 		verify func(t *testing.T, b *bundle)
 	}{
-		{"delivery without its first attempt", func(t *testing.T, b *bundle) { b.insert(t, "deliveries", delivery) },
+		{"delivery without its first attempt", func(t *testing.T, b *bundle) {
+			b.insert(t, "queue", queued)
+			b.insert(t, "deliveries", delivery)
+		},
 			reconciler.KindMissingFirstAttempt, func(t *testing.T, b *bundle) {
 				if n := b.count(t, "history", bson.M{"deliveryId": deliveryID, "attempt": 1, "status": "pending"}); n != 1 {
 					t.Fatalf("%d first attempts, want 1", n)
 				}
 			}},
 		{"successful attempt, pending delivery", func(t *testing.T, b *bundle) {
+			b.insert(t, "queue", queued)
 			b.insert(t, "deliveries", delivery)
 			b.insert(t, "history", attempt("success", nil))
 		}, reconciler.KindUnfinishedSuccess, func(t *testing.T, b *bundle) {
@@ -118,6 +126,7 @@ func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 			}
 		}},
 		{"errored attempt without its retry", func(t *testing.T, b *bundle) {
+			b.insert(t, "queue", queued)
 			b.insert(t, "deliveries", delivery)
 			b.insert(t, "history", attempt("error", bson.M{"error": bson.M{"code": "handler_error", "message": "HTTP 500"}}))
 		}, reconciler.KindMissingRetry, func(t *testing.T, b *bundle) {
@@ -129,6 +138,7 @@ func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 			}
 		}},
 		{"terminal error, pending delivery", func(t *testing.T, b *bundle) {
+			b.insert(t, "queue", queued)
 			b.insert(t, "deliveries", delivery)
 			b.insert(t, "history", attempt("error", bson.M{"terminal": true, "httpStatus": 422, "error": bson.M{"code": "handler_error", "message": "HTTP 422"}}))
 		}, reconciler.KindUnfinishedError, func(t *testing.T, b *bundle) {
@@ -141,6 +151,7 @@ func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 		}},
 		{"fan-out interrupted before its mark was cleared", func(t *testing.T, b *bundle) {
 			b.insert(t, "events", bson.M{"_id": "e1", "topic": "t", "data": "1", "createdAt": old, "fanout": true})
+			b.insert(t, "outbox", bson.M{"_id": "e1", "topic": "t", "createdAt": old})
 			// The group registered before the event was published (offsetReset latest delivers it).
 			if _, err := b.db.Collection("pulse.subscriptions").UpdateOne(context.Background(), bson.M{"_id": "g"},
 				bson.M{"$set": bson.M{"createdAt": old.Add(-time.Hour)}}); err != nil {
@@ -200,6 +211,8 @@ func TestRacingReapersReapOnce(t *testing.T) {
 	now := time.Now().UTC()
 	deliveryID := pmongo.DeliveryID("g", "e1")
 	b.insert(t, "deliveries", bson.M{"_id": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "status": "pending", "createdAt": now, "updatedAt": now})
+	b.insert(t, "queue", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
+		"eventCreatedAt": now, "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockedUntil": now.Add(-time.Second)})
 	b.insert(t, "history", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
 		"status": "pending", "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockOwner": "dead", "lockedUntil": now.Add(-time.Second)})
 	obs := &counter{kinds: map[string]int{}}

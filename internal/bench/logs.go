@@ -43,7 +43,7 @@ func (l *logCounter) Write(p []byte) (int, error) {
 
 // record counts one log line when it is a warning or an error; l.mu is held.
 func (l *logCounter) record(line []byte) {
-	var r struct{ Level, Component, Message, Error string }
+	var r struct{ Level, Component, Message, Error, Kind, Step string }
 	if json.Unmarshal(line, &r) != nil {
 		return
 	}
@@ -56,6 +56,11 @@ func (l *logCounter) record(line []byte) {
 		return
 	}
 	key := fmt.Sprintf("%s %s: %s", r.Level, r.Component, r.Message)
+	for _, f := range []string{r.Kind, r.Step} {
+		if f != "" {
+			key += " [" + f + "]"
+		}
+	}
 	if r.Error != "" && len(l.byKey) < 50 {
 		key += " (" + r.Error + ")"
 	}

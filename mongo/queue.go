@@ -1,0 +1,258 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// QueuedDeliveries is the repair scan's read of pending work: the deliveries of the queue documents after
+// afterID (by delivery id), at most limit of them, with one query of the queue and one read each of their
+// deliveries and of their attempts by id. It returns the pending ones, each delivery's queued attempts as
+// their history documents say (by number, the latest last), and the delivery id to continue after ("" once
+// the queue's end is reached). Deliveries of limit are read whether pending or not, so repeated calls walk
+// the whole queue.
+//
+// A delivery's attempts are those of its queue documents that exist: one queued but not inserted (its
+// creator is under way, or died in between) is left out, so the repair scan creates the attempt after the
+// latest one listed (or the first, or reopenedAttempt, when none is). A delivery whose latest attempt ended
+// less than half a lock timeout ago is left out: the worker that ended it is recording its next step. On the way it removes what the queue
+// holds for nothing, one lock timeout after it was queued where a writer may still be under way: the
+// documents of an ended delivery whose attempts are not pending; of a delivery that does not exist (its
+// fan-out died before writing it; the event's fanout mark makes it again); of an ended attempt with a later
+// one inserted; and of an attempt never inserted.
+func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, map[string][]*pulsetype.Attempt, string, error) {
+	queued, more, err := s.queuedAfter(ctx, afterID, limit)
+	if err != nil || len(queued) == 0 {
+		return nil, nil, "", err
+	}
+	var deliveryIDs, attemptIDs []string
+	for _, q := range queued {
+		if !slices.Contains(deliveryIDs, q.DeliveryID) {
+			deliveryIDs = append(deliveryIDs, q.DeliveryID)
+		}
+		attemptIDs = append(attemptIDs, q.ID)
+	}
+	next := ""
+	if more {
+		next = deliveryIDs[len(deliveryIDs)-1]
+	}
+	deliveries, err := findAll[deliveryDoc](ctx, s.deliveries, "read queued deliveries", bson.M{"_id": bson.M{"$in": deliveryIDs}})
+	if err != nil {
+		return nil, nil, "", err
+	}
+	history, err := findAll[attemptDoc](ctx, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": attemptIDs}})
+	if err != nil {
+		return nil, nil, "", err
+	}
+	byDelivery := map[string]*deliveryDoc{}
+	for i := range deliveries {
+		byDelivery[deliveries[i].ID] = &deliveries[i]
+	}
+	byAttempt := map[string]*attemptDoc{}
+	for i := range history {
+		byAttempt[history[i].ID] = &history[i]
+	}
+	now := s.now()
+	old, settling := now.Add(-s.opts.LockTimeout), now.Add(-s.opts.LockTimeout/2)
+	var unqueue []string
+	attempts := map[string][]*pulsetype.Attempt{}
+	var out []*pulsetype.Delivery
+	for i := 0; i < len(queued); {
+		j := i
+		for j < len(queued) && queued[j].DeliveryID == queued[i].DeliveryID {
+			j++
+		}
+		docs := queued[i:j] // one delivery's, by attempt number
+		i = j
+		d := byDelivery[docs[0].DeliveryID]
+		switch {
+		case d == nil:
+			for _, q := range docs {
+				if q.CreatedAt.Before(old) {
+					unqueue = append(unqueue, q.ID)
+				}
+			}
+			continue
+		case d.Status != pulsetype.StatusPending:
+			for _, q := range docs {
+				// An attempt not inserted yet may belong to a retry that reopens the delivery next.
+				if a := byAttempt[q.ID]; a != nil && a.Status != pulsetype.StatusPending || a == nil && q.CreatedAt.Before(old) {
+					unqueue = append(unqueue, q.ID)
+				}
+			}
+			continue
+		}
+		latest := -1 // the latest queue document whose attempt exists
+		for k, q := range docs {
+			if byAttempt[q.ID] != nil {
+				latest = k
+			}
+		}
+		if latest >= 0 {
+			if a := byAttempt[docs[latest].ID]; a.EndedAt != nil && a.EndedAt.After(settling) {
+				continue // ended a moment ago: its worker is recording the next step
+			}
+		}
+		abandoned := false
+		for k, q := range docs {
+			a := byAttempt[q.ID]
+			switch {
+			case a != nil && k < latest && a.Status != pulsetype.StatusPending:
+				unqueue = append(unqueue, q.ID) // a later attempt exists: this one's follow-up is done
+			case a != nil:
+				attempts[d.ID] = append(attempts[d.ID], a.attempt())
+			case q.CreatedAt.Before(old):
+				unqueue = append(unqueue, q.ID) // its creator died before inserting it: the repair creates it
+				abandoned = true
+			}
+		}
+		if latest >= 0 || abandoned { // else its first attempt is being created
+			out = append(out, d.delivery())
+		}
+	}
+	if len(unqueue) > 0 {
+		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": unqueue}}); err != nil {
+			return nil, nil, "", wrap("remove stale queue documents", err)
+		}
+	}
+	for _, as := range attempts {
+		slices.SortFunc(as, func(a, b *pulsetype.Attempt) int { return a.Number - b.Number })
+	}
+	return out, attempts, next, nil
+}
+
+// queuedAfter returns the queue documents of the first limit deliveries after afterID, by delivery id and
+// attempt number, and whether the queue holds more after them: one query of at most 4 × limit documents (a
+// delivery rarely has more than two queued), the last delivery's cut off when the bound is reached (the next
+// call reads it).
+func (s *Store) queuedAfter(ctx context.Context, afterID string, limit int) ([]queueDoc, bool, error) {
+	bound := 4 * limit
+	queued, err := findAll[queueDoc](ctx, s.queue, "scan the queue", bson.M{"deliveryId": bson.M{"$gt": afterID}},
+		options.Find().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}).SetLimit(int64(bound)))
+	if err != nil {
+		return nil, false, err
+	}
+	var ids []string
+	for i, q := range queued {
+		if len(ids) == 0 || ids[len(ids)-1] != q.DeliveryID {
+			if len(ids) == limit {
+				return queued[:i], true, nil
+			}
+			ids = append(ids, q.DeliveryID)
+		}
+	}
+	if len(queued) < bound {
+		return queued, false, nil
+	}
+	if len(ids) > 1 { // the last delivery may go on beyond the bound
+		last := ids[len(ids)-1]
+		queued = slices.DeleteFunc(queued, func(q queueDoc) bool { return q.DeliveryID == last })
+	}
+	return queued, true, nil
+}
+
+// attemptDoc returns the pending attempt the queue document stands for, as its creator meant to insert it.
+func (q *queueDoc) attemptDoc() *attemptDoc {
+	return &attemptDoc{ID: q.ID, DeliveryID: q.DeliveryID, EventID: q.EventID, ConsumerGroup: q.ConsumerGroup, Topic: q.Topic,
+		Incarnation: q.Incarnation, Attempt: q.Attempt, Status: pulsetype.StatusPending, CreatedAt: q.CreatedAt, NextAttemptAt: q.NextAttemptAt}
+}
+
+// asAny returns vs as a []any, for insertMany.
+func asAny[T any](vs []T) []any {
+	out := make([]any, len(vs))
+	for i, v := range vs {
+		out[i] = v
+	}
+	return out
+}
+
+// queueMigration is the _id of the document in <prefix>.readiness that says the queue and the outbox hold
+// the pending work and unfinished fan-outs that the database held when they were introduced.
+const queueMigration = "queue-migration"
+
+// migrateQueue fills the queue and the outbox from what a database written by an earlier version holds, once
+// per database (until queueMigration is written): the pending attempts (queued with their deliveries'
+// lines), the latest attempt of each pending delivery that has none pending (queued, so that the repair scan
+// moves it on; a delivery without any attempt gets a queue document from which the repair scan inserts
+// attempt reopenedAttempt, or 1), and the events still marked for fan-out. It reads each collection once;
+// concurrent runs converge (the documents keep their _id; a repeated queue document for a missing attempt
+// loses to the first when the attempt is inserted).
+func (s *Store) migrateQueue(ctx context.Context) error {
+	readiness := s.db.Collection(s.opts.CollectionPrefix + ".readiness")
+	switch err := readiness.FindOne(ctx, bson.M{"_id": queueMigration}).Err(); {
+	case err == nil:
+		return nil
+	case !errors.Is(err, mongo.ErrNoDocuments):
+		return wrap("read the queue migration", err)
+	}
+	pending, err := findAll[deliveryDoc](ctx, s.deliveries, "find pending deliveries to queue", bson.M{"status": pulsetype.StatusPending})
+	if err != nil {
+		return err
+	}
+	if len(pending) > 0 {
+		ids := make([]string, len(pending))
+		for i, d := range pending {
+			ids[i] = d.ID
+		}
+		byDelivery, err := s.AttemptsOf(ctx, ids)
+		if err != nil {
+			return err
+		}
+		now := s.now()
+		var queue []any
+		for i := range pending {
+			d := &pending[i]
+			attempts := byDelivery[d.ID]
+			for _, a := range attempts {
+				if a.Status == pulsetype.StatusPending {
+					queue = append(queue, queuedAttempt(a, d))
+				}
+			}
+			switch {
+			case len(attempts) == 0:
+				a := newAttemptDoc(d.delivery().Ref(), max(1, d.ReopenedAttempt), now, now)
+				a.CreatedAt = now.Add(-s.opts.LockTimeout) // the repair scan inserts it at once
+				queue = append(queue, queued(a, d.OrderingKey, d.EventCreatedAt))
+			case attempts[len(attempts)-1].Status != pulsetype.StatusPending:
+				queue = append(queue, queuedAttempt(attempts[len(attempts)-1], d))
+			}
+		}
+		if len(queue) > 0 {
+			if _, err := s.queue.InsertMany(ctx, queue, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+				return wrap("queue pending attempts", err)
+			}
+		}
+	}
+	marked, err := findAll[eventDoc](ctx, s.events, "find events to fan out", bson.M{"fanout": true},
+		options.Find().SetProjection(bson.M{"topic": 1, "orderingKey": 1, "createdAt": 1}))
+	if err != nil {
+		return err
+	}
+	if len(marked) > 0 {
+		outbox := make([]any, len(marked))
+		for i, e := range marked {
+			outbox[i] = &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt}
+		}
+		if _, err := s.outbox.InsertMany(ctx, outbox, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+			return wrap("fill the outbox", err)
+		}
+	}
+	_, err = readiness.UpdateOne(ctx, bson.M{"_id": queueMigration}, bson.M{"$set": bson.M{"at": s.now()}}, options.UpdateOne().SetUpsert(true))
+	return wrap("write the queue migration", err)
+}
+
+// queuedAttempt returns the queue document of an existing attempt a of delivery d, its lease copied.
+func queuedAttempt(a *pulsetype.Attempt, d *deliveryDoc) *queueDoc {
+	q := &queueDoc{ID: a.ID, DeliveryID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
+		OrderingKey: d.OrderingKey, EventCreatedAt: d.EventCreatedAt, Attempt: a.Number, Incarnation: a.Incarnation,
+		CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt, LockedUntil: a.LockedUntil, LockToken: a.LockToken,
+		Ended: a.Status != pulsetype.StatusPending}
+	return q
+}
