@@ -8,7 +8,8 @@
 // Interleaved (tests only) also runs its writes a document at a time; each document's write still runs
 // alone. FerretDB reads a collection by index only for the filter {_id: x}: the proxy serves filters
 // anchored on _id (beside other conditions, or an $in of ids) one id at a time, so they cost what the ids
-// cost, not what the collection holds (pushdown.go).
+// cost, not what the collection holds (pushdown.go). On SQLite, the index FerretDB reads by is one the
+// proxy adds to each collection's table (idindex.go): FerretDB's own _id index does not match its queries.
 package devdb
 
 import (
@@ -148,7 +149,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(fmt.Errorf("devdb: ferretdb uri: %w", err))
 	}
 
-	s.proxy = newProxy(ln, upstream.Host, logger.With("component", "devdb-proxy"), true)
+	var ids *idIndexes
+	if cfg.PostgreSQLURL == "" {
+		ids = newIDIndexes(dir)
+	}
+	s.proxy = newProxy(ln, upstream.Host, logger.With("component", "devdb-proxy"), true, ids)
 	s.uri = (&url.URL{Scheme: "mongodb", Host: s.proxy.Addr().String(), Path: "/"}).String()
 
 	if err := waitReady(ctx, s.proxy.Addr().String()); err != nil {

@@ -1,6 +1,7 @@
 package devdb
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -42,7 +43,8 @@ type Proxy struct {
 	ln       net.Listener
 	upstream string
 	logger   *slog.Logger
-	pushdown bool // serve filters anchored on _id one id at a time (see pushdown.go)
+	pushdown bool        // serve filters anchored on _id one id at a time (see pushdown.go)
+	ids      *idIndexes // FerretDB SQLite files to give the _id index of the queries (see idindex.go); nil: none
 
 	dbsMu sync.Mutex
 	dbs   map[string]*database // database name -> its state; entries are never removed
@@ -70,12 +72,13 @@ func ListenProxy(listen, upstream string, logger *slog.Logger) (*Proxy, error) {
 
 // NewProxy is ListenProxy on a listener the caller has bound; the proxy owns ln from then on.
 func NewProxy(ln net.Listener, upstream string, logger *slog.Logger) *Proxy {
-	return newProxy(ln, upstream, logger, false)
+	return newProxy(ln, upstream, logger, false, nil)
 }
 
 // newProxy is NewProxy; with pushdown, the proxy serves filters anchored on _id one id at a time (see
-// pushdown.go), which only FerretDB needs.
-func newProxy(ln net.Listener, upstream string, logger *slog.Logger, pushdown bool) *Proxy {
+// pushdown.go), which only FerretDB needs; with ids, it gives each collection a command uses the _id index
+// of FerretDB's SQLite queries (see idindex.go) and closes ids when it closes.
+func newProxy(ln net.Listener, upstream string, logger *slog.Logger, pushdown bool, ids *idIndexes) *Proxy {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -84,6 +87,7 @@ func newProxy(ln net.Listener, upstream string, logger *slog.Logger, pushdown bo
 		upstream: upstream,
 		logger:   logger,
 		pushdown: pushdown,
+		ids:      ids,
 		dbs:      make(map[string]*database),
 		conns:    make(map[net.Conn]struct{}),
 	}
@@ -110,6 +114,9 @@ func (p *Proxy) Close() error {
 			p.closeErr = fmt.Errorf("close proxy listener: %w", err)
 		}
 		p.wg.Wait()
+		if p.ids != nil {
+			p.ids.close()
+		}
 	})
 	return p.closeErr
 }
@@ -226,11 +233,32 @@ func (p *Proxy) roundTrip(upstream net.Conn, req []byte, gone func() bool) ([]by
 			return nil, nil
 		})
 	case parsed && db.interleaved.Load():
+		defer p.indexIDs(m)
 		return runInterleaved(db, upstream, req, m, gone, p.pushdown)
 	case parsed:
+		defer p.indexIDs(m)
 		return db.run(m.isRead(), gone, func() ([]byte, error) { return forward(upstream, req, m, p.pushdown) })
 	default:
 		return db.run(false, gone, func() ([]byte, error) { return exchange(upstream, req) })
+	}
+}
+
+// indexIDs gives the collection command m used the _id index of FerretDB's SQLite queries, once (see
+// idindex.go), or forgets a dropped one; a failure is logged: queries by _id then read the whole table, as
+// FerretDB alone does.
+func (p *Proxy) indexIDs(m *message) {
+	if p.ids == nil {
+		return
+	}
+	db, coll, dropped := touches(m)
+	if dropped {
+		p.ids.forget(db, coll)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.ids.ensure(ctx, db, coll); err != nil {
+		p.logger.Warn("index _id for FerretDB's queries", slog.Any("error", err))
 	}
 }
 

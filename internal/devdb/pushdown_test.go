@@ -24,7 +24,7 @@ func TestPushdownServesAnchoredFiltersByID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newProxy(ln, up.ln.Addr().String(), nil, true)
+	p := newProxy(ln, up.ln.Addr().String(), nil, true, nil)
 	t.Cleanup(func() { _ = p.Close() })
 	c := dialProxy(t, p)
 	r := runCommand(t, c, bson.D{{Key: "update", Value: "c"}, {Key: "updates", Value: bson.A{
