@@ -43,7 +43,7 @@ type Proxy struct {
 	ln       net.Listener
 	upstream string
 	logger   *slog.Logger
-	pushdown bool        // serve filters anchored on _id one id at a time (see pushdown.go)
+	pushdown bool       // serve filters anchored on _id one id at a time (see pushdown.go)
 	ids      *idIndexes // FerretDB SQLite files to give the _id index of the queries (see idindex.go); nil: none
 
 	dbsMu sync.Mutex
