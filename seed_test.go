@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -176,17 +175,6 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 	for k, p := range posts {
 		if len(p) > 1 && !strings.HasPrefix(k, "torn-") {
 			t.Errorf("event %s was POSTed %d times (attempts %v)", k, len(p), p)
-			cur, _ := b.client.Database(b.dbName).Collection("pulse.history").Find(context.Background(), bson.M{"eventId": k})
-			var hs []bson.M
-			_ = cur.All(context.Background(), &hs)
-			t.Logf("DEBUG %v", hs)
-			for i, r := range replicas {
-				for _, l := range strings.Split(r.logs.String(), "\n") {
-					if strings.Contains(l, k) {
-						t.Logf("DEBUG replica %d: %s", i, l)
-					}
-				}
-			}
 		}
 	}
 }

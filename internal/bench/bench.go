@@ -55,6 +55,7 @@ type result struct {
 	Warnings, Errors       int                      // the sidecars' log records at warn and error level, during the run
 	LogKinds               []string                 // those records by level, component and message
 	IdleDBCPUPercent       float64                  // the database process's CPU while the sidecars idled (-1: not measured)
+	IdleCommandsPerSecond  float64                  // the sidecars' database commands per second meanwhile
 	ByCommand              map[string]int64         // database commands by name, during the measured run
 	TimeByCommand          map[string]time.Duration // their summed round-trip times
 }
@@ -73,6 +74,7 @@ type flags struct {
 	rate                                                 float64
 	uri                                                  string
 	timeout, delay, idle                                 time.Duration
+	cpuProfile                                           string
 	ordered                                              bool
 }
 
@@ -101,6 +103,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.BoolVar(&o.ordered, "ordered", false, "register the consumer groups as ordered (one POST at a time per group, in order)")
 	fs.IntVar(&o.keys, "keys", 0, "give event i the ordering key k<i mod keys> (0: no keys); with --ordered, one line per key")
 	fs.DurationVar(&o.delay, "receiver-delay", 0, "how long the receiver takes to answer each POST")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the sidecars, the receiver and the publishers) during the measured run to `file`")
 	if err := cli.Parse(fs, args, synopsis, stdout); err != nil {
 		return err
 	}
@@ -216,6 +219,10 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 	want := o.events * o.groups
 	counting.Store(true)
 	logs.counting.Store(true)
+	stopProfile, err := startProfile(o.cpuProfile)
+	if err != nil {
+		return result{}, err
+	}
 	cpu0, start, cmd0 := cpuTime(), time.Now(), commands.Load()
 	if o.rate > 0 {
 		pub.openLoop(ctx, o.events, o.rate)
@@ -229,14 +236,17 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 		return result{}, fmt.Errorf("bench: %w (%d of %d deliveries arrived)", err, rcv.distinct()-before, want)
 	}
 	elapsed := time.Since(start)
+	stopProfile()
 	cmds := commands.Load() - cmd0
 	counting.Store(false)
 	cpu := cpuTime() - cpu0
-	idle := -1.0
+	idle, idleCommands := -1.0, 0.0
 	if o.idle > 0 {
+		before := commands.Load()
 		if idle, err = idleCPU(ctx, dbPID, o.idle); err != nil {
 			return result{}, err
 		}
+		idleCommands = float64(commands.Load()-before) / o.idle.Seconds()
 	}
 	logs.counting.Store(false)
 	shutdown()
@@ -252,7 +262,7 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 		PublishP50ms: percentile(publat, 0.50), PublishP99ms: percentile(publat, 0.99),
 		CommandsPerDelivery: float64(cmds) / float64(want), RawOpsPerSecond: raw,
 		CPUusPerDelivery: float64(cpu.Microseconds()) / float64(want), PeakRSSMiB: peakRSSMiB(),
-		IdleDBCPUPercent: idle,
+		IdleDBCPUPercent: idle, IdleCommandsPerSecond: idleCommands,
 	}
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
 	r.Efficiency = r.PerSecond * r.CommandsPerDelivery / r.RawOpsPerSecond
@@ -316,7 +326,8 @@ func printResult(w io.Writer, r result, o flags) {
 		{"log warnings, errors", fmt.Sprintf("%d, %d", r.Warnings, r.Errors)},
 	}
 	if r.IdleDBCPUPercent >= 0 {
-		rows = append(rows, struct{ k, v string }{fmt.Sprintf("database CPU, idle %s", o.idle), fmt.Sprintf("%.1f%% of a core", r.IdleDBCPUPercent)})
+		rows = append(rows, struct{ k, v string }{fmt.Sprintf("database CPU, idle %s", o.idle), fmt.Sprintf("%.1f%% of a core", r.IdleDBCPUPercent)},
+			struct{ k, v string }{"db commands/s, idle", fmt.Sprintf("%.2f", r.IdleCommandsPerSecond)})
 	}
 	for _, row := range rows {
 		fmt.Fprintf(w, "  %-30s %s\n", row.k, row.v)
@@ -334,7 +345,7 @@ func printResult(w io.Writer, r result, o flags) {
 		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.PeakRSSMiB,
 		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors)
 	if r.IdleDBCPUPercent >= 0 {
-		fmt.Fprintf(w, " idle_db_cpu_pct=%.2f", r.IdleDBCPUPercent)
+		fmt.Fprintf(w, " idle_db_cpu_pct=%.2f idle_db_commands_per_s=%.2f", r.IdleDBCPUPercent, r.IdleCommandsPerSecond)
 	}
 	fmt.Fprintln(w)
 }

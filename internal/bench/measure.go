@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,4 +98,21 @@ func processCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 	}
 	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+}
+
+// startProfile starts a CPU profile of this process written to file ("": none) and returns the function
+// that stops it.
+func startProfile(file string) (stop func(), err error) {
+	if file == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }

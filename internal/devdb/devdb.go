@@ -8,8 +8,9 @@
 // Interleaved (tests only) also runs its writes a document at a time; each document's write still runs
 // alone. FerretDB reads a collection by index only for the filter {_id: x}: the proxy serves filters
 // anchored on _id (beside other conditions, or an $in of ids) one id at a time, so they cost what the ids
-// cost, not what the collection holds (pushdown.go). On SQLite, the index FerretDB reads by is one the
-// proxy adds to each collection's table (idindex.go): FerretDB's own _id index does not match its queries.
+// cost, not what the collection holds (pushdown.go); the index FerretDB reads by is one the proxy adds to
+// each collection's SQLite table (idindex.go): FerretDB's own _id index does not match its queries. On
+// PostgreSQL FerretDB reads the table for every query, by _id too, and the proxy forwards them as they are.
 package devdb
 
 import (
@@ -149,11 +150,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(fmt.Errorf("devdb: ferretdb uri: %w", err))
 	}
 
+	// On SQLite, queries by _id read an index (the one idIndexes adds), so the proxy serves filters anchored
+	// on _id one id at a time; FerretDB's PostgreSQL handler reads the table for those queries too (its _id
+	// index serves its updates only), so there one read of the table for all the ids costs less.
 	var ids *idIndexes
 	if cfg.PostgreSQLURL == "" {
 		ids = newIDIndexes(dir)
 	}
-	s.proxy = newProxy(ln, upstream.Host, logger.With("component", "devdb-proxy"), true, ids)
+	s.proxy = newProxy(ln, upstream.Host, logger.With("component", "devdb-proxy"), ids != nil, ids)
 	s.uri = (&url.URL{Scheme: "mongodb", Host: s.proxy.Addr().String(), Path: "/"}).String()
 
 	if err := waitReady(ctx, s.proxy.Addr().String()); err != nil {
