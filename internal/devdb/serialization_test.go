@@ -195,22 +195,26 @@ func TestInterleavedSplitsWrites(t *testing.T) {
 	}
 }
 
-// Interleaved, two finds on one database reach upstream together (linearized, one waits for the other:
-// TestProxySerializesEachDatabase).
-func TestInterleavedReadsRunTogether(t *testing.T) {
+// Two finds on one database reach upstream together, linearized as interleaved (a command that is not a
+// read waits for the other: TestProxySerializesEachDatabase).
+func TestReadsRunTogether(t *testing.T) {
 	t.Parallel()
-	up := newCommandUpstream(t, true)
-	p := newTestProxy(t, up.ln.Addr().String())
-	runCommand(t, dialProxy(t, p), bson.D{{Key: SerializationCommand, Value: string(Interleaved)}, {Key: "$db", Value: "x"}}, "")
-	var wg sync.WaitGroup
-	for range 2 {
-		c := dialProxy(t, p)
-		wg.Go(func() { runCommand(t, c, bson.D{{Key: "find", Value: "c"}, {Key: "$db", Value: "x"}}, "") })
-	}
-	wg.Wait()
-	up.mu.Lock()
-	defer up.mu.Unlock()
-	if up.maxInFlight != 2 {
-		t.Errorf("upstream held at most %d finds at once, want 2", up.maxInFlight)
+	for _, s := range []Serialization{Linearized, Interleaved} {
+		t.Run(string(s), func(t *testing.T) {
+			up := newCommandUpstream(t, true)
+			p := newTestProxy(t, up.ln.Addr().String())
+			runCommand(t, dialProxy(t, p), bson.D{{Key: SerializationCommand, Value: string(s)}, {Key: "$db", Value: "x"}}, "")
+			var wg sync.WaitGroup
+			for range 2 {
+				c := dialProxy(t, p)
+				wg.Go(func() { runCommand(t, c, bson.D{{Key: "find", Value: "c"}, {Key: "$db", Value: "x"}}, "") })
+			}
+			wg.Wait()
+			up.mu.Lock()
+			defer up.mu.Unlock()
+			if up.maxInFlight != 2 {
+				t.Errorf("upstream held at most %d finds at once, want 2", up.maxInFlight)
+			}
+		})
 	}
 }

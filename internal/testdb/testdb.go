@@ -11,7 +11,7 @@
 //   - PULSE_TEST_BINARY: use this pulse binary instead of building one (build it with
 //     -tags pulsetesthooks, or the process tests' PULSE_TEST_* hooks have no effect).
 //
-// The proxy runs the operations on a database one at a time (Linearized); Serialize lets a test's
+// The proxy runs each write on a database alone, reads beside reads only (Linearized); Serialize lets a test's
 // database interleave them as MongoDB may (Interleaved), for race tests to run in both orders.
 //
 // A package that uses it calls Main from its TestMain:
@@ -173,7 +173,7 @@ func Embedded() bool { return os.Getenv(EnvMongoDBURI) == "" }
 type Serialization string
 
 const (
-	// Linearized runs a database's operations one at a time, each whole (the default).
+	// Linearized runs each write on a database alone and whole, reads beside reads only (the default).
 	Linearized Serialization = "linearized"
 	// Interleaved runs a database's reads together and its writes one document at a time, with other
 	// operations between the documents of one write: interleavings MongoDB allows without transactions.
