@@ -53,8 +53,8 @@ func (s *idleStore) ListEndpoints(context.Context) ([]*pulsetype.Endpoint, error
 func (s *idleStore) GetEndpoint(context.Context, string) (*pulsetype.Endpoint, error) {
 	return nil, pulsetype.ErrNotFound
 }
-func (s *idleStore) ReapOne(context.Context) (bool, error) { return false, nil }
-func (s *idleStore) Repair(context.Context) (int, error)   { return 0, nil }
+func (s *idleStore) Reap(context.Context) (bool, error)  { return false, nil }
+func (s *idleStore) Repair(context.Context) (int, error) { return 0, nil }
 
 func (s *idleStore) times() []time.Time {
 	s.mu.Lock()
