@@ -71,6 +71,28 @@ func completeAll(c *completer, cs []pulsetype.Completion) <-chan bool {
 	return out
 }
 
+// recv returns the next value of ch, failing the test after 10 s.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not within 10s", what)
+		panic("unreachable")
+	}
+}
+
+// send sends v on ch, failing the test after 10 s.
+func send[T any](t *testing.T, ch chan<- T, v T, what string) {
+	t.Helper()
+	select {
+	case ch <- v:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not within 10s", what)
+	}
+}
+
 func (c *completer) queued() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -89,23 +111,24 @@ func TestCompleterGroupCommit(t *testing.T) {
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Stop()
+	t.Cleanup(c.Stop)
+	t.Cleanup(func() { close(store.finishGate) }) // runs first: a failed test does not leave Stop waiting
 	first := completeAll(c, cs[:1])
-	if n := <-store.finishing; n != 1 {
+	if n := recv(t, store.finishing, "the first batch"); n != 1 {
 		t.Fatalf("first batch of %d, want 1", n)
 	}
 	rest := completeAll(c, cs[1:])
 	eventually(t, "five results queued", func() bool { return c.queued() == 5 })
-	store.finishGate <- struct{}{}
-	if n := <-store.finishing; n != 5 {
+	send(t, store.finishGate, struct{}{}, "the first batch to be written")
+	if n := recv(t, store.finishing, "the second batch"); n != 5 {
 		t.Fatalf("second batch of %d, want the 5 that arrived meanwhile", n)
 	}
-	store.finishGate <- struct{}{}
-	if !<-first {
+	send(t, store.finishGate, struct{}{}, "the second batch to be written")
+	if !recv(t, first, "the first result") {
 		t.Fatal("complete reported the result as not recorded")
 	}
 	for range 5 {
-		if !<-rest {
+		if !recv(t, rest, "the other results") {
 			t.Fatal("complete reported a result as not recorded")
 		}
 	}
@@ -138,19 +161,19 @@ func TestCompleterStopFlushes(t *testing.T) {
 		t.Fatal(err)
 	}
 	answers := completeAll(c, cs[:1])
-	<-store.finishing
+	recv(t, store.finishing, "the first batch")
 	more := completeAll(c, cs[1:])
 	eventually(t, "three results queued", func() bool { return c.queued() == 3 })
 	stopped := make(chan struct{})
 	go func() { c.Stop(); close(stopped) }()
+	store.finishGate <- struct{}{} // buffered: the first batch, then the batch Stop flushes
 	store.finishGate <- struct{}{}
-	store.finishGate <- struct{}{}
-	<-stopped
-	if !<-answers {
+	recv(t, stopped, "Stop")
+	if !recv(t, answers, "the first result") {
 		t.Fatal("the result written before Stop was reported as not recorded")
 	}
 	for range 3 {
-		if !<-more {
+		if !recv(t, more, "the results queued before Stop") {
 			t.Fatal("a result queued before Stop was not written")
 		}
 	}
@@ -188,7 +211,7 @@ func TestCompleterLeaseLostAndRetry(t *testing.T) {
 	defer c.Stop()
 	answers := completeAll(c, cs)
 	for range cs {
-		<-answers
+		recv(t, answers, "the results")
 	}
 	select {
 	case <-woken:

@@ -135,10 +135,12 @@ func TestLoopRespectsMaxConcurrency(t *testing.T) {
 	}
 }
 
-// A failed attempt is retried when its delay comes due, without waiting for a poll interval.
+// A failed attempt is retried once its delay comes due, and the retry is delivered.
 func TestLoopRetries(t *testing.T) {
 	t.Parallel()
-	fast := func(ep *pulsetype.Endpoint) { ep.RetryDelay, ep.MaxRetryDelay = new(pulsetype.Duration(time.Millisecond)), new(pulsetype.Duration(time.Millisecond)) }
+	fast := func(ep *pulsetype.Endpoint) {
+		ep.RetryDelay, ep.MaxRetryDelay = new(pulsetype.Duration(time.Millisecond)), new(pulsetype.Duration(time.Millisecond))
+	}
 	store := newMemStore(endpoint(t, "g", []string{"t"}, fast))
 	snd := &sender{}
 	snd.answer = func(r webhook.Request) webhook.Result {
