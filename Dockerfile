@@ -13,7 +13,9 @@ ARG GO_VERSION=1.26
 # ---- shared build base: module cache warmed from go.mod/go.sum, then the sources ----
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS base
 WORKDIR /src
-ENV CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+# GOWORK=off: the image needs the sidecar's module only; go.work also lists charts/ (the chart tests' own
+# module), which .dockerignore leaves out.
+ENV CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOWORK=off
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pulse-sidecar/pulse/internal/devdb"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
-	"github.com/pulse-sidecar/pulse/mongo/devdb"
 )
 
 // runBinary runs the pulse binary with args and an environment of PATH and HOME only, and returns its exit

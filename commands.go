@@ -12,14 +12,24 @@ import (
 	"os"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/event"
+
 	"github.com/pulse-sidecar/pulse/config"
+	"github.com/pulse-sidecar/pulse/internal/bench"
 	"github.com/pulse-sidecar/pulse/internal/cli"
-	"github.com/pulse-sidecar/pulse/mongo/devdb"
+	"github.com/pulse-sidecar/pulse/internal/devdb"
 )
 
 // runDevDB runs the embedded development database on its own (pulse devdb --listen --data-dir).
 func runDevDB(ctx context.Context, args []string, stdout io.Writer) error {
 	return devdb.RunCommand(ctx, args, stdout, os.Stderr)
+}
+
+// runBench runs `pulse bench` (package internal/bench) with its sidecars served in-process by serveWith.
+func runBench(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	return bench.Run(ctx, args, getenv, stdout, func(ctx context.Context, getenv func(string) string, monitor *event.CommandMonitor, ready func(string)) error {
+		return serveWith(ctx, getenv, io.Discard, serveHooks{monitor: monitor, ready: ready})
+	})
 }
 
 const healthcheckSynopsis = `Usage: pulse healthcheck [flags]

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/httpapi"
+	"github.com/pulse-sidecar/pulse/internal/startstop"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -60,33 +61,53 @@ func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, 
 	return sha256.Sum256(raw), nil
 }
 
-// watchEndpointsFile re-applies the file whenever its content changes, until ctx is done. An invalid new
-// version is logged and skipped; the endpoints registered before stay.
-func watchEndpointsFile(ctx context.Context, path string, applied [32]byte, store endpointPutter, changed func(string), log zerolog.Logger) {
-	t := time.NewTimer(pulsetype.Jittered(endpointsFilePoll))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			t.Reset(pulsetype.Jittered(endpointsFilePoll))
-		}
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			log.Warn().Err(err).Str("file", path).Msg("endpoints file unreadable; keeping the endpoints registered")
-			continue
-		}
-		if sum := sha256.Sum256(raw); bytes.Equal(sum[:], applied[:]) {
-			continue
-		}
-		sum, err := applyEndpointsFile(ctx, path, store, changed, log)
-		if err != nil {
-			log.Error().Err(err).Str("file", path).Msg("endpoints file changed but is invalid; keeping the endpoints registered")
-			applied = sha256.Sum256(raw) // report once per version
-			continue
-		}
-		applied = sum
-		log.Info().Str("file", path).Msg("endpoints file re-applied")
+// endpointsWatcher re-applies PULSE_ENDPOINTS_FILE whenever its content changes, checking every
+// endpointsFilePoll (jittered). An invalid new version is logged and skipped; the endpoints registered
+// before stay.
+type endpointsWatcher struct {
+	path    string
+	applied [32]byte      // hash of the version applied (or reported invalid) last
+	poll    time.Duration // period of the checks (endpointsFilePoll), jittered
+	store   endpointPutter
+	changed func(group string)
+	log     zerolog.Logger
+	run     startstop.Base
+}
+
+// newEndpointsWatcher returns a watcher of the file at path, whose version of hash applied is registered.
+func newEndpointsWatcher(path string, applied [32]byte, store endpointPutter, changed func(string), log zerolog.Logger) *endpointsWatcher {
+	return &endpointsWatcher{path: path, applied: applied, poll: endpointsFilePoll, store: store, changed: changed, log: log}
+}
+
+// Start runs the checks in a goroutine and returns at once; it returns startstop.ErrStarted when the
+// watcher runs already.
+func (w *endpointsWatcher) Start(ctx context.Context) error {
+	jittered := func() time.Duration { return pulsetype.Jittered(w.poll) }
+	return w.run.StartGo(ctx, func(ctx context.Context) { startstop.Every(ctx, jittered(), jittered, w.check) })
+}
+
+// Stop ends the checks and blocks until their goroutine returned. It is safe twice and before Start.
+func (w *endpointsWatcher) Stop() { w.run.Stop() }
+
+// check re-applies the file if its content changed since the version last applied.
+func (w *endpointsWatcher) check(ctx context.Context) {
+	raw, err := os.ReadFile(w.path)
+	if err != nil {
+		w.log.Warn().Err(err).Str("file", w.path).Msg("endpoints file unreadable; keeping the endpoints registered")
+		return
 	}
+	if sum := sha256.Sum256(raw); bytes.Equal(sum[:], w.applied[:]) {
+		return
+	}
+	sum, err := applyEndpointsFile(ctx, w.path, w.store, w.changed, w.log)
+	if err != nil && ctx.Err() != nil {
+		return // stopped while applying: the version is not invalid, and not applied either
+	}
+	if err != nil {
+		w.log.Error().Err(err).Str("file", w.path).Msg("endpoints file changed but is invalid; keeping the endpoints registered")
+		w.applied = sha256.Sum256(raw) // report once per version
+		return
+	}
+	w.applied = sum
+	w.log.Info().Str("file", w.path).Msg("endpoints file re-applied")
 }

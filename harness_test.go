@@ -56,15 +56,30 @@ type sidecar struct {
 	stop func()
 }
 
-// start runs a sidecar in-process with env and returns once it listens; it is stopped in t.Cleanup.
+// start runs a sidecar in-process with env and returns once it listens; it is stopped in t.Cleanup. The
+// test hooks env sets (PULSE_TEST_CLOCK_SKEW, PULSE_TEST_CRASH_AFTER_PUBLISH) reach it as serveHooks, in
+// any build.
 func (b *bundle) start(env map[string]string) *sidecar {
+	b.t.Helper()
+	hooks, err := testHooksFromEnv(func(k string) string { return env[k] })
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return b.startWith(env, func(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+		return serveWith(ctx, getenv, stdout, hooks)
+	})
+}
+
+// startWith runs a sidecar in-process with env through serve (serveWith or run) and returns once it
+// listens; it is stopped in t.Cleanup.
+func (b *bundle) startWith(env map[string]string, serve func(ctx context.Context, getenv func(string) string, stdout io.Writer) error) *sidecar {
 	b.t.Helper()
 	logs := &syncBuffer{}
 	pr, pw := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		err := run(ctx, nil, func(k string) string { return env[k] }, io.MultiWriter(pw, logs))
+		err := serve(ctx, func(k string) string { return env[k] }, io.MultiWriter(pw, logs))
 		pw.Close()
 		done <- err
 	}()

@@ -69,6 +69,7 @@ func TestAuthAndMetrics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { resp.Body.Close() }) // frees the connection before the leak check
 		return resp
 	}
 	if resp := authed("PUT", "/v1/endpoints/g", `{"url":"`+rcv.URL+`","topics":["t"],"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}`); resp.StatusCode != 201 {

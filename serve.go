@@ -1,61 +1,61 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/rs/zerolog"
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/event"
-	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/dispatcher"
 	"github.com/pulse-sidecar/pulse/httpapi"
 	"github.com/pulse-sidecar/pulse/internal/cli"
+	"github.com/pulse-sidecar/pulse/internal/devdb"
 	"github.com/pulse-sidecar/pulse/internal/sealing"
+	"github.com/pulse-sidecar/pulse/internal/startstop"
 	"github.com/pulse-sidecar/pulse/internal/tracing"
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/mongo"
-	"github.com/pulse-sidecar/pulse/mongo/devdb"
-	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/reconciler"
 	"github.com/pulse-sidecar/pulse/webhook"
 )
 
-// Periods of the background chores.
-const (
-	clockSyncInterval = 30 * time.Second
-	sweepInterval     = time.Minute
-	// pendingCountMaxAge is how long a count of pending deliveries (one aggregation, made when /metrics is
-	// scraped) is reused.
-	pendingCountMaxAge = 15 * time.Second
-)
+// pendingCountMaxAge is how long a count of pending deliveries (one aggregation, made when /metrics is
+// scraped) is reused.
+const pendingCountMaxAge = 15 * time.Second
 
-// serve runs the sidecar until ctx is done, then shuts down in order: publishes and /readyz answer 503 (the
-// API stays up so clients get an answer, not a refused connection), the dispatcher stops claiming and lets
-// in-flight POSTs finish and be recorded within PULSE_SHUTDOWN_TIMEOUT, the HTTP server closes, then the
-// database is disconnected.
+// serve runs the sidecar until ctx is done. Its background services start in this order: the lease keeper,
+// the clock sync, the retention sweeper, the change-stream and endpoints-file watchers, the dispatcher (a
+// failed start stops those started, last first). Each Stop waits for its service's goroutines
+// (internal/startstop). Shutdown goes in this order:
+//  1. publishes and /readyz answer 503 (the API stays up so clients get an answer, not a refused connection);
+//  2. the dispatcher stops claiming; in-flight POSTs finish and are recorded within PULSE_SHUTDOWN_TIMEOUT;
+//  3. the watchers, the sweeper and the clock sync stop, then the keeper (it renewed the in-flight leases);
+//  4. the HTTP servers close, then the database is disconnected.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	if err := cli.Parse(fs, args, serveUsage(), stdout); err != nil {
 		return err
 	}
-	return serveWith(ctx, getenv, stdout, serveHooks{})
+	hooks, err := testHooks(getenv)
+	if err != nil {
+		return err
+	}
+	return serveWith(ctx, getenv, stdout, hooks)
 }
 
 // serveUsage is the text of `pulse serve --help`: the configuration variables with their defaults, read
@@ -66,7 +66,7 @@ func serveUsage() string {
 	t := reflect.TypeOf(config.Config{})
 	for i := range t.NumField() {
 		name := t.Field(i).Tag.Get("env")
-		if name == "" || strings.HasPrefix(name, "PULSE_TEST_") { // test hooks are not configuration
+		if name == "" {
 			continue
 		}
 		if def, ok := t.Field(i).Tag.Lookup("envDefault"); ok {
@@ -78,10 +78,14 @@ func serveUsage() string {
 	return b.String()
 }
 
-// serveHooks let `pulse bench` observe a sidecar it runs in-process; the zero value changes nothing.
+// serveHooks let `pulse bench` observe a sidecar it runs in-process, and tests bend one (testhooks.go); the
+// zero value changes nothing.
 type serveHooks struct {
 	monitor *event.CommandMonitor // counts the sidecar's database commands
 	ready   func(addr string)     // called once the API listens
+
+	clockSkew         time.Duration // shifts the local clock (PULSE_TEST_CLOCK_SKEW)
+	crashAfterPublish bool          // SIGKILL after the first publish (PULSE_TEST_CRASH_AFTER_PUBLISH)
 }
 
 func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer, hooks serveHooks) error {
@@ -119,22 +123,14 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	}
 	dbName := cfg.Database
 	if dbName == "" {
-		cs, err := connstring.Parse(uri)
-		if err != nil {
+		if dbName, err = mongo.DatabaseName(uri); err != nil {
 			return fmt.Errorf("PULSE_MONGODB_URI is invalid: %w", err)
 		}
-		dbName = cs.Database
 	}
-	if dbName == "" {
-		dbName = config.DefaultDatabase
-	}
+	dbName = cmp.Or(dbName, config.DefaultDatabase)
 	// An unreachable database fails each command after PULSE_DATABASE_TIMEOUT (server selection) instead of
 	// the driver's 30 s, so API requests answer 503 database_unavailable within that bound.
-	clientOpts := options.Client().ApplyURI(uri).SetAppName("pulse-sidecar").SetServerSelectionTimeout(cfg.DatabaseTimeout)
-	if hooks.monitor != nil {
-		clientOpts.SetMonitor(hooks.monitor)
-	}
-	client, err := mongodrv.Connect(clientOpts)
+	client, err := mongo.Connect(uri, mongo.ConnectOptions{ServerSelectionTimeout: cfg.DatabaseTimeout, Monitor: hooks.monitor})
 	if err != nil {
 		return fmt.Errorf("PULSE_MONGODB_URI is invalid: %w", err)
 	}
@@ -145,27 +141,26 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	}()
 
 	local := time.Now
-	if cfg.TestClockSkew != 0 {
-		local = func() time.Time { return time.Now().Add(cfg.TestClockSkew) }
-		log.Warn().Dur("skew_ms", cfg.TestClockSkew).Msg("PULSE_TEST_CLOCK_SKEW shifts this process's clock (testing only)")
+	if hooks.clockSkew != 0 {
+		local = func() time.Time { return time.Now().Add(hooks.clockSkew) }
+		log.Warn().Dur("skew_ms", hooks.clockSkew).Msg("PULSE_TEST_CLOCK_SKEW shifts this process's clock (testing only)")
 	}
 	clock := lease.NewClock(local)
-	serverTime := func(ctx context.Context) (time.Time, error) { return serverLocalTime(ctx, client) }
-	startCtx, cancelStart := context.WithTimeout(ctx, 30*time.Second)
-	defer cancelStart()
-	if err := clock.Sync(startCtx, serverTime); err != nil {
-		return fmt.Errorf("reach the database: %w", err)
-	}
 	store := mongo.New(client, mongo.Options{
 		Database: dbName, CollectionPrefix: cfg.CollectionPrefix, LockTimeout: cfg.LockTimeout,
 		EventRetention: cfg.EventRetention, HistoryRetention: cfg.HistoryRetention, Now: clock.Now, Logger: log,
 		Keys: keys,
 	})
+	startCtx, cancelStart := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelStart()
+	if err := clock.Sync(startCtx, store.ServerTime); err != nil {
+		return fmt.Errorf("reach the database: %w", err)
+	}
 	caps, err := store.EnsureSchema(startCtx)
 	if err != nil {
 		return err
 	}
-	if !caps.TTL {
+	if !caps.TTLIndexes {
 		log.Info().Msg("the database has no TTL indexes: a sweeper deletes expired documents every minute instead")
 	}
 	if cfg.ChangeStreams == config.ChangeStreamsRequired && !caps.ChangeStreams {
@@ -195,7 +190,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		Tracer: tracer, Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
 	})
 	var notify httpapi.Notifier = disp
-	if cfg.TestCrashAfterPublish {
+	if hooks.crashAfterPublish {
 		log.Warn().Msg("PULSE_TEST_CRASH_AFTER_PUBLISH: this process dies after its first publish, before fanning it out (testing only)")
 		notify = crashAfterPublish{disp}
 	}
@@ -221,31 +216,36 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 			Msg("some endpoints hold secrets in clear or under an older key: each is re-encrypted with the first key when next registered (PUT or the endpoints file)")
 	}
 
-	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBG()
-	_ = keeper.Start(bg)
-	defer keeper.Stop()
-	_ = disp.Start(bg)
-	defer disp.Stop()
-	go chores(bg, log, clock, serverTime, store)
+	// Started in this order, stopped in the reverse one (see serve's comment).
+	services := []startstop.Service{keeper, lease.NewClockSync(clock, store.ServerTime, lease.DefaultSyncInterval, log),
+		reconciler.NewSweeper(store.Sweep, reconciler.DefaultSweepInterval, log)}
 	switch {
 	case cfg.ChangeStreams == config.ChangeStreamsDisabled:
 	case caps.ChangeStreams:
-		go store.WatchEvents(bg, cfg.PollInterval, disp.Wake, log)
+		services = append(services, mongo.NewEventWatcher(store, cfg.PollInterval, disp.Wake, log))
 	default:
 		log.Info().Msg("the database has no change streams (not a replica set): polling only")
 	}
 	if cfg.EndpointsFile != "" {
-		go watchEndpointsFile(bg, cfg.EndpointsFile, endpointsHash, store, disp.EndpointChanged, log)
+		services = append(services, newEndpointsWatcher(cfg.EndpointsFile, endpointsHash, store, disp.EndpointChanged, log))
 	}
+	services = append(services, disp)
+	httpSrv := newHTTPServers()
+	defer httpSrv.shutdown() // after stopServices, as below
+	// The services outlive ctx: the shutdown below stops them in order.
+	if err := startstop.StartAll(context.WithoutCancel(ctx), services...); err != nil {
+		return fmt.Errorf("start background services: %w", err)
+	}
+	stopServices := sync.OnceFunc(func() {
+		slices.Reverse(services)
+		startstop.StopAll(services...) // the dispatcher first, the keeper last
+	})
+	defer stopServices()
 
-	srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	httpSrv.serve(api.Handler(), ln)
 	started := log.Info().Str("addr", ln.Addr().String())
-	probeSrv := &http.Server{Handler: api.ProbeHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	if probeLn != nil {
-		go func() { serveErr <- probeSrv.Serve(probeLn) }()
+		httpSrv.serve(api.ProbeHandler(), probeLn)
 		started = started.Str("probe_addr", probeLn.Addr().String())
 	}
 	started.Str("database", dbName).Str("owner", owner).Bool("change_streams", caps.ChangeStreams).
@@ -256,62 +256,52 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	}
 
 	select {
-	case err := <-serveErr:
+	case err := <-httpSrv.failed:
 		return fmt.Errorf("serve HTTP: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info().Msg("shutting down: publishes and /readyz now answer 503, in-flight deliveries get the grace period")
 	api.Drain()
-	disp.Stop() // stops claiming, waits for in-flight POSTs (PULSE_SHUTDOWN_TIMEOUT) and records them
-	keeper.Stop()
-	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutCtx)
-	_ = probeSrv.Shutdown(shutCtx)
+	stopServices() // the dispatcher waits for in-flight POSTs (PULSE_SHUTDOWN_TIMEOUT) and records them
+	httpSrv.shutdown()
 	log.Info().Msg("stopped")
 	return nil
 }
 
-// chores keeps the lease clock in step with the database and sweeps expired documents.
-func chores(ctx context.Context, log zerolog.Logger, clock *lease.Clock, serverTime func(context.Context) (time.Time, error), store *mongo.Store) {
-	// Both periods are jittered (lease.Jitter); the first sweep comes at a random point of its period, so
-	// replicas started together sweep apart.
-	syncT := time.NewTimer(pulsetype.Jittered(clockSyncInterval))
-	sweepT := time.NewTimer(rand.N(sweepInterval))
-	defer syncT.Stop()
-	defer sweepT.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-syncT.C:
-			syncT.Reset(pulsetype.Jittered(clockSyncInterval))
-			if err := clock.Sync(ctx, serverTime); err != nil && ctx.Err() == nil {
-				log.Warn().Err(err).Msg("clock sync with the database failed")
-			}
-		case <-sweepT.C:
-			sweepT.Reset(pulsetype.Jittered(sweepInterval))
-			if n, err := store.Sweep(ctx); err != nil && ctx.Err() == nil {
-				log.Warn().Err(err).Msg("retention sweep failed")
-			} else if n > 0 {
-				log.Debug().Int64("deleted", n).Msg("retention sweep")
-			}
-		}
-	}
+// httpServers are the API's HTTP servers (the API and, with PULSE_PROBE_LISTEN, the probes).
+type httpServers struct {
+	servers []*http.Server
+	serving sync.WaitGroup
+	failed  chan error // the first error of a Serve that failed
 }
 
-// serverLocalTime asks the server for its clock (hello.localTime, which MongoDB and FerretDB both return).
-func serverLocalTime(ctx context.Context, client *mongodrv.Client) (time.Time, error) {
-	var hello struct {
-		LocalTime time.Time `bson:"localTime"`
+func newHTTPServers() *httpServers { return &httpServers{failed: make(chan error, 1)} }
+
+// serve serves h on ln in a goroutine until shutdown.
+func (s *httpServers) serve(h http.Handler, ln net.Listener) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	s.servers = append(s.servers, srv)
+	s.serving.Go(func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			select {
+			case s.failed <- err:
+			default: // another server failed first
+			}
+		}
+	})
+}
+
+// shutdown closes the servers, gives open requests 5 s to finish before closing their connections, and
+// blocks until every Serve returned. It is safe twice.
+func (s *httpServers) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, srv := range s.servers {
+		if srv.Shutdown(ctx) != nil {
+			_ = srv.Close()
+		}
 	}
-	if err := client.Database("admin").RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&hello); err != nil {
-		return time.Time{}, err
-	}
-	if hello.LocalTime.IsZero() {
-		return time.Time{}, errors.New("hello returned no localTime")
-	}
-	return hello.LocalTime, nil
+	s.serving.Wait()
 }
 
 func newLogger(cfg *config.Config, stdout io.Writer) zerolog.Logger {
@@ -326,15 +316,3 @@ func newLogger(cfg *config.Config, stdout io.Writer) zerolog.Logger {
 var _ httpapi.Store = (*mongo.Store)(nil)
 var _ dispatcher.Store = (*mongo.Store)(nil)
 var _ reconciler.Store = (*mongo.Store)(nil)
-
-// crashAfterPublish is the notifier of PULSE_TEST_CRASH_AFTER_PUBLISH: it keeps a publish from the
-// dispatcher and SIGKILLs the process once the publish had time to answer 202.
-type crashAfterPublish struct{ httpapi.Notifier }
-
-func (crashAfterPublish) Published([]*pulsetype.Event) {
-	time.AfterFunc(200*time.Millisecond, func() {
-		if p, err := os.FindProcess(os.Getpid()); err == nil {
-			_ = p.Kill() // SIGKILL: no deferred function runs, as in a crash
-		}
-	})
-}

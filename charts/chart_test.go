@@ -1,6 +1,8 @@
 // Package charts_test checks the packaging: the Helm chart (rendered with `helm template` and decoded strictly
 // into the Kubernetes API types), docker-compose.yml and the Dockerfile. `bash .ci/packaging` runs it with helm
-// installed; without helm on PATH the chart tests skip, unless CI=true, where they fail.
+// installed; without helm on PATH the chart tests skip, unless CI=true, where they fail. The package is a module
+// of its own (charts/go.mod, joined to the sidecar's by go.work), so the sidecar's go.mod holds no Kubernetes
+// modules.
 package charts_test
 
 import (

@@ -124,11 +124,6 @@ type Config struct {
 	HTTPSProxy string `env:"HTTPS_PROXY"`
 	// NoProxy lists hosts, domains and CIDRs reached directly (NO_PROXY, else no_proxy); loopback always is.
 	NoProxy string `env:"NO_PROXY"`
-	// TestClockSkew shifts this process's wall clock; for tests of clock-skewed replicas only.
-	TestClockSkew time.Duration `env:"PULSE_TEST_CLOCK_SKEW"`
-	// TestCrashAfterPublish makes the process SIGKILL itself 200 ms after its first publish is durable,
-	// without fanning it out; for tests of a publisher that dies between commit and fan-out only.
-	TestCrashAfterPublish bool `env:"PULSE_TEST_CRASH_AFTER_PUBLISH"`
 }
 
 // Load parses the configuration from getenv and validates it. The error is one line naming the variable,

@@ -44,7 +44,6 @@ func TestLoadDefaults(t *testing.T) {
 		{"Workers", cfg.Workers, config.DefaultWorkers},
 		{"DenyCIDRs", cfg.DenyCIDRs, ""},
 		{"AllowCIDRs", cfg.AllowCIDRs, ""},
-		{"TestClockSkew", cfg.TestClockSkew, time.Duration(0)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

@@ -1,5 +1,5 @@
-// Package lease holds what the sidecar's leases rest on: the clock they trust and the heartbeat that renews
-// them.
+// Package lease holds what the sidecar's leases rest on: the clock they trust (Clock, kept in step with the
+// database by ClockSync) and the heartbeat that renews them (Keeper).
 //
 // Invariants (docs/delivery.md, "Leases, heartbeats and fencing"):
 //   - the database is authoritative: a lease is held only while the database says so, and every renewal and

@@ -7,6 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pulse-sidecar/pulse/internal/startstop"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -24,8 +25,7 @@ type Keeper struct {
 	mu   sync.Mutex
 	held map[pulsetype.LeaseKey]*held
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	run startstop.Base
 }
 
 type held struct {
@@ -60,37 +60,15 @@ func (k *Keeper) Release(l pulsetype.LeaseKey) {
 	k.mu.Unlock()
 }
 
-// Start runs the heartbeat loop in a goroutine and returns at once.
+// Start runs the heartbeat in a goroutine and returns at once; it returns startstop.ErrStarted when the
+// keeper runs already.
 func (k *Keeper) Start(ctx context.Context) error {
-	ctx, k.cancel = context.WithCancel(ctx)
-	k.done = make(chan struct{})
-	go k.loop(ctx)
-	return nil
+	jittered := func() time.Duration { return pulsetype.Jittered(k.Interval()) }
+	return k.run.StartGo(ctx, func(ctx context.Context) { startstop.Every(ctx, jittered(), jittered, k.beat) })
 }
 
-// Stop ends the heartbeat loop and blocks until it returned. It is safe twice and before Start.
-func (k *Keeper) Stop() {
-	if k.cancel == nil {
-		return
-	}
-	k.cancel()
-	<-k.done
-}
-
-func (k *Keeper) loop(ctx context.Context) {
-	defer close(k.done)
-	t := time.NewTimer(pulsetype.Jittered(k.Interval()))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			k.beat(ctx)
-			t.Reset(pulsetype.Jittered(k.Interval()))
-		}
-	}
-}
+// Stop ends the heartbeat and blocks until its goroutine returned. It is safe twice and before Start.
+func (k *Keeper) Stop() { k.run.Stop() }
 
 func (k *Keeper) beat(ctx context.Context) {
 	k.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,7 +80,9 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	if k.Interval() != 20*time.Millisecond {
 		t.Fatalf("interval = %s, want a third of the lock timeout", k.Interval())
 	}
-	_ = k.Start(context.Background())
+	if err := k.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	defer k.Stop()
 	keptCtx, keptCancel := context.WithCancelCause(context.Background())
 	defer keptCancel(nil)
@@ -116,4 +119,46 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	}
 	k.Stop()
 	k.Stop() // safe twice
+}
+
+// ClockSync measures the database's clock again every interval, until stopped.
+func TestClockSyncFollowsTheDatabase(t *testing.T) {
+	t.Parallel()
+	var ahead atomic.Int64 // the server's lead over the local clock, in ns
+	ahead.Store(int64(time.Minute))
+	var calls atomic.Int64
+	server := func(context.Context) (time.Time, error) {
+		calls.Add(1)
+		return time.Now().Add(time.Duration(ahead.Load())), nil
+	}
+	c := NewClock(nil)
+	s := NewClockSync(c, server, 10*time.Millisecond, zerolog.Nop())
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	waitOffset := func(want time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for d := c.Offset() - want; d < -time.Second || d > time.Second; d = c.Offset() - want {
+			if time.Now().After(deadline) {
+				t.Fatalf("offset = %s, want about %s", c.Offset(), want)
+			}
+			time.Sleep(5 * time.Millisecond) // poll
+		}
+	}
+	waitOffset(time.Minute)
+	ahead.Store(int64(-time.Hour)) // the database's clock was set back
+	waitOffset(-time.Hour)
+	s.Stop()
+	n := calls.Load()
+	s.Stop() // safe twice
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatalf("Start after Stop = %v", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); calls.Load() == n; time.Sleep(5 * time.Millisecond) { // poll
+		if time.Now().After(deadline) {
+			t.Fatal("a restarted ClockSync did not sync again")
+		}
+	}
 }

@@ -378,7 +378,7 @@ func evidenceSet(r pulsetype.AttemptResult) bson.M {
 }
 
 // FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two commands (more
-// when a batch needs more than maxStatements statements):
+// when a batch needs more than Capabilities.MaxUpdateStatements statements):
 //
 //  1. one bulk update whose statements are updateMany's, one per distinct outcome (status, HTTP status,
 //     error), each fenced by the attempts' ids, their lock tokens and status pending: it makes the attempts
@@ -429,7 +429,7 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
 		models = append(models, mongo.NewUpdateManyModel().SetFilter(filter).SetUpdate(bson.M{"$set": s.outcomeSet(cs[idx[0]].Result, now)}))
 	}
-	matched, err := bulkUpdate(ctx, s.history, models)
+	matched, err := s.bulkUpdate(ctx, s.history, models)
 	if err != nil {
 		return nil, wrap("finish attempts", err)
 	}
@@ -448,7 +448,7 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		}
 	}
 	if len(evidence) > 0 {
-		if _, err := bulkUpdate(ctx, s.history, evidence); err != nil {
+		if _, err := s.bulkUpdate(ctx, s.history, evidence); err != nil {
 			// The results are recorded; only their duration and response body are missing.
 			s.log.Warn().Err(err).Int("attempts", len(evidence)).Msg("recording attempt evidence (durationMs, responseBody) failed")
 		}
@@ -508,7 +508,7 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 			SetUpdate(bson.M{"$set": endSet(pulsetype.StatusSuccess, n, nil, now, exp)}))
 	}
 	if len(ends) > 0 {
-		if _, err := bulkUpdate(ctx, s.deliveries, ends); err != nil {
+		if _, err := s.bulkUpdate(ctx, s.deliveries, ends); err != nil {
 			return wrap("end deliveries", err)
 		}
 	}
@@ -617,15 +617,14 @@ func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error 
 	return nil
 }
 
-// maxStatements bounds the statements of one update command. FerretDB v1 keeps every statement's query open
-// until the whole command returns, one pooled backend connection each (50 on PostgreSQL, 100 on SQLite), so
-// a longer command waits forever for a connection it holds itself.
-const maxStatements = 16
-
-// bulkUpdate runs update models as unordered bulk writes of at most maxStatements statements each and
-// returns how many documents their filters matched in total.
-func bulkUpdate(ctx context.Context, coll *mongo.Collection, models []mongo.WriteModel) (matched int64, err error) {
-	for chunk := range slices.Chunk(models, maxStatements) {
+// bulkUpdate runs update models as unordered bulk writes of at most Capabilities.MaxUpdateStatements
+// statements each (all in one when it is 0) and returns how many documents their filters matched in total.
+func (s *Store) bulkUpdate(ctx context.Context, coll *mongo.Collection, models []mongo.WriteModel) (matched int64, err error) {
+	size := s.caps.MaxUpdateStatements
+	if size <= 0 {
+		size = max(len(models), 1)
+	}
+	for chunk := range slices.Chunk(models, size) {
 		res, err := coll.BulkWrite(ctx, chunk, options.BulkWrite().SetOrdered(false))
 		if err != nil {
 			return matched, err

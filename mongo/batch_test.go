@@ -42,8 +42,8 @@ func ids(as []*pulsetype.Attempt) []string {
 
 // ClaimAttempts leases with one token what it wins and reads back exactly its own share when another replica
 // leased some first; racing replicas never lease one attempt twice.
-func TestClaimAttemptsLeasesEachAttemptOnce(t *testing.T) {
-	b := setup(t)
+func testClaimAttemptsLeasesEachAttemptOnce(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
 	created := b.fanOutN(s, 12, "t")
@@ -106,8 +106,8 @@ func TestClaimAttemptsLeasesEachAttemptOnce(t *testing.T) {
 
 // FinishAttempts records, in one bulk write, the results whose lease is still held, and reports the ones it
 // did not write (reaped, released); FollowUps then ends deliveries and creates retries exactly once.
-func TestFinishAttemptsIsFencedPerAttempt(t *testing.T) {
-	b := setup(t)
+func testFinishAttemptsIsFencedPerAttempt(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, func(o *Options) { o.HistoryRetention = time.Hour })
 	b.putEndpoint(s, "billing", "t")
 	created := b.fanOutN(s, 5, "t")
@@ -187,8 +187,8 @@ func TestFinishAttemptsIsFencedPerAttempt(t *testing.T) {
 
 // FanOut leaves the fanout mark; ClearFanOut clears it, and FanOutStale repeats a fan-out whose mark stayed
 // without creating anything twice.
-func TestFanOutMarkIsClearedSeparately(t *testing.T) {
-	b := setup(t)
+func testFanOutMarkIsClearedSeparately(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
 	created := b.fanOutN(s, 3, "t")
@@ -215,8 +215,8 @@ func TestFanOutMarkIsClearedSeparately(t *testing.T) {
 }
 
 // GetEvents returns the visible events among the ids, with one query.
-func TestGetEventsSkipsMissingAndExpired(t *testing.T) {
-	b := setup(t)
+func testGetEventsSkipsMissingAndExpired(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, func(o *Options) { o.EventRetention = time.Minute })
 	b.publishOne(s, "evt-old", "t")
 	b.clock.Advance(2 * time.Minute)
@@ -232,8 +232,8 @@ func TestGetEventsSkipsMissingAndExpired(t *testing.T) {
 
 // A batch larger than FerretDB's pool of backend connections is written in several commands instead of one
 // that would wait forever for a connection it holds itself (120 statements > 100 on SQLite, 50 on PostgreSQL).
-func TestLargeBatchesDoNotStallTheDatabase(t *testing.T) {
-	b := setup(t)
+func testLargeBatchesDoNotStallTheDatabase(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
 	b.putEndpoint(s, "audit", "t")

@@ -1,6 +1,7 @@
 // Package mongo is the one implementation of the sidecar's storage: events, subscriptions (one per consumer
 // group), deliveries and history attempts in four collections named <prefix>.events, .subscriptions,
-// .deliveries and .history.
+// .deliveries and .history. It also connects to the server (Connect), reads its clock (Store.ServerTime)
+// and watches the events collection for new events (EventWatcher).
 //
 // Invariants:
 //   - no multi-document transactions: replicas converge through unique indexes (consumerGroup+eventId on
@@ -12,5 +13,8 @@
 //   - expiresAt is written only when a document becomes terminal; reads treat expired documents as gone;
 //   - indexes are created when missing and verified at every start; an incompatible one stops the start and
 //     is never dropped (docs/delivery.md, "Collections, retention and startup safety");
-//   - driver errors are translated here: mongo.ErrNoDocuments never leaves this package.
+//   - driver errors are translated here: mongo.ErrNoDocuments never leaves this package;
+//   - what the server can do (Capabilities: TTL and partial indexes, change streams, statements per update
+//     command) is fixed once, when EnsureSchema builds the store with it; no other call asks which server
+//     it talks to.
 package mongo

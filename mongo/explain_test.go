@@ -2,21 +2,19 @@ package mongo
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-
-	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
-// Every hot query and list is served by an index: explain's winning plan uses an IXSCAN on a real MongoDB
-// (PULSE_TEST_MONGODB_URI). FerretDB answers explain without index plans, so there only the command is run.
-func TestHotQueriesUseIndexes(t *testing.T) {
-	t.Parallel()
-	client, dbName := testdb.Database(t)
+// Every hot query and list is served by an index: explain's winning plan uses an IXSCAN where the server
+// reports index plans (Features.IndexPlans: a real MongoDB). FerretDB answers explain without index plans,
+// so there only the command is run.
+func testHotQueriesUseIndexes(t *testing.T, e *env) {
+	b := e.setup(t)
+	client, dbName := b.client, b.dbName
 	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
 	if _, err := s.EnsureSchema(context.Background()); err != nil {
 		t.Fatal(err)
@@ -46,7 +44,7 @@ func TestHotQueriesUseIndexes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: explain: %v", q.name, err)
 		}
-		if os.Getenv("PULSE_TEST_MONGODB_URI") != "" && !strings.Contains(out.Lookup("queryPlanner", "winningPlan").String(), "IXSCAN") {
+		if e.features.IndexPlans && !strings.Contains(out.Lookup("queryPlanner", "winningPlan").String(), "IXSCAN") {
 			t.Errorf("%s is not served by an index: %s", q.name, out.Lookup("queryPlanner", "winningPlan"))
 		}
 	}

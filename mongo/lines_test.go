@@ -11,8 +11,8 @@ import (
 
 // The head-of-line claim of an ordered group works per (topic, orderingKey): an earlier event of key A whose
 // fan-out is unfinished holds up A's line only; B's line and the unkeyed line are claimed.
-func TestClaimHeadIsPerOrderingKey(t *testing.T) {
-	b := setup(t)
+func testClaimHeadIsPerOrderingKey(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	ep := b.endpoint("g", "t")
 	ep.Ordered = true

@@ -12,7 +12,6 @@ import (
 	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -21,9 +20,9 @@ import (
 // with expireAfterSeconds 0 on expiresAt and they exist afterwards (a real MongoDB via
 // PULSE_TEST_MONGODB_URI); where it refuses them (FerretDB: 238), it asks for none, creates plain indexes
 // and reports TTL=false for the sweeper.
-func TestTTLIndexesAreRequested(t *testing.T) {
-	t.Parallel()
-	_, dbName := testdb.Database(t)
+func testTTLIndexesAreRequested(t *testing.T, e *env) {
+	b := e.setup(t)
+	dbName := b.dbName
 	var mu sync.Mutex
 	var ttl []string
 	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
@@ -40,11 +39,7 @@ func TestTTLIndexesAreRequested(t *testing.T) {
 			}
 		}
 	}}
-	client, err := mongodrv.Connect(options.Client().ApplyURI(testdb.URI(t)).SetMonitor(monitor))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	client := b.srv.Connect(options.Client().SetMonitor(monitor))
 	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
 	caps, err := s.EnsureSchema(context.Background())
 	if err != nil {
@@ -53,13 +48,13 @@ func TestTTLIndexesAreRequested(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	want := []string{"pulse_probe_ttl"}
-	if caps.TTL {
+	if caps.TTLIndexes {
 		want = append(want, "pulse_events_expires_at_ttl", "pulse_deliveries_expires_at_ttl", "pulse_history_expires_at_ttl")
 	}
 	if !slices.Equal(ttl, want) {
-		t.Fatalf("createIndexes with expireAfterSeconds 0 sent for %v, want %v (server TTL %v)", ttl, want, caps.TTL)
+		t.Fatalf("createIndexes with expireAfterSeconds 0 sent for %v, want %v (server TTL %v)", ttl, want, caps.TTLIndexes)
 	}
-	if caps.TTL {
+	if caps.TTLIndexes {
 		found, err := listIndexes(context.Background(), s.history)
 		if err != nil {
 			t.Fatal(err)
@@ -72,9 +67,9 @@ func TestTTLIndexesAreRequested(t *testing.T) {
 
 // expiresAt is written only when a document becomes terminal (events at publication): pending deliveries
 // and attempts carry none, terminal ones carry endedAt + history retention, and retention 0 writes none.
-func TestExpiresAtOnlyOnTerminalDocuments(t *testing.T) {
-	t.Parallel()
-	client, dbName := testdb.Database(t)
+func testExpiresAtOnlyOnTerminalDocuments(t *testing.T, e *env) {
+	b := e.setup(t)
+	client, dbName := b.client, b.dbName
 	for _, retention := range []time.Duration{time.Hour, 0} {
 		prefix := "keep"
 		if retention > 0 {

@@ -18,7 +18,7 @@ import (
 // a second after it. The store's fake clock drives expiry; Sweep deletes only where the server has no TTL
 // indexes (FerretDB), and on MongoDB the checks on expiresAt carry the case (the TTL monitor deletes by the
 // same field, on the real clock).
-func TestRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T) {
+func testRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T, e *env) {
 	const retention = time.Minute
 	tests := []struct {
 		name       string
@@ -31,7 +31,7 @@ func TestRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := setup(t)
+			b := e.setup(t)
 			s := b.store(nil, func(o *Options) { o.HistoryRetention = retention })
 			b.putEndpoint(s, "billing", "t")
 			ev := b.publishOne(s, "evt-1", "t")
@@ -84,7 +84,7 @@ func TestRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T) {
 			if got := b.count("history", bson.M{"_id": next.ID}); got != 1 {
 				t.Fatalf("the sweep removed the retry's attempt %d", n)
 			}
-			if !s.Capabilities().TTL {
+			if !s.Capabilities().TTLIndexes {
 				if got := b.count("history", bson.M{"_id": a.ID}); got != 0 {
 					t.Errorf("the expired attempt 1 survived the sweep: the sweep did not run as the test assumes")
 				}
@@ -117,8 +117,8 @@ func TestRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T) {
 
 // A retry that comes after the delivery's history expired finds nothing (ErrNotFound), whether the sweep ran
 // or not, and does not revive it: the expired delivery keeps its expiresAt and the sweep removes it.
-func TestRetryAfterTheHistoryExpiredIsNotFound(t *testing.T) {
-	b := setup(t)
+func testRetryAfterTheHistoryExpiredIsNotFound(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, func(o *Options) { o.HistoryRetention = time.Minute })
 	b.putEndpoint(s, "billing", "t")
 	ev := b.publishOne(s, "evt-1", "t")
@@ -144,7 +144,7 @@ func TestRetryAfterTheHistoryExpiredIsNotFound(t *testing.T) {
 	if _, err := s.Sweep(b.ctx); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
-	if !s.Capabilities().TTL && b.count("deliveries", bson.M{"_id": id}) != 0 {
+	if !s.Capabilities().TTLIndexes && b.count("deliveries", bson.M{"_id": id}) != 0 {
 		t.Fatalf("the sweep kept the expired delivery")
 	}
 }

@@ -2,13 +2,10 @@ package mongo
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -100,11 +97,12 @@ type existingIndex struct {
 
 // EnsureSchema creates missing collections and named indexes, then verifies every existing index's keys
 // (order and direction), uniqueness and expireAfterSeconds, rejecting sparse, hidden, partial or collated
-// variants. Whether the server has TTL indexes is probed on a scratch collection of its own (see probeTTL),
-// never read from an existing index: where it has them, the three expiresAt indexes must be TTL indexes
-// with expireAfterSeconds 0; where it has not (FerretDB), they are plain and the sweeper takes over. It also
-// detects change streams. It returns an *IndexMismatchError, *UniqueViolationError or *PermissionError for
-// an operator to resolve; it never drops anything of ours.
+// variants. It builds the store with its capabilities: Options.Capabilities when set, else what
+// DetectCapabilities finds (TTL indexes are probed on a scratch collection, never read from an existing
+// index), and returns them. Where the server has TTL indexes, the three expiresAt indexes must be TTL
+// indexes with expireAfterSeconds 0; where it has not (FerretDB), they are plain and the sweeper takes over.
+// It returns an *IndexMismatchError, *UniqueViolationError or *PermissionError for an operator to resolve;
+// it never drops anything of ours.
 func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 	var caps Capabilities
 	colls := map[string]*mongo.Collection{"events": s.events, "subscriptions": s.subscriptions, "deliveries": s.deliveries, "history": s.history}
@@ -118,11 +116,15 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 			return caps, fmt.Errorf("create collection %q: %w", colls[name].Name(), err)
 		}
 	}
-	ttl, err := s.probeTTL(ctx)
-	if err != nil {
-		return caps, err
+	if s.opts.Capabilities != nil {
+		caps = *s.opts.Capabilities
+	} else {
+		detected, err := s.DetectCapabilities(ctx)
+		if err != nil {
+			return caps, err
+		}
+		caps = detected
 	}
-	caps.TTL = ttl
 	for _, spec := range indexSpecs {
 		coll := colls[spec.coll]
 		found, err := listIndexes(ctx, coll)
@@ -130,7 +132,7 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 			return caps, err
 		}
 		if ex, ok := found[spec.name]; ok {
-			if err := verifyIndex(coll.Name(), spec, ex, caps.TTL); err != nil {
+			if err := verifyIndex(coll.Name(), spec, ex, caps.TTLIndexes); err != nil {
 				return caps, err
 			}
 			continue
@@ -139,7 +141,7 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 		if spec.unique {
 			opts.SetUnique(true)
 		}
-		if spec.ttl && caps.TTL {
+		if spec.ttl && caps.TTLIndexes {
 			opts.SetExpireAfterSeconds(0)
 		}
 		_, err = coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: spec.keys, Options: opts})
@@ -153,44 +155,8 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 			return caps, fmt.Errorf("create index %q on %q: %w", spec.name, coll.Name(), err)
 		}
 	}
-	caps.ChangeStreams = s.supportsChangeStreams(ctx)
 	s.caps = caps
 	return caps, nil
-}
-
-// probeTTL reports whether the server can hold TTL indexes. It creates a TTL index (expireAfterSeconds 0 on
-// expiresAt) on a scratch collection of its own, <prefix>.schema_probe_<16 hex digits> (random, so
-// concurrent starts never share one), and drops that collection again, whatever the outcome. Code 238
-// NotImplemented means no (FerretDB); code 13 Unauthorized is a *PermissionError; any other failure is
-// returned as is. A process killed between the two leaves the scratch collection behind; it holds no
-// documents and may be dropped at any time.
-func (s *Store) probeTTL(ctx context.Context) (bool, error) {
-	var suffix [8]byte
-	if _, err := rand.Read(suffix[:]); err != nil {
-		return false, fmt.Errorf("probe TTL indexes: %w", err)
-	}
-	scratch := s.db.Collection(s.opts.CollectionPrefix + ".schema_probe_" + hex.EncodeToString(suffix[:]))
-	_, err := scratch.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "expiresAt", Value: 1}},
-		Options: options.Index().SetName("pulse_probe_ttl").SetExpireAfterSeconds(0)})
-	ttl := err == nil
-	switch {
-	case err == nil || isNotImplemented(err):
-		err = nil
-	case isUnauthorized(err):
-		err = &PermissionError{Database: s.db.Name(), Action: fmt.Sprintf("create a TTL index on the scratch collection %q", scratch.Name()), Detail: err.Error()}
-	default:
-		err = fmt.Errorf("probe TTL indexes on %q: %w", scratch.Name(), err)
-	}
-	// Dropped with a context of its own: a start cancelled meanwhile still removes the scratch collection.
-	dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if derr := scratch.Drop(dropCtx); derr != nil && err == nil {
-		if isUnauthorized(derr) {
-			return false, &PermissionError{Database: s.db.Name(), Action: fmt.Sprintf("drop the scratch collection %q", scratch.Name()), Detail: derr.Error()}
-		}
-		return false, fmt.Errorf("drop the scratch collection %q: %w", scratch.Name(), derr)
-	}
-	return ttl, err
 }
 
 func listIndexes(ctx context.Context, coll *mongo.Collection) (map[string]existingIndex, error) {
@@ -290,19 +256,6 @@ func describe(ix existingIndex) string {
 		parts = append(parts, "collation: "+ix.Collation.String())
 	}
 	return "{" + strings.Join(parts, ", ") + "}"
-}
-
-// supportsChangeStreams reports whether the server is a replica set member or mongos (change
-// streams exist only there).
-func (s *Store) supportsChangeStreams(ctx context.Context) bool {
-	var hello struct {
-		SetName string `bson:"setName"`
-		Msg     string `bson:"msg"`
-	}
-	if err := s.db.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&hello); err != nil {
-		return false
-	}
-	return hello.SetName != "" || hello.Msg == "isdbgrid"
 }
 
 // isUnauthorized reports whether the server refused a command for the user's lack of rights: code 13

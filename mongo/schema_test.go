@@ -100,8 +100,21 @@ func (b *bundle) assertSchema() {
 	}
 }
 
-func TestEnsureSchemaCreatesEveryIndexAndIsIdempotent(t *testing.T) {
-	b := setup(t)
+// EnsureSchema detects what the server can do as the suite's probes found it, independently of the store.
+func testCapabilitiesMatchTheServer(t *testing.T, e *env) {
+	b := e.setup(t)
+	caps, err := New(b.client, b.options(nil)).EnsureSchema(b.ctx)
+	if err != nil {
+		t.Fatalf("EnsureSchema: %v", err)
+	}
+	if caps.TTLIndexes != e.features.TTLIndexes || caps.ChangeStreams != e.features.ChangeStreams {
+		t.Errorf("EnsureSchema detected %+v; the server has TTL indexes: %v, change streams: %v",
+			caps, e.features.TTLIndexes, e.features.ChangeStreams)
+	}
+}
+
+func testEnsureSchemaCreatesEveryIndexAndIsIdempotent(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := New(b.client, b.options(nil))
 	caps, err := s.EnsureSchema(b.ctx)
 	if err != nil {
@@ -112,7 +125,7 @@ func TestEnsureSchemaCreatesEveryIndexAndIsIdempotent(t *testing.T) {
 		t.Errorf("Capabilities() = %+v, EnsureSchema returned %+v", s.Capabilities(), caps)
 	}
 	if onFerretDB() {
-		if caps.TTL || caps.ChangeStreams {
+		if caps.TTLIndexes || caps.ChangeStreams {
 			t.Errorf("capabilities on FerretDB = %+v, want TTL=false ChangeStreams=false", caps)
 		}
 	}
@@ -138,8 +151,8 @@ func TestEnsureSchemaCreatesEveryIndexAndIsIdempotent(t *testing.T) {
 	}
 }
 
-func TestEnsureSchemaConcurrentStores(t *testing.T) {
-	b := setup(t)
+func testEnsureSchemaConcurrentStores(t *testing.T, e *env) {
+	b := e.setup(t)
 	const n = 4
 	stores := make([]*Store, n)
 	for i := range stores {
@@ -163,7 +176,7 @@ func TestEnsureSchemaConcurrentStores(t *testing.T) {
 	b.assertSchema()
 }
 
-func TestEnsureSchemaRefusesIncompatibleIndex(t *testing.T) {
+func testEnsureSchemaRefusesIncompatibleIndex(t *testing.T, e *env) {
 	tests := []struct {
 		name   string
 		suffix string
@@ -184,7 +197,7 @@ func TestEnsureSchemaRefusesIncompatibleIndex(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := setup(t)
+			b := e.setup(t)
 			b.createIndex(tt.suffix, tt.index, tt.keys, tt.unique)
 			_, err := New(b.client, b.options(nil)).EnsureSchema(b.ctx)
 			var mismatch *IndexMismatchError
@@ -218,7 +231,7 @@ func TestEnsureSchemaRefusesIncompatibleIndex(t *testing.T) {
 	}
 }
 
-func TestEnsureSchemaReportsDuplicatesBlockingUniqueIndex(t *testing.T) {
+func testEnsureSchemaReportsDuplicatesBlockingUniqueIndex(t *testing.T, e *env) {
 	tests := []struct {
 		name   string
 		suffix string
@@ -238,7 +251,7 @@ func TestEnsureSchemaReportsDuplicatesBlockingUniqueIndex(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := setup(t)
+			b := e.setup(t)
 			if _, err := b.coll(tt.suffix).InsertMany(b.ctx, tt.docs); err != nil {
 				t.Fatalf("insert duplicates: %v", err)
 			}

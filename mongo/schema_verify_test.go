@@ -5,13 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/internal/testdb"
@@ -113,81 +110,14 @@ func TestVerifyIndexNamesExpectedAndFound(t *testing.T) {
 	}
 }
 
-// Capabilities a server may lack; a row of TestEnsureSchemaRefusesIndexVariants that needs one skips by name
-// where the server lacks it.
-const (
-	capTTL       = "TTL indexes"
-	capSparse    = "sparse indexes"
-	capPartial   = "partial indexes"
-	capCollation = "collated indexes"
-	capHidden    = "hidden indexes"
-)
-
-// capabilityOptions are the index options that show each capability, and the listIndexes field that
-// reports them.
-var capabilityOptions = map[string]struct {
-	field string
-	opts  bson.D
-}{
-	capTTL:       {"expireAfterSeconds", bson.D{{Key: "expireAfterSeconds", Value: 0}}},
-	capSparse:    {"sparse", bson.D{{Key: "sparse", Value: true}}},
-	capPartial:   {"partialFilterExpression", bson.D{{Key: "partialFilterExpression", Value: bson.D{{Key: "x", Value: bson.D{{Key: "$exists", Value: true}}}}}}},
-	capCollation: {"collation", bson.D{{Key: "collation", Value: bson.D{{Key: "locale", Value: "fr"}}}}},
-	capHidden:    {"hidden", bson.D{{Key: "hidden", Value: true}}},
-}
-
-// lacks reports why the test server lacks capability c ("" when it has it), read independently of the code
-// under test: it creates an index with c's option on a scratch collection of the test database and checks
-// that listIndexes reports the option (FerretDB answers 238 for most, and accepts sparse but drops it).
-func (b *bundle) lacks(c string) string {
-	b.t.Helper()
-	co, ok := capabilityOptions[c]
-	if !ok {
-		b.t.Fatalf("unknown capability %q", c)
-	}
-	coll := "capability_probe_" + co.field
-	ix := append(bson.D{{Key: "key", Value: bson.D{{Key: "x", Value: 1}}}, {Key: "name", Value: "probe"}}, co.opts...)
-	db := b.client.Database(b.dbName)
-	defer func() { _ = db.Collection(coll).Drop(context.Background()) }()
-	err := db.RunCommand(b.ctx, bson.D{{Key: "createIndexes", Value: coll}, {Key: "indexes", Value: bson.A{ix}}}).Err()
-	if err != nil {
-		return "createIndexes answers " + err.Error()
-	}
-	cur, err := db.Collection(coll).Indexes().List(b.ctx)
-	if err != nil {
-		b.t.Fatalf("list indexes of %s: %v", coll, err)
-	}
-	var listed []bson.M
-	if err := cur.All(b.ctx, &listed); err != nil {
-		b.t.Fatalf("list indexes of %s: %v", coll, err)
-	}
-	for _, l := range listed {
-		if l["name"] == "probe" {
-			if _, ok := l[co.field]; ok {
-				return ""
-			}
-			return fmt.Sprintf("createIndexes accepts %s but listIndexes does not report it: %v", co.field, l)
-		}
-	}
-	return "createIndexes succeeded but listIndexes has no such index"
-}
-
-// skipUnless skips the test by name, with the reason, when the server lacks capability c.
-func (b *bundle) skipUnless(c string) {
-	b.t.Helper()
-	if why := b.lacks(c); why != "" {
-		b.t.Skipf("skipped: the test server lacks %s (%s); this case runs on a MongoDB given by %s", c, why, testdb.EnvMongoDBURI)
-	}
-}
-
 // EnsureSchema refuses every variant of our indexes an operator may have created, naming expected and
-// found, and keeps it. Each row declares the capability the server needs to hold its variant at all and
+// found, and keeps it. Each row declares the feature the server needs to hold its variant at all and
 // skips by name where the server lacks it (on FerretDB: all of them; TestVerifyIndexNamesExpectedAndFound
 // covers the comparison there).
-func TestEnsureSchemaRefusesIndexVariants(t *testing.T) {
+func testEnsureSchemaRefusesIndexVariants(t *testing.T, e *env) {
 	tests := []struct {
 		name     string
-		needs    string
+		needs    feature
 		suffix   string
 		index    string
 		keys     bson.D
@@ -195,36 +125,36 @@ func TestEnsureSchemaRefusesIndexVariants(t *testing.T) {
 		expected string
 		found    []string // substrings of Found
 	}{
-		{name: "TTL index with another expireAfterSeconds", needs: capTTL, suffix: "history", index: "pulse_history_expires_at_ttl",
+		{name: "TTL index with another expireAfterSeconds", needs: featureTTL, suffix: "history", index: "pulse_history_expires_at_ttl",
 			keys: bson.D{{Key: "expiresAt", Value: 1}}, opts: bson.D{{Key: "expireAfterSeconds", Value: 3600}},
 			expected: "{key: {expiresAt: 1}, expireAfterSeconds: 0}", found: []string{"expireAfterSeconds: 3600"}},
-		{name: "plain index where a TTL index is expected", needs: capTTL, suffix: "events", index: "pulse_events_expires_at_ttl",
+		{name: "plain index where a TTL index is expected", needs: featureTTL, suffix: "events", index: "pulse_events_expires_at_ttl",
 			keys:     bson.D{{Key: "expiresAt", Value: 1}},
 			expected: "{key: {expiresAt: 1}, expireAfterSeconds: 0}", found: []string{"{key: {expiresAt: 1}}"}},
-		{name: "TTL index where a plain index is expected", needs: capTTL, suffix: "history", index: "pulse_history_lock_token",
+		{name: "TTL index where a plain index is expected", needs: featureTTL, suffix: "history", index: "pulse_history_lock_token",
 			keys: bson.D{{Key: "lockToken", Value: 1}}, opts: bson.D{{Key: "expireAfterSeconds", Value: 0}},
 			expected: "{key: {lockToken: 1}}", found: []string{"expireAfterSeconds: 0"}},
-		{name: "sparse", needs: capSparse, suffix: "history", index: "pulse_history_lock_token",
+		{name: "sparse", needs: featureSparse, suffix: "history", index: "pulse_history_lock_token",
 			keys: bson.D{{Key: "lockToken", Value: 1}}, opts: bson.D{{Key: "sparse", Value: true}},
 			expected: "{key: {lockToken: 1}}", found: []string{"sparse: true"}},
-		{name: "sparse unique", needs: capSparse, suffix: "deliveries", index: "pulse_deliveries_group_event_unique",
+		{name: "sparse unique", needs: featureSparse, suffix: "deliveries", index: "pulse_deliveries_group_event_unique",
 			keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, opts: bson.D{{Key: "unique", Value: true}, {Key: "sparse", Value: true}},
 			expected: "{key: {consumerGroup: 1, eventId: 1}, unique: true}", found: []string{"unique: true", "sparse: true"}},
-		{name: "partial", needs: capPartial, suffix: "deliveries", index: "pulse_deliveries_status_id",
+		{name: "partial", needs: featurePartial, suffix: "deliveries", index: "pulse_deliveries_status_id",
 			keys:     bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}},
 			opts:     bson.D{{Key: "partialFilterExpression", Value: bson.D{{Key: "status", Value: "pending"}}}},
 			expected: "{key: {status: 1, _id: 1}}", found: []string{`partialFilterExpression: {"status": "pending"}`}},
-		{name: "collated", needs: capCollation, suffix: "subscriptions", index: "pulse_subscriptions_topics",
+		{name: "collated", needs: featureCollation, suffix: "subscriptions", index: "pulse_subscriptions_topics",
 			keys: bson.D{{Key: "topics", Value: 1}}, opts: bson.D{{Key: "collation", Value: bson.D{{Key: "locale", Value: "fr"}}}},
 			expected: "{key: {topics: 1}}", found: []string{`collation: {"locale": "fr"`}},
-		{name: "hidden", needs: capHidden, suffix: "events", index: "pulse_events_fanout",
+		{name: "hidden", needs: featureHidden, suffix: "events", index: "pulse_events_fanout",
 			keys: bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}, opts: bson.D{{Key: "hidden", Value: true}},
 			expected: "{key: {fanout: 1, createdAt: 1}}", found: []string{"hidden: true"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := setup(t)
-			b.skipUnless(tt.needs)
+			b := e.setup(t)
+			e.require(t, tt.needs)
 			ix := append(bson.D{{Key: "key", Value: tt.keys}, {Key: "name", Value: tt.index}}, tt.opts...)
 			if err := b.client.Database(b.dbName).RunCommand(b.ctx, bson.D{{Key: "createIndexes", Value: testPrefix + "." + tt.suffix},
 				{Key: "indexes", Value: bson.A{ix}}}).Err(); err != nil {
@@ -273,9 +203,9 @@ func (b *bundle) collectionNames() []string {
 // indexes under our TTL names are refused where the server holds TTL indexes and accepted where it does not,
 // and TTL is reported as the server's. The probe's scratch collection is gone afterwards. Runs on every
 // backend (on FerretDB it takes the "server without TTL" branch).
-func TestTTLFallbackComesFromTheServer(t *testing.T) {
-	b := setup(t)
-	serverTTL := b.lacks(capTTL) == ""
+func testTTLFallbackComesFromTheServer(t *testing.T, e *env) {
+	b := e.setup(t)
+	serverTTL := e.features.TTLIndexes
 	for _, spec := range indexSpecs {
 		if spec.ttl {
 			b.createIndex(spec.coll, spec.name, spec.keys, false)
@@ -285,18 +215,18 @@ func TestTTLFallbackComesFromTheServer(t *testing.T) {
 	var mismatch *IndexMismatchError
 	switch {
 	case serverTTL && !errors.As(err, &mismatch):
-		t.Fatalf("EnsureSchema with plain indexes under the TTL names on a server with TTL = %v (TTL %v), want an *IndexMismatchError", err, caps.TTL)
+		t.Fatalf("EnsureSchema with plain indexes under the TTL names on a server with TTL = %v (TTL %v), want an *IndexMismatchError", err, caps.TTLIndexes)
 	case !serverTTL && err != nil:
 		t.Fatalf("EnsureSchema on a server without TTL = %v, want the plain indexes accepted", err)
-	case !serverTTL && caps.TTL:
-		t.Fatalf("Capabilities.TTL = true on a server without TTL indexes")
+	case !serverTTL && caps.TTLIndexes:
+		t.Fatalf("Capabilities.TTLIndexes = true on a server without TTL indexes")
 	}
 	t.Logf("server has TTL indexes: %v; EnsureSchema: %v", serverTTL, err)
 
 	// On fresh collections, TTL comes from the server alone.
 	caps, err = New(b.client, b.options(func(o *Options) { o.CollectionPrefix = "fresh" })).EnsureSchema(b.ctx)
-	if err != nil || caps.TTL != serverTTL {
-		t.Fatalf("EnsureSchema on fresh collections = TTL %v, %v; want TTL %v (what the server is)", caps.TTL, err, serverTTL)
+	if err != nil || caps.TTLIndexes != serverTTL {
+		t.Fatalf("EnsureSchema on fresh collections = TTL %v, %v; want TTL %v (what the server is)", caps.TTLIndexes, err, serverTTL)
 	}
 	for _, name := range b.collectionNames() {
 		if strings.Contains(name, "schema_probe") {
@@ -310,8 +240,8 @@ func TestTTLFallbackComesFromTheServer(t *testing.T) {
 // MongoDB with authentication whose PULSE_TEST_MONGODB_URI user may create roles and users: the test creates
 // a role with find/insert/update/remove/createCollection/dropCollection but not createIndex on the test
 // database, and a user with it, both dropped at the end. Anywhere else it skips by name.
-func TestEnsureSchemaRefusesUserWithoutIndexRights(t *testing.T) {
-	b := setup(t)
+func testEnsureSchemaRefusesUserWithoutIndexRights(t *testing.T, e *env) {
+	b := e.setup(t)
 	if onFerretDB() {
 		t.Skipf("skipped: the embedded FerretDB has no authentication (createUser: CommandNotFound); this case runs on a MongoDB with auth given by %s", testdb.EnvMongoDBURI)
 	}
@@ -343,12 +273,7 @@ func TestEnsureSchemaRefusesUserWithoutIndexRights(t *testing.T) {
 		t.Skipf("skipped: the %s user may not create users (%v); this case needs one that may", testdb.EnvMongoDBURI, err)
 	}
 	t.Cleanup(func() { _ = db.RunCommand(context.Background(), bson.D{{Key: "dropUser", Value: user}}).Err() })
-	limited, err := mongo.Connect(options.Client().ApplyURI(testdb.URI(t)).SetServerSelectionTimeout(30 * time.Second).
-		SetAuth(options.Credential{Username: user, Password: pwd, AuthSource: b.dbName}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = limited.Disconnect(context.Background()) })
+	limited := b.srv.Connect(options.Client().SetAuth(options.Credential{Username: user, Password: pwd, AuthSource: b.dbName}))
 
 	for _, schema := range []string{"missing", "created by an administrator"} {
 		if schema != "missing" {

@@ -37,8 +37,8 @@ func (b *bundle) rawSubscription(group string) bson.Raw {
 // With a key the stored document holds neither the secret nor a header value in clear; a document written
 // before the key still reads and is encrypted when next written; a rotated key list (new first, old after)
 // reads both generations; a missing key or a value moved to another endpoint is a DecryptError naming it.
-func TestEndpointSecretsEncryptedAtRest(t *testing.T) {
-	b := setup(t)
+func testEndpointSecretsEncryptedAtRest(t *testing.T, e *env) {
+	b := e.setup(t)
 	const secret, auth = "whsec_c2VjcmV0LXNpZ25pbmcta2V5LWZvci10ZXN0", "Bearer tok-4f9a1c77e2"
 	withSecrets := func(group string) *pulsetype.Endpoint {
 		e := b.endpoint(group, "t")

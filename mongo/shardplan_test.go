@@ -12,10 +12,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	mevent "go.mongodb.org/mongo-driver/v2/event"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -121,8 +119,8 @@ func commandFilters(name string, cmd bson.Raw) (coll string, filters []bson.Raw,
 // shard key (its filter names the key's first field) or listed in scatterPlan; each shard key is a prefix
 // of every unique index of its collection (a MongoDB rule for sharded collections). A new query that is
 // neither fails here until the plan and docs/mongodb-production.md classify it.
-func TestShardPlanCoversHotQueries(t *testing.T) {
-	b := setup(t)
+func testShardPlanCoversHotQueries(t *testing.T, e *env) {
+	b := e.setup(t)
 	var mu sync.Mutex
 	seen := map[string]bool{}
 	prefix := testPrefix + "."
@@ -137,11 +135,7 @@ func TestShardPlanCoversHotQueries(t *testing.T) {
 			seen[fmt.Sprintf("%s %s %s", strings.TrimPrefix(coll, prefix), e.CommandName, strings.Join(filterFields(f), ","))] = true
 		}
 	}}
-	client, err := mongo.Connect(options.Client().ApplyURI(testdb.URI(t)).SetMonitor(monitor))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	client := b.srv.Connect(options.Client().SetMonitor(monitor))
 	s := b.store(client, nil)
 	ctx := b.ctx
 

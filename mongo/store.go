@@ -29,6 +29,9 @@ type Options struct {
 	// Keys, when set, encrypt endpoint secrets and header values at rest (the first key) and decrypt them
 	// (any key); nil stores them in clear and reads clear ones only.
 	Keys *sealing.Keyring
+	// Capabilities, when set, are what the server can do, taken as given: EnsureSchema neither probes nor
+	// asks. Nil: EnsureSchema detects them (DetectCapabilities).
+	Capabilities *Capabilities
 }
 
 // Store reads and writes the sidecar's collections. It is safe for concurrent use.
@@ -39,12 +42,6 @@ type Store struct {
 	opts                                       Options
 	caps                                       Capabilities
 	log                                        zerolog.Logger
-}
-
-// Capabilities are what the server supports, detected by EnsureSchema.
-type Capabilities struct {
-	TTL           bool // TTL indexes (FerretDB answers 238 NotImplemented)
-	ChangeStreams bool // replica set or sharded cluster
 }
 
 // New returns a Store on client. It does no I/O; call EnsureSchema before use.
@@ -66,7 +63,7 @@ func New(client *mongo.Client, opts Options) *Store {
 	}
 }
 
-// Capabilities returns what EnsureSchema detected.
+// Capabilities returns the capabilities EnsureSchema built the store with (the zero value before it ran).
 func (s *Store) Capabilities() Capabilities { return s.caps }
 
 // Ping checks that the database answers, for /readyz.
@@ -83,20 +80,6 @@ func expiry(now time.Time, d time.Duration) *time.Time {
 	}
 	t := now.Add(d)
 	return &t
-}
-
-// isNotImplemented reports whether err is the server's code 238 NotImplemented (FerretDB's answer for TTL
-// indexes, partial indexes and change streams).
-func isNotImplemented(err error) bool {
-	var ce mongo.CommandError
-	if errors.As(err, &ce) && ce.Code == 238 {
-		return true
-	}
-	var we mongo.WriteException
-	if errors.As(err, &we) && we.WriteConcernError != nil && we.WriteConcernError.Code == 238 {
-		return true
-	}
-	return false
 }
 
 // wrap prefixes err with op; an error that says the database is unavailable (see unavailable) also wraps

@@ -14,7 +14,6 @@ import (
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -27,19 +26,21 @@ const testPrefix = "pulse"
 type bundle struct {
 	t      *testing.T
 	ctx    context.Context
+	srv    Server
 	client *mongo.Client
 	dbName string
 	clock  *fakeClock
 }
 
-// setup marks t parallel and gives it a fresh database (dropped in cleanup) and a fake clock.
-func setup(t *testing.T) *bundle {
+// setup marks t parallel and gives it a fresh database of e's server, in e's serialization (dropped in
+// cleanup), and a fake clock.
+func (e *env) setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
-	client, dbName := testdb.Database(t)
+	srv := e.open(t, e.order)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	t.Cleanup(cancel)
-	return &bundle{t: t, ctx: ctx, client: client, dbName: dbName,
+	return &bundle{t: t, ctx: ctx, srv: srv, client: srv.Client, dbName: srv.Database,
 		clock: &fakeClock{now: time.Now().UTC().Truncate(time.Millisecond)}}
 }
 
@@ -67,15 +68,7 @@ func (c *fakeClock) Advance(d time.Duration) time.Time {
 
 // connect returns a second, independent client on the test's server (another replica's connection pool),
 // disconnected in cleanup.
-func (b *bundle) connect() *mongo.Client {
-	b.t.Helper()
-	c, err := mongo.Connect(options.Client().ApplyURI(testdb.URI(b.t)).SetServerSelectionTimeout(30 * time.Second))
-	if err != nil {
-		b.t.Fatalf("connect: %v", err)
-	}
-	b.t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
-	return c
-}
+func (b *bundle) connect() *mongo.Client { return b.srv.Connect(nil) }
 
 // options returns the Options of a test store on the bundle's database and fake clock; mod may change them.
 func (b *bundle) options(mod func(o *Options)) Options {
@@ -185,8 +178,8 @@ func concurrently(n int, f func(i int)) {
 	wg.Wait()
 }
 
-func TestPutEndpointConcurrentNewGroupLeavesOneSubscription(t *testing.T) {
-	b := setup(t)
+func testPutEndpointConcurrentNewGroupLeavesOneSubscription(t *testing.T, e *env) {
+	b := e.setup(t)
 	stores := []*Store{b.store(nil, nil), b.store(b.connect(), nil)}
 	const n = 16
 	created := make([]bool, n)
@@ -220,8 +213,8 @@ func TestPutEndpointConcurrentNewGroupLeavesOneSubscription(t *testing.T) {
 	}
 }
 
-func TestPutEndpointReplaceKeepsCreatedAt(t *testing.T) {
-	b := setup(t)
+func testPutEndpointReplaceKeepsCreatedAt(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	first, created, err := s.PutEndpoint(b.ctx, b.endpoint("billing", "a"))
 	if err != nil || !created {
@@ -250,8 +243,8 @@ func TestPutEndpointReplaceKeepsCreatedAt(t *testing.T) {
 	}
 }
 
-func TestFanOutConcurrentCreatesOneDeliveryPerGroup(t *testing.T) {
-	b := setup(t)
+func testFanOutConcurrentCreatesOneDeliveryPerGroup(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "payment.captured")
 	b.putEndpoint(s, "audit", "payment.captured", "payment.refunded")
@@ -320,8 +313,8 @@ func TestFanOutConcurrentCreatesOneDeliveryPerGroup(t *testing.T) {
 	}
 }
 
-func TestFanOutStaleRepairsInterruptedFanOut(t *testing.T) {
-	b := setup(t)
+func testFanOutStaleRepairsInterruptedFanOut(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
 	if _, err := s.Publish(b.ctx, []*pulsetype.Event{event("evt-1", "t", `1`)}); err != nil {
@@ -342,8 +335,8 @@ func TestFanOutStaleRepairsInterruptedFanOut(t *testing.T) {
 	}
 }
 
-func TestPublishArrayIsIdempotentAndConflictsStoreNothing(t *testing.T) {
-	b := setup(t)
+func testPublishArrayIsIdempotentAndConflictsStoreNothing(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	batch := func() []*pulsetype.Event {
 		e1 := event("evt-1", "payment.captured", `{"a":1.50,"b":"<&>"}`)
@@ -452,8 +445,8 @@ func TestPublishArrayIsIdempotentAndConflictsStoreNothing(t *testing.T) {
 	}
 }
 
-func TestClaimIsFencedByLockToken(t *testing.T) {
-	b := setup(t)
+func testClaimIsFencedByLockToken(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
 	ev := b.publishOne(s, "evt-1", "t")
@@ -506,8 +499,8 @@ func TestClaimIsFencedByLockToken(t *testing.T) {
 	}
 }
 
-func TestReapOneReapsExpiredLease(t *testing.T) {
-	b := setup(t)
+func testReapOneReapsExpiredLease(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, func(o *Options) { o.LockTimeout = 100 * time.Millisecond; o.Now = nil })
 	b.putEndpoint(s, "billing", "t")
 	b.publishOne(s, "evt-1", "t")
@@ -552,8 +545,8 @@ func TestReapOneReapsExpiredLease(t *testing.T) {
 	}
 }
 
-func TestReapOneSparesRenewedLease(t *testing.T) {
-	b := setup(t)
+func testReapOneSparesRenewedLease(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, func(o *Options) { o.LockTimeout = 100 * time.Millisecond })
 	b.putEndpoint(s, "billing", "t")
 	b.publishOne(s, "evt-1", "t")
@@ -601,8 +594,8 @@ func TestReapOneSparesRenewedLease(t *testing.T) {
 	}
 }
 
-func TestCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T) {
-	b := setup(t)
+func testCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
 	ev := b.publishOne(s, "evt-1", "t")
@@ -682,8 +675,8 @@ func TestCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T) {
 	}
 }
 
-func TestExpiredDocumentsAreInvisibleAndSwept(t *testing.T) {
-	b := setup(t)
+func testExpiredDocumentsAreInvisibleAndSwept(t *testing.T, e *env) {
+	b := e.setup(t)
 	s := b.store(nil, func(o *Options) { o.EventRetention, o.HistoryRetention = time.Minute, time.Minute })
 	t0 := b.clock.Now()
 	b.putEndpoint(s, "billing", "t")
@@ -738,11 +731,11 @@ func TestExpiredDocumentsAreInvisibleAndSwept(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
-	if onFerretDB() && s.Capabilities().TTL {
-		t.Errorf("Capabilities().TTL = true on FerretDB")
+	if onFerretDB() && s.Capabilities().TTLIndexes {
+		t.Errorf("Capabilities().TTLIndexes = true on FerretDB")
 	}
 	want := int64(1) // the old staged event
-	if !s.Capabilities().TTL {
+	if !s.Capabilities().TTLIndexes {
 		want += 3 // the expired event, delivery and attempt
 		for _, c := range []struct{ suffix, id string }{{"events", ev.ID}, {"deliveries", deliveryID}, {"history", a.ID}} {
 			if got := b.count(c.suffix, bson.M{"_id": c.id}); got != 0 {
@@ -779,9 +772,9 @@ func TestDeliveryIDIsDeterministic(t *testing.T) {
 
 // Concurrent identical array publishes (a client retrying while its first try is in flight) never lose
 // events and never answer a conflict: every call succeeds and all events end committed.
-func TestConcurrentIdenticalArrayPublishes(t *testing.T) {
-	t.Parallel()
-	client, dbName := testdb.Database(t)
+func testConcurrentIdenticalArrayPublishes(t *testing.T, e *env) {
+	b := e.setup(t)
+	client, dbName := b.client, b.dbName
 	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
 	if _, err := s.EnsureSchema(context.Background()); err != nil {
 		t.Fatal(err)
@@ -816,15 +809,15 @@ func TestConcurrentIdenticalArrayPublishes(t *testing.T) {
 
 // Replay walks the window once: more than one batch of successful deliveries is reopened exactly once each,
 // even though reopened deliveries could match the filter again.
-func TestReplayVisitsEachDeliveryOnce(t *testing.T) {
-	t.Parallel()
-	client, dbName := testdb.Database(t)
+func testReplayVisitsEachDeliveryOnce(t *testing.T, e *env) {
+	b := e.setup(t)
+	client, dbName := b.client, b.dbName
 	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
 	ctx := context.Background()
 	if _, err := s.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.PutEndpoint(ctx, (&bundle{t: t}).endpoint("g", "t")); err != nil {
+	if _, _, err := s.PutEndpoint(ctx, b.endpoint("g", "t")); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()

@@ -18,7 +18,7 @@ const StagedTimeout = time.Hour
 func (s *Store) Sweep(ctx context.Context) (int64, error) {
 	now := s.now()
 	var total int64
-	if !s.caps.TTL {
+	if !s.caps.TTLIndexes {
 		for _, c := range []*mongo.Collection{s.events, s.deliveries, s.history} {
 			res, err := c.DeleteMany(ctx, bson.M{"expiresAt": bson.M{"$lte": now}})
 			if err != nil {

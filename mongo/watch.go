@@ -8,21 +8,43 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/pulse-sidecar/pulse/internal/startstop"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// WatchEvents runs a change stream on the events collection and calls wake for every inserted or committed
-// event, until ctx is done. It blocks. Change streams only wake sleeping dispatchers (docs/delivery.md): polling and
-// reconciliation still guarantee progress, so a missed notification loses nothing. When the stream fails
-// (or cannot be opened) the error is logged and the stream reopened after retry.
-func (s *Store) WatchEvents(ctx context.Context, retry time.Duration, wake func(), log zerolog.Logger) {
-	log = log.With().Str("component", "change-stream").Logger()
+// EventWatcher is the change-stream watcher: it runs a change stream on the events collection and calls
+// wake for every inserted or committed event. Change streams only wake sleeping dispatchers
+// (docs/delivery.md): polling and reconciliation still guarantee progress, so a missed notification loses
+// nothing. When the stream fails (or cannot be opened) the error is logged and the stream reopened after the
+// retry interval (jittered).
+type EventWatcher struct {
+	store *Store
+	retry time.Duration
+	wake  func()
+	log   zerolog.Logger
+	run   startstop.Base
+}
+
+// NewEventWatcher returns an EventWatcher of s's events collection; wake must not block.
+func NewEventWatcher(s *Store, retry time.Duration, wake func(), log zerolog.Logger) *EventWatcher {
+	return &EventWatcher{store: s, retry: retry, wake: wake, log: log.With().Str("component", "change-stream").Logger()}
+}
+
+// Start runs the watcher in a goroutine and returns at once; it returns startstop.ErrStarted when the
+// watcher runs already.
+func (w *EventWatcher) Start(ctx context.Context) error { return w.run.StartGo(ctx, w.watch) }
+
+// Stop closes the stream and blocks until the watcher's goroutine returned. It is safe twice and before
+// Start.
+func (w *EventWatcher) Stop() { w.run.Stop() }
+
+func (w *EventWatcher) watch(ctx context.Context) {
 	pipeline := mongo.Pipeline{{{Key: "$match", Value: bson.M{"operationType": bson.M{"$in": bson.A{"insert", "update"}}}}}}
 	for ctx.Err() == nil {
-		stream, err := s.events.Watch(ctx, pipeline)
+		stream, err := w.store.events.Watch(ctx, pipeline)
 		if err == nil {
 			for stream.Next(ctx) {
-				wake()
+				w.wake()
 			}
 			err = stream.Err()
 			_ = stream.Close(context.WithoutCancel(ctx))
@@ -30,11 +52,11 @@ func (s *Store) WatchEvents(ctx context.Context, retry time.Duration, wake func(
 		if ctx.Err() != nil {
 			return
 		}
-		log.Error().Err(err).Dur("retry_in", retry).Msg("change stream failed; polling continues and the stream is reopened")
+		w.log.Error().Err(err).Dur("retry_in", w.retry).Msg("change stream failed; polling continues and the stream is reopened")
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(pulsetype.Jittered(retry)):
+		case <-time.After(pulsetype.Jittered(w.retry)):
 		}
 	}
 }

@@ -10,19 +10,17 @@ import (
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	drvevent "go.mongodb.org/mongo-driver/v2/event"
-	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// WatchEvents sends a $changeStream aggregate on the events collection (checked with the driver's command
+// The EventWatcher sends a $changeStream aggregate on the events collection (checked with the driver's command
 // monitor). Where the server has no change streams (FerretDB) the failure is reported and the stream
 // reopened after the retry interval; on a replica set (PULSE_TEST_MONGODB_URI) a publish wakes the watcher.
-func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
-	t.Parallel()
-	_, dbName := testdb.Database(t)
+func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
+	b := e.setup(t)
+	dbName := b.dbName
 	var mu sync.Mutex
 	var streams []bson.Raw
 	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
@@ -32,21 +30,18 @@ func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
 			mu.Unlock()
 		}
 	}}
-	client, err := mongodrv.Connect(options.Client().ApplyURI(testdb.URI(t)).SetMonitor(monitor))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	client := b.srv.Connect(options.Client().SetMonitor(monitor))
 	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
 	caps, err := s.EnsureSchema(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var woken atomic.Int64
-	done := make(chan struct{})
-	go func() { s.WatchEvents(ctx, 50*time.Millisecond, func() { woken.Add(1) }, zerolog.Nop()); close(done) }()
+	w := NewEventWatcher(s, 50*time.Millisecond, func() { woken.Add(1) }, zerolog.Nop())
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
 
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(streams) }
 	deadline := time.Now().Add(10 * time.Second)
@@ -82,6 +77,5 @@ func TestWatchEventsSendsChangeStreamAndReopens(t *testing.T) {
 	if err != nil || stage.Document().Lookup("$changeStream").Type != bson.TypeEmbeddedDocument {
 		t.Fatalf("first stage is not $changeStream: %s", first)
 	}
-	cancel()
-	<-done
+	w.Stop()
 }

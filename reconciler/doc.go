@@ -10,4 +10,7 @@
 // Every repair is idempotent and safe to race: attempts are inserted under the unique index deliveryId +
 // attempt (a duplicate-key error means another replica repaired it), and deliveries end through an update
 // filtered on status pending (one replica's update wins, the others match nothing).
+//
+// The Sweeper runs the retention sweep (expired documents where the database has no TTL indexes, staged
+// events of crashed publishers) as a service with Start and Stop.
 package reconciler

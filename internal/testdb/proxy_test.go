@@ -12,13 +12,43 @@ import (
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
+// eachSerialization runs f in a parallel subtest per serialization of the embedded database's proxy, or
+// once with "" on a server given by PULSE_TEST_MONGODB_URI (which has its own order).
+func eachSerialization(t *testing.T, f func(t *testing.T, s testdb.Serialization)) {
+	if !testdb.Embedded() {
+		f(t, "")
+		return
+	}
+	for _, s := range []testdb.Serialization{testdb.Linearized, testdb.Interleaved} {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			f(t, s)
+		})
+	}
+}
+
+// database returns testdb.Database with its serialization set to s ("": the server's own).
+func database(t *testing.T, s testdb.Serialization) (*mongo.Client, string) {
+	t.Helper()
+	client, dbName := testdb.Database(t)
+	if s != "" {
+		testdb.Serialize(t, client, dbName, s)
+	}
+	return client, dbName
+}
+
 // TestProxyMakesClaimsAtomic races 16 claimers over 300 pending documents with findOneAndUpdate.
-// FerretDB alone lets several claimers take the same document; through the proxy each is taken once.
+// FerretDB alone lets several claimers take the same document; through the proxy each is taken once, in
+// either serialization.
 func TestProxyMakesClaimsAtomic(t *testing.T) {
 	t.Parallel()
+	eachSerialization(t, testClaimsAtomic)
+}
+
+func testClaimsAtomic(t *testing.T, s testdb.Serialization) {
 	const docs, claimers = 300, 16
 	ctx := t.Context()
-	client, dbName := testdb.Database(t)
+	client, dbName := database(t, s)
 	coll := client.Database(dbName).Collection("claims")
 
 	pending := make([]any, docs)
@@ -82,12 +112,16 @@ func TestProxyMakesClaimsAtomic(t *testing.T) {
 }
 
 // TestProxyMakesFencedUpdatesAtomic races 8 writers on the same fencing token in each of 20 rounds:
-// exactly one of them may move the token forward.
+// exactly one of them may move the token forward, in either serialization.
 func TestProxyMakesFencedUpdatesAtomic(t *testing.T) {
 	t.Parallel()
+	eachSerialization(t, testFencedUpdatesAtomic)
+}
+
+func testFencedUpdatesAtomic(t *testing.T, s testdb.Serialization) {
 	const rounds, writers = 20, 8
 	ctx := t.Context()
-	client, dbName := testdb.Database(t)
+	client, dbName := database(t, s)
 	coll := client.Database(dbName).Collection("fence")
 	if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "lease"}, {Key: "tok", Value: 0}}); err != nil {
 		t.Fatalf("InsertOne: %v", err)

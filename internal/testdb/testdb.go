@@ -1,14 +1,18 @@
 // Package testdb gives tests a MongoDB wire-protocol database of their own.
 //
 // By default it starts the project's `pulse devdb` subcommand (an embedded FerretDB behind the
-// linearizing proxy of package mongo/devdb) once per test process, as a child process built
+// linearizing proxy of package internal/devdb) once per test process, as a child process built
 // without -race: instrumenting FerretDB would make it several times slower. The package does not
 // import FerretDB for the same reason.
 //
 // Environment:
 //   - PULSE_TEST_MONGODB_URI: use this server (for example a real MongoDB replica set) instead.
 //   - PULSE_TEST_POSTGRES_URL: run the child devdb on FerretDB's postgresql handler.
-//   - PULSE_TEST_BINARY: use this pulse binary instead of building one.
+//   - PULSE_TEST_BINARY: use this pulse binary instead of building one (build it with
+//     -tags pulsetesthooks, or the process tests' PULSE_TEST_* hooks have no effect).
+//
+// The proxy runs the operations on a database one at a time (Linearized); Serialize lets a test's
+// database interleave them as MongoDB may (Interleaved), for race tests to run in both orders.
 //
 // A package that uses it calls Main from its TestMain:
 //
@@ -36,6 +40,7 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
@@ -46,6 +51,10 @@ const (
 	EnvPostgresURL = "PULSE_TEST_POSTGRES_URL"
 	EnvBinary      = "PULSE_TEST_BINARY"
 )
+
+// testHooksTag is the build tag under which the pulse binary reads its PULSE_TEST_* hooks (testhooks.go in
+// the module root); a binary built without it ignores them.
+const testHooksTag = "pulsetesthooks"
 
 const (
 	// dirPrefix names the per-process temporary directories (binary, data, devdb log); the owner's
@@ -155,8 +164,43 @@ func Database(t testing.TB) (client *mongo.Client, dbName string) {
 	return client, dbName
 }
 
-// Binary returns the path of the project's pulse binary, built without -race: PULSE_TEST_BINARY when
-// set, otherwise the result of `go build -o <tempdir>/pulse .` in the module root, run once per test
+// Embedded reports whether the tests run on the embedded database, that is whether
+// PULSE_TEST_MONGODB_URI is unset.
+func Embedded() bool { return os.Getenv(EnvMongoDBURI) == "" }
+
+// Serialization is how the embedded database's proxy orders the operations on one database (the
+// serializations of internal/devdb, named alike; not imported, to keep FerretDB out of the test binaries).
+type Serialization string
+
+const (
+	// Linearized runs a database's operations one at a time, each whole (the default).
+	Linearized Serialization = "linearized"
+	// Interleaved runs a database's reads together and its writes one document at a time, with other
+	// operations between the documents of one write: interleavings MongoDB allows without transactions.
+	Interleaved Serialization = "interleaved"
+)
+
+// serializationCommand is devdb.SerializationCommand.
+const serializationCommand = "devdbSerialization"
+
+// Serialize sets how the embedded database orders the operations on database dbName, through client; the
+// setting lasts until the next Serialize of that database. It fails t on a server given by
+// PULSE_TEST_MONGODB_URI (a real server has its own order: check Embedded first) or if the proxy refuses.
+func Serialize(t testing.TB, client *mongo.Client, dbName string, s Serialization) {
+	t.Helper()
+	if !Embedded() {
+		t.Fatalf("testdb: Serialize(%s) needs the embedded database; %s is set", s, EnvMongoDBURI)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	if err := client.Database(dbName).RunCommand(ctx, bson.D{{Key: serializationCommand, Value: string(s)}}).Err(); err != nil {
+		t.Fatalf("testdb: set serialization %s of %s: %v", s, dbName, err)
+	}
+}
+
+// Binary returns the path of the project's pulse binary, built without -race and with its test hooks
+// (PULSE_TEST_CLOCK_SKEW, PULSE_TEST_CRASH_AFTER_PUBLISH): PULSE_TEST_BINARY when set, otherwise the result
+// of `go build -tags pulsetesthooks -o <tempdir>/pulse .` in the module root, run once per test
 // process (the go tool is GOROOT/bin/go, or "go" on PATH). It is safe for concurrent use and fails t
 // if the build fails (the error includes the compiler's output).
 func Binary(t testing.TB) string {
@@ -181,7 +225,7 @@ func buildBinary() (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "pulse")
-	cmd := exec.Command(goTool(), "build", "-o", out, ".")
+	cmd := exec.Command(goTool(), "build", "-tags", testHooksTag, "-o", out, ".")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
 	start := time.Now()

@@ -4,7 +4,8 @@
 // Invariants: clients only ever reach FerretDB through the proxy, and the proxy runs the operations
 // on one database one at a time. FerretDB v1 runs a read-modify-write (findOneAndUpdate, a fenced
 // updateOne) as a separate read and write, so without the proxy two concurrent claims can both win;
-// with it every operation is atomic, as on MongoDB.
+// with it every operation is atomic, as on MongoDB. A database set to Interleaved (tests only) runs
+// its reads together and its writes a document at a time; each document's write still runs alone.
 package devdb
 
 import (

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pulse-sidecar/pulse/mongo/devdb"
+	"github.com/pulse-sidecar/pulse/internal/devdb"
 )
 
 // A second Server on a data directory in use stops with one line naming the holder's pid; once the first

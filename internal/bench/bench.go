@@ -1,4 +1,10 @@
-package main
+// Package bench is `pulse bench`: it measures delivery throughput, latency from publish to POST, database
+// commands per delivery, and the sidecars' CPU and peak memory, against a fresh embedded development database
+// (a child process, so its CPU and memory are not the sidecars') or a database the caller names.
+//
+// The sidecars run in-process (Sidecar), so a driver command monitor counts their commands. The package is
+// development tooling: the sidecar itself never imports it.
+package bench
 
 import (
 	"bufio"
@@ -18,20 +24,21 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/event"
-	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/internal/cli"
 )
 
-// benchResult holds the figures `pulse bench` prints.
-type benchResult struct {
+// Sidecar runs one sidecar in-process with the configuration getenv until ctx is done, then returns nil
+// after a clean shutdown. It sends every database command of the sidecar to monitor and calls ready with
+// the API's address (host:port) once the API listens. It returns an error when the sidecar does not start.
+type Sidecar func(ctx context.Context, getenv func(string) string, monitor *event.CommandMonitor, ready func(addr string)) error
+
+// result holds the figures `pulse bench` prints.
+type result struct {
 	Deliveries, Duplicates int
 	Seconds                float64
 	PerSecond              float64
@@ -45,19 +52,21 @@ type benchResult struct {
 	TimeByCommand          map[string]time.Duration // their summed round-trip times
 }
 
-// runBench is `pulse bench`: it starts the embedded development database as a child process unless
-// PULSE_MONGODB_URI or --mongodb-uri names one (so the database's CPU and memory are not the sidecar's), runs
-// --replicas sidecars in-process with a driver command monitor, registers --groups consumer groups on a local
-// receiver, publishes --events events one request per event with --concurrency concurrent clients spread
-// over the replicas, waits for every delivery, then measures raw single-document updates by _id on the same
-// database at the same concurrency. It prints a table and one machine-readable line starting with "bench:".
-// benchSynopsis starts the text of `pulse bench --help`.
-const benchSynopsis = `Usage: pulse bench [flags]
+// synopsis starts the text of `pulse bench --help`.
+const synopsis = `Usage: pulse bench [flags]
 
 Measures delivery throughput, latency and database commands per delivery against a fresh embedded
 development database (or --mongodb-uri), and prints a table and one machine-readable line starting "bench:".`
 
-func runBench(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+// Run is `pulse bench` with the command line args (the flags after "bench"). It starts the embedded
+// development database as a child process, `<this executable> devdb` (so the executable must be pulse),
+// unless PULSE_MONGODB_URI or --mongodb-uri names one; runs --replicas sidecars with sidecar; registers
+// --groups consumer groups on a local receiver; publishes --events events, one request per event, with
+// --concurrency concurrent clients spread over the replicas; waits for every delivery; then measures raw
+// single-document updates by _id on the same database at the same concurrency. It prints a table and one
+// machine-readable line starting with "bench:" on stdout, and blocks until done or --timeout. It returns a
+// *cli.UsageError for flags it does not accept and flag.ErrHelp after printing --help.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, sidecar Sidecar) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	events := fs.Int("events", 1000, "events to publish")
 	groups := fs.Int("groups", 2, "consumer groups subscribed to the topic")
@@ -68,20 +77,20 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	ordered := fs.Bool("ordered", false, "register the consumer groups as ordered (one POST at a time per group, in order)")
 	keys := fs.Int("keys", 0, "give event i the ordering key k<i mod keys> (0: no keys); with --ordered, one line per key")
 	delay := fs.Duration("receiver-delay", 0, "how long the receiver takes to answer each POST")
-	if err := cli.Parse(fs, args, benchSynopsis, stdout); err != nil {
+	if err := cli.Parse(fs, args, synopsis, stdout); err != nil {
 		return err
 	}
 	if *keys < 0 || *delay < 0 {
-		return cli.Usagef(cli.Usage(fs, benchSynopsis), "bench: --keys and --receiver-delay must not be negative")
+		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --keys and --receiver-delay must not be negative")
 	}
 	if *events < 1 || *groups < 1 || *concurrency < 1 || *replicas < 1 {
-		return cli.Usagef(cli.Usage(fs, benchSynopsis), "bench: --events, --groups, --replicas and --concurrency must be at least 1")
+		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --events, --groups, --replicas and --concurrency must be at least 1")
 	}
 	publishers := concurrency
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	if *uri == "" {
-		dbURI, stop, err := startDevDBProcess(ctx)
+		dbURI, stop, err := startDevDB(ctx)
 		if err != nil {
 			return err
 		}
@@ -90,7 +99,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	dbName := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 
-	rcv := newBenchReceiver()
+	rcv := newReceiver()
 	rcv.delay = *delay
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -134,7 +143,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		done := make(chan error, 1)
 		dones[r] = done
 		go func() {
-			done <- serveWith(sidecarCtx, func(k string) string { return env[k] }, io.Discard, serveHooks{monitor: monitor, ready: func(a string) { addr <- a }})
+			done <- sidecar(sidecarCtx, func(k string) string { return env[k] }, monitor, func(a string) { addr <- a })
 		}()
 		select {
 		case a := <-addr:
@@ -156,7 +165,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	defer shutdown()
 	for g := range *groups {
 		body := fmt.Sprintf(`{"url":"http://%s/g%d","topics":["bench"],"maxConcurrency":64,"ordered":%t}`, ln.Addr(), g, *ordered)
-		if err := benchRequest(ctx, "PUT", fmt.Sprintf("%s/v1/endpoints/bench-%d", api, g), body, http.StatusCreated); err != nil {
+		if err := request(ctx, "PUT", fmt.Sprintf("%s/v1/endpoints/bench-%d", api, g), body, http.StatusCreated); err != nil {
 			return err
 		}
 	}
@@ -178,7 +187,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 				if *keys > 0 {
 					key = fmt.Sprintf(`,"orderingKey":"k%d"`, i%*keys)
 				}
-				if err := benchRequest(ctx, "POST", apis[i%len(apis)]+"/v1/events", fmt.Sprintf(`{"id":%q,"topic":"bench","data":{"i":%d}%s}`, id, i, key), http.StatusAccepted); err != nil {
+				if err := request(ctx, "POST", apis[i%len(apis)]+"/v1/events", fmt.Sprintf(`{"id":%q,"topic":"bench","data":{"i":%d}%s}`, id, i, key), http.StatusAccepted); err != nil {
 					pubErr.Store(err)
 				}
 			}
@@ -206,7 +215,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	lat := rcv.latencies()
-	r := benchResult{
+	r := result{
 		Deliveries: rcv.distinct(), Duplicates: rcv.total() - rcv.distinct(), Seconds: elapsed.Seconds(),
 		P50ms: percentile(lat, 0.50), P99ms: percentile(lat, 0.99),
 		CommandsPerDelivery: float64(cmds) / float64(want), RawOpsPerSecond: raw,
@@ -218,11 +227,12 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	r.ByCommand = maps.Clone(byName)
 	r.TimeByCommand = maps.Clone(timeByName)
 	byNameMu.Unlock()
-	printBench(stdout, r, *events, *groups, *replicas)
+	printResult(stdout, r, *events, *groups, *replicas)
 	return nil
 }
 
-func printBench(w io.Writer, r benchResult, events, groups, replicas int) {
+// printResult writes the table and the machine line of r.
+func printResult(w io.Writer, r result, events, groups, replicas int) {
 	fmt.Fprintf(w, "events %d × consumer groups %d, %d sidecar replica(s)\n", events, groups, replicas)
 	for _, row := range []struct {
 		k string
@@ -247,8 +257,9 @@ func printBench(w io.Writer, r benchResult, events, groups, replicas int) {
 		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.PeakRSSMiB)
 }
 
-// startDevDBProcess runs `<this binary> devdb` on a temporary directory and returns its URI.
-func startDevDBProcess(ctx context.Context) (string, func(), error) {
+// startDevDB runs `<this executable> devdb` on a temporary directory and returns its URI and a function that
+// kills it and removes the directory.
+func startDevDB(ctx context.Context) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "pulse-bench-")
 	if err != nil {
 		return "", nil, err
@@ -278,7 +289,8 @@ func startDevDBProcess(ctx context.Context) (string, func(), error) {
 	return "", nil, errors.New("bench: the development database did not start")
 }
 
-func benchRequest(ctx context.Context, method, url, body string, want int) error {
+// request sends body with method to url and returns an error unless the answer has status want.
+func request(ctx context.Context, method, url, body string, want int) error {
 	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
 	if err != nil {
 		return err
@@ -294,124 +306,4 @@ func benchRequest(ctx context.Context, method, url, body string, want int) error
 		return fmt.Errorf("bench: %s %s answered %d: %s", method, url, resp.StatusCode, bytes.TrimSpace(b))
 	}
 	return nil
-}
-
-// benchReceiver counts POSTs per (path, Idempotency-Key) and the latency from publish to first POST.
-type benchReceiver struct {
-	mu     sync.Mutex
-	sentAt map[string]time.Time
-	seen   map[string]bool
-	lat    []time.Duration
-	n      int
-	notify chan struct{}
-	delay  time.Duration // how long each answer takes (a slow receiver)
-}
-
-func newBenchReceiver() *benchReceiver {
-	return &benchReceiver{sentAt: map[string]time.Time{}, seen: map[string]bool{}, notify: make(chan struct{}, 1)}
-}
-
-func (b *benchReceiver) published(id string) {
-	b.mu.Lock()
-	b.sentAt[id] = time.Now()
-	b.mu.Unlock()
-}
-
-func (b *benchReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	if b.delay > 0 {
-		select {
-		case <-time.After(b.delay):
-		case <-r.Context().Done():
-		}
-	}
-	key := r.URL.Path + " " + r.Header.Get("Idempotency-Key")
-	b.mu.Lock()
-	b.n++
-	if !b.seen[key] {
-		b.seen[key] = true
-		if t, ok := b.sentAt[r.Header.Get("Idempotency-Key")]; ok {
-			b.lat = append(b.lat, time.Since(t))
-		}
-	}
-	b.mu.Unlock()
-	select {
-	case b.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (b *benchReceiver) distinct() int { b.mu.Lock(); defer b.mu.Unlock(); return len(b.seen) }
-func (b *benchReceiver) total() int    { b.mu.Lock(); defer b.mu.Unlock(); return b.n }
-
-func (b *benchReceiver) latencies() []time.Duration {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return slices.Clone(b.lat)
-}
-
-func (b *benchReceiver) wait(ctx context.Context, want int) error {
-	for b.distinct() < want {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-b.notify:
-		case <-time.After(time.Second):
-		}
-	}
-	return nil
-}
-
-func percentile(d []time.Duration, p float64) float64 {
-	if len(d) == 0 {
-		return 0
-	}
-	slices.Sort(d)
-	return float64(d[min(len(d)-1, int(p*float64(len(d))))].Microseconds()) / 1000
-}
-
-// rawUpdatesPerSecond measures single-document updates by _id on the same database at the given
-// concurrency: the database's ceiling that efficiency is measured against.
-func rawUpdatesPerSecond(ctx context.Context, uri, dbName string, clients int, d time.Duration) (float64, error) {
-	client, err := mongodrv.Connect(options.Client().ApplyURI(uri))
-	if err != nil {
-		return 0, err
-	}
-	defer client.Disconnect(context.WithoutCancel(ctx))
-	coll := client.Database(dbName).Collection("bench.raw")
-	docs := make([]any, 1000)
-	for i := range docs {
-		docs[i] = bson.M{"_id": fmt.Sprint(i), "n": 0}
-	}
-	if _, err := coll.InsertMany(ctx, docs); err != nil {
-		return 0, err
-	}
-	var ops atomic.Int64
-	deadline := time.Now().Add(d)
-	var wg sync.WaitGroup
-	for c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := c; time.Now().Before(deadline); i += clients {
-				if _, err := coll.UpdateOne(ctx, bson.M{"_id": fmt.Sprint(i % 1000)}, bson.M{"$inc": bson.M{"n": 1}}); err == nil {
-					ops.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return float64(ops.Load()) / d.Seconds(), nil
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func peakRSSMiB() float64 {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return float64(ru.Maxrss) / 1024 // Linux reports KiB
 }

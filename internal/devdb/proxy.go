@@ -30,7 +30,8 @@ const (
 // of the request's database (the $db field of an OP_MSG; "" for messages without one), so operations
 // on one database run one at a time upstream. That restores the single-document atomicity MongoDB
 // guarantees and FerretDB v1 lacks; databases stay independent, so parallel tests on their own
-// databases do not wait for each other.
+// databases do not wait for each other. A database set to Interleaved (see SerializationCommand) lets
+// its reads run together and its multi-document writes run a document at a time.
 //
 // An OP_MSG request with the moreToCome flag gets no reply and none is awaited. Exhaust replies
 // (a reply with moreToCome) are not supported and close the connection. A Proxy is safe for
@@ -40,8 +41,8 @@ type Proxy struct {
 	upstream string
 	logger   *slog.Logger
 
-	locksMu sync.Mutex
-	locks   map[string]*sync.Mutex // database name -> its mutex; entries are never removed
+	dbsMu sync.Mutex
+	dbs   map[string]*database // database name -> its state; entries are never removed
 
 	connsMu sync.Mutex
 	conns   map[net.Conn]struct{} // open client and upstream connections
@@ -73,7 +74,7 @@ func NewProxy(ln net.Listener, upstream string, logger *slog.Logger) *Proxy {
 		ln:       ln,
 		upstream: upstream,
 		logger:   logger,
-		locks:    make(map[string]*sync.Mutex),
+		dbs:      make(map[string]*database),
 		conns:    make(map[net.Conn]struct{}),
 	}
 	p.wg.Add(1)
@@ -193,44 +194,44 @@ func (p *Proxy) relay(client, upstream net.Conn) error {
 	}
 }
 
-// roundTrip writes req upstream and reads its reply while holding the mutex of req's database. It returns
-// a nil reply for an OP_MSG with moreToCome, and errClientGone without sending req when gone reports, once
-// the mutex is held, that the client left.
+// roundTrip writes req upstream and reads its reply while holding the mutex of req's database: alone, or
+// as its database's Serialization allows. It answers a SerializationCommand itself, returns a nil reply
+// for an OP_MSG with moreToCome, and errClientGone without sending req when gone reports, once the mutex is
+// held, that the client left.
 func (p *Proxy) roundTrip(upstream net.Conn, req []byte, gone func() bool) ([]byte, error) {
-	db, noReply := inspect(req)
-	mu := p.lock(db)
-	mu.Lock()
-	defer mu.Unlock()
-	if gone() {
-		return nil, errClientGone
+	name, noReply := inspect(req)
+	db := p.database(name)
+	m, parsed := parseMsg(req)
+	switch {
+	case parsed && m.name() == SerializationCommand:
+		if noReply {
+			return nil, nil
+		}
+		return db.setSerialization(m)
+	case noReply:
+		return db.run(false, gone, func() ([]byte, error) {
+			if _, err := upstream.Write(req); err != nil {
+				return nil, fmt.Errorf("write request: %w", err)
+			}
+			return nil, nil
+		})
+	case parsed && db.interleaved.Load():
+		return runInterleaved(db, upstream, req, m, gone)
+	default:
+		return db.run(false, gone, func() ([]byte, error) { return exchange(upstream, req) })
 	}
-
-	if _, err := upstream.Write(req); err != nil {
-		return nil, fmt.Errorf("write request: %w", err)
-	}
-	if noReply {
-		return nil, nil
-	}
-	reply, err := readMessage(upstream)
-	if err != nil {
-		return nil, fmt.Errorf("read reply: %w", err)
-	}
-	if _, moreToCome := inspect(reply); moreToCome {
-		return nil, errors.New("exhaust reply (moreToCome) is not supported")
-	}
-	return reply, nil
 }
 
-// lock returns the mutex of database db, creating it on first use.
-func (p *Proxy) lock(db string) *sync.Mutex {
-	p.locksMu.Lock()
-	defer p.locksMu.Unlock()
-	mu, ok := p.locks[db]
+// database returns the state of database name, creating it on first use.
+func (p *Proxy) database(name string) *database {
+	p.dbsMu.Lock()
+	defer p.dbsMu.Unlock()
+	db, ok := p.dbs[name]
 	if !ok {
-		mu = new(sync.Mutex)
-		p.locks[db] = mu
+		db = new(database)
+		p.dbs[name] = db
 	}
-	return mu
+	return db
 }
 
 // readMessage reads one whole wire-protocol message, header included. It returns io.EOF if r is

@@ -20,7 +20,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/internal/cli"
-	"github.com/pulse-sidecar/pulse/mongo/devdb"
+	"github.com/pulse-sidecar/pulse/internal/devdb"
 )
 
 func startServer(t *testing.T, cfg devdb.Config) *devdb.Server {

@@ -45,11 +45,19 @@ type fakeUpstream struct {
 
 func newFakeUpstream(t *testing.T) *fakeUpstream {
 	t.Helper()
+	u := &fakeUpstream{inFlight: map[string]int{}, gate: make(chan struct{})}
+	u.ln = listenUpstream(t, u.serve)
+	return u
+}
+
+// listenUpstream listens on a free loopback port, closed in cleanup, and serves each connection it accepts
+// in a goroutine of its own.
+func listenUpstream(t *testing.T, serve func(net.Conn)) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &fakeUpstream{ln: ln, inFlight: map[string]int{}, gate: make(chan struct{})}
 	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
@@ -57,10 +65,10 @@ func newFakeUpstream(t *testing.T) *fakeUpstream {
 			if err != nil {
 				return
 			}
-			go u.serve(c)
+			go serve(c)
 		}
 	}()
-	return u
+	return ln
 }
 
 func (u *fakeUpstream) serve(c net.Conn) {

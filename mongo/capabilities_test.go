@@ -1,0 +1,147 @@
+package mongo
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	drvevent "go.mongodb.org/mongo-driver/v2/event"
+	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// commandLog records the commands a client sends: their names, and the statements of each update command.
+type commandLog struct {
+	mu      sync.Mutex
+	names   []string
+	updates []int // statements per update command, in order
+}
+
+// monitoredClient returns a client on the test server whose commands log records, disconnected in cleanup.
+func (b *bundle) monitoredClient(log *commandLog) *mongodrv.Client {
+	b.t.Helper()
+	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		log.names = append(log.names, e.CommandName)
+		if e.CommandName == "update" {
+			stmts, _ := e.Command.Lookup("updates").Array().Values()
+			log.updates = append(log.updates, len(stmts))
+		}
+	}}
+	return b.srv.Connect(options.Client().SetMonitor(monitor))
+}
+
+// reset forgets what log recorded so far.
+func (l *commandLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.names, l.updates = nil, nil
+}
+
+// DetectCapabilities reports what the server is, as the suite's own probe of the server found it
+// (probeFeatures), leaves no scratch collection behind and does not change the store; on the embedded FerretDB it
+// bounds update commands to 16 statements, elsewhere not at all.
+func testDetectCapabilities(t *testing.T, e *env) {
+	b := e.setup(t)
+	s := New(b.client, b.options(nil))
+	caps, err := s.DetectCapabilities(b.ctx)
+	if err != nil {
+		t.Fatalf("DetectCapabilities: %v", err)
+	}
+	if want := e.features.TTLIndexes; caps.TTLIndexes != want {
+		t.Errorf("TTLIndexes = %v, want %v", caps.TTLIndexes, want)
+	}
+	if want := e.features.PartialIndexes; caps.PartialIndexes != want {
+		t.Errorf("PartialIndexes = %v, want %v", caps.PartialIndexes, want)
+	}
+	if onFerretDB() {
+		want := Capabilities{MaxUpdateStatements: ferretDBMaxUpdateStatements}
+		if caps != want {
+			t.Errorf("capabilities on the embedded FerretDB = %+v, want %+v", caps, want)
+		}
+	} else if caps.MaxUpdateStatements != 0 {
+		t.Errorf("MaxUpdateStatements = %d on %s, want 0 (no bound)", caps.MaxUpdateStatements, testdb.EnvMongoDBURI)
+	}
+	if got := s.Capabilities(); got != (Capabilities{}) {
+		t.Errorf("Capabilities() after DetectCapabilities = %+v, want the zero value until EnsureSchema", got)
+	}
+	for _, name := range b.collectionNames() {
+		if strings.Contains(name, "schema_probe") {
+			t.Errorf("the probe left its scratch collection %s behind", name)
+		}
+	}
+}
+
+// Capabilities given in Options are taken as given: EnsureSchema neither probes (no scratch collection, no
+// buildInfo) nor asks, and returns them.
+func testGivenCapabilitiesAreNotDetected(t *testing.T, e *env) {
+	b := e.setup(t)
+	var log commandLog
+	given := Capabilities{ChangeStreams: true, PartialIndexes: true, MaxUpdateStatements: 3}
+	s := New(b.monitoredClient(&log), b.options(func(o *Options) { o.Capabilities = &given }))
+	caps, err := s.EnsureSchema(b.ctx)
+	if err != nil || caps != given || s.Capabilities() != given {
+		t.Fatalf("EnsureSchema = %+v, %v (Capabilities() %+v); want %+v", caps, err, s.Capabilities(), given)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, name := range log.names {
+		if name == "buildInfo" || name == "hello" || name == "drop" {
+			t.Errorf("EnsureSchema with given capabilities sent %s (commands: %v)", name, log.names)
+		}
+	}
+}
+
+// A store built with MaxUpdateStatements n sends no update command of more than n statements, and splits a
+// larger batch into full commands; with 0 it sends each batch whole, beyond FerretDB's 16 (20 statements
+// stay below FerretDB's 50 backend connections on PostgreSQL).
+func testUpdateCommandsHonourMaxUpdateStatements(t *testing.T, e *env) {
+	for _, bound := range []int{4, 0} {
+		t.Run(fmt.Sprintf("max=%d", bound), func(t *testing.T) {
+			b := e.setup(t)
+			var log commandLog
+			s := New(b.monitoredClient(&log), b.options(func(o *Options) { o.Capabilities = &Capabilities{MaxUpdateStatements: bound} }))
+			if _, err := s.EnsureSchema(b.ctx); err != nil {
+				t.Fatalf("EnsureSchema: %v", err)
+			}
+			b.putEndpoint(s, "billing", "t")
+			b.putEndpoint(s, "audit", "t")
+			leased, err := s.ClaimAttempts(b.ctx, "worker-a", b.fanOutN(s, 10, "t"))
+			if err != nil || len(leased) != 20 {
+				t.Fatalf("ClaimAttempts = %d, %v; want 20", len(leased), err)
+			}
+			cs := make([]pulsetype.Completion, len(leased))
+			for i, a := range leased { // distinct outcomes: one fenced statement and one end each
+				e := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: fmt.Sprintf("HTTP 410 #%d", i)}
+				cs[i] = pulsetype.Completion{Attempt: a,
+					Result: pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 410, Terminal: true, Duration: time.Millisecond, Error: e},
+					Next:   pulsetype.NextStep{EndStatus: pulsetype.StatusError, EndError: e}}
+			}
+			log.reset()
+			if recorded, err := s.FinishAttempts(b.ctx, cs); err != nil || !slices.Equal(recorded, slices.Repeat([]bool{true}, 20)) {
+				t.Fatalf("FinishAttempts = %v, %v", recorded, err)
+			}
+			if err := s.FollowUps(b.ctx, cs); err != nil {
+				t.Fatalf("FollowUps: %v", err)
+			}
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			// Three bulk updates of 20 statements each: the fenced outcomes, the evidence, the delivery ends.
+			want := []int{20, 20, 20}
+			if bound > 0 {
+				want = slices.Repeat([]int{bound}, 3*20/bound)
+			}
+			if fmt.Sprint(log.updates) != fmt.Sprint(want) {
+				t.Errorf("update commands carried %v statements, want %v", log.updates, want)
+			}
+		})
+	}
+}

@@ -1,0 +1,82 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	drvevent "go.mongodb.org/mongo-driver/v2/event"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+func TestDatabaseName(t *testing.T) {
+	t.Parallel()
+	for uri, want := range map[string]string{
+		"mongodb://127.0.0.1:27017/orders?replicaSet=rs0": "orders",
+		"mongodb://127.0.0.1:27017/":                      "",
+		"mongodb://127.0.0.1:27017":                       "",
+	} {
+		if got, err := DatabaseName(uri); err != nil || got != want {
+			t.Errorf("DatabaseName(%q) = %q, %v; want %q", uri, got, err, want)
+		}
+	}
+	if _, err := DatabaseName("http://127.0.0.1/"); err == nil {
+		t.Error("DatabaseName of a URI that is not a connection string returned no error")
+	}
+	if _, err := Connect("http://127.0.0.1/", ConnectOptions{}); err == nil {
+		t.Error("Connect to a URI that is not a connection string returned no error")
+	}
+}
+
+// A connected Store reads the server's clock with hello, through the monitor the client was given.
+func testServerTime(t *testing.T, e *env) {
+	b := e.setup(t)
+	var mu sync.Mutex
+	var commands []string
+	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
+		mu.Lock()
+		commands = append(commands, e.CommandName)
+		mu.Unlock()
+	}}
+	client, err := Connect(b.srv.URI, ConnectOptions{ServerSelectionTimeout: 30 * time.Second, Monitor: monitor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	s := New(client, Options{Database: "unused"})
+	got, err := s.ServerTime(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The test database runs on this machine: its clock is this one's.
+	if d := time.Since(got); d < -time.Minute || d > time.Minute {
+		t.Fatalf("server time %s is %s away from the local clock", got, d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(commands) != 1 || commands[0] != "hello" {
+		t.Fatalf("commands = %q, want one hello", commands)
+	}
+}
+
+// With no server listening, a command fails as unavailable after the server selection timeout, not the
+// driver's 30 s.
+func TestServerSelectionTimeout(t *testing.T) {
+	t.Parallel()
+	client, err := Connect("mongodb://127.0.0.1:1/?connectTimeoutMS=100", ConnectOptions{ServerSelectionTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	start := time.Now()
+	_, err = New(client, Options{Database: "unused"}).ServerTime(context.Background())
+	if !errors.Is(err, pulsetype.ErrUnavailable) {
+		t.Fatalf("ServerTime = %v, want ErrUnavailable", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("ServerTime failed after %s, want about the 200ms server selection timeout", d)
+	}
+}
