@@ -7,6 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pulse-sidecar/pulse/internal/startstop"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -46,13 +47,13 @@ func newCompleter(store completionStore, observer Observer, retryDue func()) *co
 	return &completer{store: store, observer: observer, retryDue: retryDue, more: make(chan struct{}, 1)}
 }
 
-// Start runs the completer in a goroutine and returns at once; it never fails. Writes outlive ctx (Stop
-// flushes the queue); each is bounded by writeTimeout. Calling it while running does nothing.
+// Start runs the completer in a goroutine and returns at once; it returns startstop.ErrStarted while the
+// completer runs. Writes outlive ctx (Stop flushes the queue); each is bounded by writeTimeout.
 func (c *completer) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stop != nil {
-		return nil
+		return startstop.ErrStarted
 	}
 	c.stop, c.done = make(chan struct{}), make(chan struct{})
 	go c.run(context.WithoutCancel(ctx), c.stop, c.done)

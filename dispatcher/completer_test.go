@@ -2,12 +2,14 @@ package dispatcher
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/pulse-sidecar/pulse/internal/startstop"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -159,6 +161,9 @@ func TestCompleterStopFlushes(t *testing.T) {
 	}
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+	if err := c.Start(t.Context()); !errors.Is(err, startstop.ErrStarted) {
+		t.Fatalf("Start while running = %v, want startstop.ErrStarted", err)
 	}
 	answers := completeAll(c, cs[:1])
 	recv(t, store.finishing, "the first batch")

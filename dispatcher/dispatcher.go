@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pulse-sidecar/pulse/internal/startstop"
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/webhook"
@@ -84,19 +85,18 @@ const (
 )
 
 // Dispatcher claims and executes attempts: a loop finds and claims work, an executor POSTs each leased
-// attempt, a completer records the results in batches. Start it once; Stop it once (it is safe twice).
+// attempt, a completer records the results in batches. It has the lifecycle of internal/startstop: Start
+// once, Stop (safe twice, concurrently and before Start).
 type Dispatcher struct {
 	opts      Options
-	log       zerolog.Logger
 	wake      chan struct{}
 	endpoints *endpointCache
 	loop      *loop
 	exec      *executor
 	completer *completer
 
-	mu         sync.Mutex // held by Start and Stop
-	cancelLoop context.CancelFunc
-	loopDone   chan struct{}
+	mu      sync.Mutex // held by Start and Stop
+	loopRun startstop.Base
 }
 
 // New returns a Dispatcher. rec runs the reconciliation; keeper renews the leases of running attempts.
@@ -107,7 +107,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 		opts.Now = time.Now
 	}
 	log := opts.Logger.With().Str("component", "dispatcher").Logger()
-	d := &Dispatcher{opts: opts, log: log, wake: make(chan struct{}, 1)}
+	d := &Dispatcher{opts: opts, wake: make(chan struct{}, 1)}
 	kick := make(chan struct{}, 1)
 	moved := &moved{}
 	d.endpoints = newEndpointCache(store, max(opts.PollInterval, endpointCacheTTL))
@@ -148,39 +148,27 @@ func (d *Dispatcher) EndpointChanged(group string) {
 	d.Wake()
 }
 
-// Start starts the completer and runs the loop in a goroutine, and returns at once; it does nothing while
-// running. POSTs and result writes outlive ctx: Stop ends them.
+// Start starts the completer and runs the loop in a goroutine, and returns at once; it returns
+// startstop.ErrStarted while the dispatcher runs. The loop ends with ctx; POSTs and result writes outlive
+// it: Stop ends them.
 func (d *Dispatcher) Start(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cancelLoop != nil {
-		return nil
-	}
 	if err := d.completer.Start(ctx); err != nil {
 		return err
 	}
 	d.exec.start(ctx)
-	loopCtx, cancel := context.WithCancel(ctx)
-	d.cancelLoop, d.loopDone = cancel, make(chan struct{})
-	go func() {
-		defer close(d.loopDone)
-		d.loop.run(loopCtx)
-	}()
-	return nil
+	return d.loopRun.StartGo(ctx, d.loop.run)
 }
 
 // Stop stops claiming, lets in-flight POSTs finish and be recorded within ShutdownTimeout, then aborts the
 // rest without recording them (their leases expire and the reaper takes over), and clears the fanout marks
-// it still owes. It blocks until every goroutine it started returned, and is safe twice or before Start.
+// it still owes. It blocks until every goroutine it started returned, and is safe twice, concurrently and
+// before Start.
 func (d *Dispatcher) Stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cancelLoop == nil {
-		return
-	}
-	d.cancelLoop()
-	d.cancelLoop = nil
-	<-d.loopDone
+	d.loopRun.Stop()
 	d.exec.stop(d.opts.ShutdownTimeout)
 	d.completer.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // the marks are only an optimization

@@ -2,11 +2,14 @@ package dispatcher
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
+
+	"github.com/pulse-sidecar/pulse/internal/startstop"
 )
 
 // TestMain fails the package when a goroutine of a Dispatcher or one of its pieces (loop, executor,
@@ -33,4 +36,20 @@ func TestStopBeforeStartAndTwice(t *testing.T) {
 	}
 	d.Stop()
 	d.Stop()
+}
+
+// Start while running returns startstop.ErrStarted; a stopped Dispatcher starts again.
+func TestStartWhileRunning(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	d := startDispatcher(t, store, &sender{}, 2)
+	if err := d.Start(t.Context()); !errors.Is(err, startstop.ErrStarted) {
+		t.Fatalf("Start while running = %v, want startstop.ErrStarted", err)
+	}
+	d.Stop()
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatalf("Start after Stop = %v", err)
+	}
+	d.Published(events("e", "t", 1))
+	eventually(t, "the delivery to succeed after a restart", func() bool { return store.succeeded("g") == 1 })
 }
