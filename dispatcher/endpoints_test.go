@@ -4,35 +4,31 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// clock is a settable time source.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// clock is a settable time source: nanoseconds since the Unix epoch.
+type clock struct{ ns atomic.Int64 }
 
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 func newTestCache(store endpointStore) (*endpointCache, *clock) {
-	clk := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clk := &clock{}
+	clk.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
 	c := newEndpointCache(store, 5*time.Second)
 	c.now = clk.Now
 	return c, clk
+}
+
+// reads calls get for group and returns how many endpoint reads the store has served so far.
+func reads(c *endpointCache, store *memStore, group string, fresh bool) int {
+	_, _ = c.get(context.Background(), group, fresh)
+	return store.count("GetEndpoint")
 }
 
 // An endpoint read is reused for the TTL, read again after it or when asked fresh; a group without endpoint
@@ -58,17 +54,14 @@ func TestEndpointCacheRefreshAndExpiry(t *testing.T) {
 		t.Fatalf("known %v, limit %d; want true, 3", c.known("g"), c.limit("g"))
 	}
 	clk.advance(endpointCacheTTL - time.Millisecond)
-	_, _ = c.get(ctx, "g", false)
-	if n := store.count("GetEndpoint"); n != 1 {
+	if n := reads(c, store, "g", false); n != 1 {
 		t.Fatalf("a get just within the TTL read the database (%d reads)", n)
 	}
 	clk.advance(time.Millisecond)
-	_, _ = c.get(ctx, "g", false)
-	if n := store.count("GetEndpoint"); n != 2 {
+	if n := reads(c, store, "g", false); n != 2 {
 		t.Fatalf("a get at the TTL did not read again (%d reads)", n)
 	}
-	_, _ = c.get(ctx, "g", true)
-	if n := store.count("GetEndpoint"); n != 3 {
+	if n := reads(c, store, "g", true); n != 3 {
 		t.Fatalf("a fresh get did not read again (%d reads)", n)
 	}
 	for range 2 {
@@ -108,17 +101,14 @@ func TestEndpointCacheChanged(t *testing.T) {
 	if _, err := c.get(ctx, "g", false); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = c.get(ctx, "g", false)
-	if n := store.count("GetEndpoint"); n != 2 {
+	if n := reads(c, store.memStore, "g", false); n != 2 {
 		t.Fatalf("a read begun before the change was cached (%d reads, want 2)", n)
 	}
-	_, _ = c.get(ctx, "g", false)
-	if n := store.count("GetEndpoint"); n != 2 {
+	if n := reads(c, store.memStore, "g", false); n != 2 {
 		t.Fatalf("the read after the change was not cached (%d reads, want 2)", n)
 	}
 	c.changed("g")
-	_, _ = c.get(ctx, "g", false)
-	if n := store.count("GetEndpoint"); n != 3 {
+	if n := reads(c, store.memStore, "g", false); n != 3 {
 		t.Fatalf("changed did not drop the cached endpoint (%d reads, want 3)", n)
 	}
 }
