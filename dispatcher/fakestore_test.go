@@ -296,14 +296,20 @@ func (s *memStore) FollowUps(_ context.Context, cs []pulsetype.Completion) error
 	return nil
 }
 
-func (s *memStore) GetEvent(_ context.Context, id string) (*pulsetype.Event, error) {
-	s.called("GetEvent")
+// lookup counts call and returns m[key] (m is one of s's maps, read under s.mu), or ErrNotFound.
+func lookup[T any](s *memStore, call string, m map[string]T, key string) (T, error) {
+	s.called(call)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.events[id]; ok {
-		return e, nil
+	v, ok := m[key]
+	if !ok {
+		return v, pulsetype.ErrNotFound
 	}
-	return nil, pulsetype.ErrNotFound
+	return v, nil
+}
+
+func (s *memStore) GetEvent(_ context.Context, id string) (*pulsetype.Event, error) {
+	return lookup(s, "GetEvent", s.events, id)
 }
 
 func (s *memStore) GetEvents(_ context.Context, ids []string) (map[string]*pulsetype.Event, error) {
@@ -331,13 +337,7 @@ func (s *memStore) ListEndpoints(context.Context) ([]*pulsetype.Endpoint, error)
 }
 
 func (s *memStore) GetEndpoint(_ context.Context, group string) (*pulsetype.Endpoint, error) {
-	s.called("GetEndpoint")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ep, ok := s.endpoints[group]; ok {
-		return ep, nil
-	}
-	return nil, pulsetype.ErrNotFound
+	return lookup(s, "GetEndpoint", s.endpoints, group)
 }
 
 // delivery returns the status of a delivery and how many attempts it has.
