@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"sigs.k8s.io/yaml"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -21,7 +21,7 @@ func LoadEndpointsFile(path string) ([]*pulsetype.Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: %w", path, err)
 	}
-	js, err := yaml.YAMLToJSON(raw) // JSON is YAML too
+	js, err := yamlToJSON(raw)
 	if err != nil {
 		return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q is not valid YAML or JSON: %w", path, err)
 	}
@@ -51,4 +51,42 @@ func LoadEndpointsFile(path string) ([]*pulsetype.Endpoint, error) {
 		out = append(out, &ep)
 	}
 	return out, nil
+}
+
+// yamlToJSON converts a YAML document (JSON is YAML too) to JSON, so that the entries are decoded by
+// encoding/json with the API's own field names and rules. It returns an error for invalid YAML, a
+// duplicate key, or a mapping key that is not a string.
+func yamlToJSON(raw []byte) ([]byte, error) {
+	var doc any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return nil, err
+	}
+	if err := checkStringKeys(doc); err != nil {
+		return nil, err
+	}
+	return json.Marshal(doc)
+}
+
+// checkStringKeys returns an error if v holds a mapping whose keys are not all strings (yaml.v3 decodes
+// such a mapping as map[any]any, which JSON cannot hold).
+func checkStringKeys(v any) error {
+	switch v := v.(type) {
+	case map[any]any:
+		for k := range v {
+			return fmt.Errorf("mapping key %v is not a string", k)
+		}
+	case map[string]any:
+		for _, e := range v {
+			if err := checkStringKeys(e); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if err := checkStringKeys(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

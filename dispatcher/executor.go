@@ -209,7 +209,7 @@ func (e *executor) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsetype
 	}
 	r := e.sender.Send(ctx, webhook.Request{
 		URL: ep.URL, Body: body, BodyHeaders: bodyHeaders, EventID: ev.ID, Topic: ev.Topic, ConsumerGroup: a.ConsumerGroup,
-		DeliveryID: a.DeliveryID, Attempt: a.Number, Headers: ep.Headers, Secret: ep.Secret,
+		DeliveryID: a.DeliveryID, Attempt: a.Number, Headers: ep.Headers, Secret: ep.Secret, PreviousSecret: ep.PreviousSecretAt(e.now()),
 		Timeout: time.Duration(*ep.Timeout), InsecureSkipVerify: ep.InsecureSkipVerify,
 	})
 	res := pulsetype.AttemptResult{HTTPStatus: r.HTTPStatus, Duration: r.Duration, ResponseBody: r.Body, RetryAfter: r.RetryAfter}

@@ -19,6 +19,8 @@ const (
 	ActionEndpointDeleted   = "endpoint.deleted"
 	ActionDeliveryRetried   = "delivery.retried"
 	ActionDeliveriesReplayd = "deliveries.replayed"
+	ActionDeliveryCancelled = "delivery.cancelled"
+	ActionSecretRotated     = "endpoint.secret_rotated"
 )
 
 // auditFieldsSkipped are the endpoint's JSON fields that are not settings: they never count as changed.

@@ -17,10 +17,8 @@ import (
 func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) {
 	q := pulsetype.DeliveryFilter{ConsumerGroup: r.URL.Query().Get("consumerGroup"), Topic: r.URL.Query().Get("topic"),
 		Status: pulsetype.Status(r.URL.Query().Get("status")), After: r.URL.Query().Get("after"), Limit: 50}
-	switch q.Status {
-	case "", pulsetype.StatusPending, pulsetype.StatusSuccess, pulsetype.StatusError:
-	default:
-		writeError(w, http.StatusBadRequest, "invalid_status", fmt.Sprintf("status must be pending, success or error, got %q", q.Status))
+	if q.Status != "" && q.Status != pulsetype.StatusPending && !q.Status.Terminal() {
+		writeError(w, http.StatusBadRequest, "invalid_status", fmt.Sprintf("status must be pending, success, error or cancelled, got %q", q.Status))
 		return
 	}
 	if l := r.URL.Query().Get("limit"); l != "" {
@@ -56,6 +54,8 @@ func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "not_subscribed", "the delivery's consumer group has no endpoint subscribed to its topic now; register one to retry it")
 	case errors.Is(err, pulsetype.ErrNotTerminal):
 		writeError(w, http.StatusConflict, "delivery_not_terminal", "the delivery is still pending; only a terminal delivery can be retried")
+	case errors.Is(err, pulsetype.ErrAttemptInFlight):
+		writeError(w, http.StatusConflict, "attempt_in_flight", "the delivery was cancelled while an attempt was in flight, and that attempt has not ended yet; retry once it has")
 	case err != nil:
 		s.internalError(w, r, err)
 	default:
@@ -79,14 +79,14 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 		err = json.Unmarshal(raw, &b)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_json", "the body must be {\"status\": \"error\"|\"success\", \"from\": RFC 3339, \"to\": RFC 3339}: "+err.Error())
+		writeError(w, http.StatusBadRequest, "invalid_json", "the body must be {\"status\": \"error\"|\"success\"|\"cancelled\", \"from\": RFC 3339, \"to\": RFC 3339}: "+err.Error())
 		return
 	}
 	if b.Status == "" {
 		b.Status = pulsetype.StatusError
 	}
-	if b.Status != pulsetype.StatusError && b.Status != pulsetype.StatusSuccess {
-		writeError(w, http.StatusBadRequest, "invalid_status", "status must be error or success (terminal deliveries)")
+	if !b.Status.Terminal() {
+		writeError(w, http.StatusBadRequest, "invalid_status", "status must be error, success or cancelled (terminal deliveries)")
 		return
 	}
 	from, to := time.Time{}, time.Now().Add(24*time.Hour)

@@ -35,6 +35,9 @@ type Store interface {
 	ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error)
 	RetryDelivery(ctx context.Context, id string) (int, error)
 	ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error)
+	CancelDelivery(ctx context.Context, id string) (pulsetype.CancelResult, error)
+	RotateSecret(ctx context.Context, group, secret string, overlap time.Duration) (*pulsetype.Endpoint, error)
+	Stats(ctx context.Context, groups []string) ([]*pulsetype.GroupStats, error)
 }
 
 // Notifier is told what this process stored, so its dispatcher acts at once; *dispatcher.Dispatcher
@@ -82,10 +85,11 @@ func New(store Store, notify Notifier, opts Options) *Server {
 // Drain makes publishes answer 503 from now on (shutdown has begun); reads keep working.
 func (s *Server) Drain() { s.draining.Store(true) }
 
-// Handler returns the routes of the API listener (PULSE_LISTEN): /v1, and the probe routes too, so a
-// sidecar without a probe listener is probed where it always was.
+// Handler returns the routes of the API listener (PULSE_LISTEN): /v1, the operator console at /ui/ (see
+// ui.go), and the probe routes too, so a sidecar without a probe listener is probed where it always was.
 func (s *Server) Handler() http.Handler {
 	r := s.probeRouter()
+	r.Mount("/ui", consoleHandler())
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.auth)
 		r.Post("/events", s.publish)
@@ -93,7 +97,10 @@ func (s *Server) Handler() http.Handler {
 		r.Get("/deliveries", s.listDeliveries)
 		r.Get("/deliveries/{id}", s.getDelivery)
 		r.Post("/deliveries/{id}/retry", s.retryDelivery)
+		r.Post("/deliveries/{id}/cancel", s.cancelDelivery)
 		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
+		r.Post("/endpoints/{consumerGroup}/rotate-secret", s.rotateSecret)
+		r.Get("/stats", s.stats)
 		r.Get("/endpoints", s.listEndpoints)
 		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
 		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)

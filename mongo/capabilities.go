@@ -30,6 +30,10 @@ type Capabilities struct {
 	// update into several commands. 0 means no bound of the store's (the driver still splits at the
 	// server's maxWriteBatchSize). FerretDB v1 needs 16 (ferretDBMaxUpdateStatements).
 	MaxUpdateStatements int
+	// ScansFilters: the server evaluates a query filter by reading the collection rather than through the
+	// store's indexes (FerretDB v1: its SQLite handler pushes down only {_id: x}, its PostgreSQL handler only
+	// equalities), so fewer queries beat narrower ones (Stats).
+	ScansFilters bool
 }
 
 // ferretDBMaxUpdateStatements is MaxUpdateStatements on FerretDB. FerretDB v1 keeps every statement's query
@@ -39,9 +43,9 @@ const ferretDBMaxUpdateStatements = 16
 
 // DetectCapabilities asks the server what it can do, without changing the store: TTL and partial indexes
 // by creating one of each on a scratch collection of its own (see probeIndexes), change streams by hello
-// (a replica set member or mongos), and MaxUpdateStatements by buildInfo (ferretDBMaxUpdateStatements where
-// it reports a ferretdbVersion, else 0). It returns a *PermissionError when the user may not create or
-// drop the scratch collection, and other failures wrapped.
+// (a replica set member or mongos), and MaxUpdateStatements and ScansFilters by buildInfo
+// (ferretDBMaxUpdateStatements and true where it reports a ferretdbVersion, else 0 and false). It returns a
+// *PermissionError when the user may not create or drop the scratch collection, and other failures wrapped.
 func (s *Store) DetectCapabilities(ctx context.Context) (Capabilities, error) {
 	var caps Capabilities
 	var err error
@@ -55,7 +59,7 @@ func (s *Store) DetectCapabilities(ctx context.Context) (Capabilities, error) {
 		return Capabilities{}, fmt.Errorf("detect capabilities: buildInfo: %w", err)
 	}
 	if info.FerretDBVersion != "" {
-		caps.MaxUpdateStatements = ferretDBMaxUpdateStatements
+		caps.MaxUpdateStatements, caps.ScansFilters = ferretDBMaxUpdateStatements, true
 	}
 	caps.ChangeStreams = s.supportsChangeStreams(ctx)
 	return caps, nil

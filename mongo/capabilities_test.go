@@ -48,7 +48,7 @@ func (l *commandLog) reset() {
 
 // DetectCapabilities reports what the server is, as the suite's own probe of the server found it
 // (probeFeatures), leaves no scratch collection behind and does not change the store; on the embedded FerretDB it
-// bounds update commands to 16 statements, elsewhere not at all.
+// bounds update commands to 16 statements and says that filters scan, elsewhere neither.
 func testDetectCapabilities(t *testing.T, e *env) {
 	b := e.setup(t)
 	s := New(b.client, b.options(nil))
@@ -63,12 +63,12 @@ func testDetectCapabilities(t *testing.T, e *env) {
 		t.Errorf("PartialIndexes = %v, want %v", caps.PartialIndexes, want)
 	}
 	if onFerretDB() {
-		want := Capabilities{MaxUpdateStatements: ferretDBMaxUpdateStatements}
+		want := Capabilities{MaxUpdateStatements: ferretDBMaxUpdateStatements, ScansFilters: true}
 		if caps != want {
 			t.Errorf("capabilities on the embedded FerretDB = %+v, want %+v", caps, want)
 		}
-	} else if caps.MaxUpdateStatements != 0 {
-		t.Errorf("MaxUpdateStatements = %d on %s, want 0 (no bound)", caps.MaxUpdateStatements, testdb.EnvMongoDBURI)
+	} else if caps.MaxUpdateStatements != 0 || caps.ScansFilters {
+		t.Errorf("MaxUpdateStatements = %d, ScansFilters = %v on %s, want 0 (no bound) and false", caps.MaxUpdateStatements, caps.ScansFilters, testdb.EnvMongoDBURI)
 	}
 	if got := s.Capabilities(); got != (Capabilities{}) {
 		t.Errorf("Capabilities() after DetectCapabilities = %+v, want the zero value until EnsureSchema", got)

@@ -286,6 +286,9 @@ var conformanceCases = []conformanceCase{
 	// explain_test.go, shardplan_test.go
 	{name: "HotQueriesUseIndexes", run: testHotQueriesUseIndexes},
 	{name: "ShardPlanCoversHotQueries", run: testShardPlanCoversHotQueries},
+	// stats_test.go
+	{name: "GroupStatsCountsTheLastHour", run: testGroupStatsCountsTheLastHour},
+	{name: "ConsoleReadsWith10000Deliveries", run: testConsoleReadsWith10000Deliveries},
 	// watch_test.go
 	{name: "WatchEventsSendsChangeStreamAndReopens", run: testWatchEventsSendsChangeStreamAndReopens},
 }

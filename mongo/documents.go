@@ -56,11 +56,16 @@ type subscriptionDoc struct {
 	Secret  string            `bson:"secret,omitempty"`
 	// SecretSealed and HeadersSealed hold the secret and each header value encrypted (AES-256-GCM, bound to
 	// the consumer group, the field and the header name); see sealing.go.
-	SecretSealed       *sealing.Sealed           `bson:"secretSealed,omitempty"`
-	HeadersSealed      map[string]sealing.Sealed `bson:"headersSealed,omitempty"`
-	InsecureSkipVerify bool                      `bson:"insecureSkipVerify,omitempty"`
-	CreatedAt          time.Time                 `bson:"createdAt"`
-	UpdatedAt          time.Time                 `bson:"updatedAt"`
+	SecretSealed  *sealing.Sealed           `bson:"secretSealed,omitempty"`
+	HeadersSealed map[string]sealing.Sealed `bson:"headersSealed,omitempty"`
+	// PreviousSecret (in clear) or PreviousSecretSealed holds the secret a rotation replaced, which signs
+	// beside the current one until PreviousSecretExpiresAt; all three are absent outside a rotation.
+	PreviousSecret          string          `bson:"previousSecret,omitempty"`
+	PreviousSecretSealed    *sealing.Sealed `bson:"previousSecretSealed,omitempty"`
+	PreviousSecretExpiresAt *time.Time      `bson:"previousSecretExpiresAt,omitempty"`
+	InsecureSkipVerify      bool            `bson:"insecureSkipVerify,omitempty"`
+	CreatedAt               time.Time       `bson:"createdAt"`
+	UpdatedAt               time.Time       `bson:"updatedAt"`
 	// Incarnation is set once, when the group is created; see pulsetype.Endpoint.Incarnation.
 	Incarnation string `bson:"incarnation,omitempty"`
 	// Backfill is set while an earliest-offset group still has to receive the events retained before it was
@@ -93,6 +98,7 @@ func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, 
 		OffsetReset: d.OffsetReset, MaxRetries: &maxRetries, RetryDelay: durPtr(d.RetryDelayMs),
 		RetryBackoffMultiplier: &mult, MaxRetryDelay: durPtr(d.MaxRetryDelayMs), Timeout: durPtr(d.TimeoutMs),
 		MaxConcurrency: &conc, Headers: d.Headers, Secret: d.Secret, InsecureSkipVerify: d.InsecureSkipVerify,
+		PreviousSecret: d.PreviousSecret, PreviousSecretExpiresAt: d.PreviousSecretExpiresAt,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, Incarnation: d.Incarnation,
 	}
 	if err := d.openSecrets(ep, keys); err != nil {

@@ -19,9 +19,18 @@ import (
 // one keeps its own. Concurrent registrations of one group by several replicas leave one subscription
 // document (its _id is the group). A replacement that removes topics ends the group's pending deliveries of
 // those topics as error/unsubscribed (see EndPending); one that changes only the URL, headers or policy
-// keeps pending work, which the next attempts deliver with the new settings.
+// keeps pending work, which the next attempts deliver with the new settings. A rotation's previous secret
+// (RotateSecret) stays, with the end of its overlap, only when e keeps the current secret; any other PUT
+// ends the overlap. e's own previous-secret fields are ignored.
 func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored *pulsetype.Endpoint, created bool, err error) {
 	now := s.now()
+	// The previous registration is read without decrypting it: a PUT replaces values that no configured key
+	// opens any more.
+	prev, err := s.endpointDoc(ctx, e.ConsumerGroup)
+	if err != nil && !errors.Is(err, pulsetype.ErrNotFound) {
+		return nil, false, err
+	}
+	e = s.keepRotation(e, prev)
 	set := bson.M{
 		"url": e.URL, "topics": e.Topics, "delivery": e.Delivery, "ordered": e.Ordered, "format": e.Format,
 		"offsetReset": e.OffsetReset, "maxRetries": *e.MaxRetries, "retryDelayMs": ms(e.RetryDelay),
@@ -35,12 +44,6 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 	}
 	maps.Copy(set, secretSet)
 	setOnInsert := bson.M{"createdAt": now, "incarnation": uuid.Must(uuid.NewV7()).String()}
-	// The previous registration is read without decrypting it: a PUT replaces values that no configured key
-	// opens any more.
-	prev, err := s.endpointDoc(ctx, e.ConsumerGroup)
-	if err != nil && !errors.Is(err, pulsetype.ErrNotFound) {
-		return nil, false, err
-	}
 	if e.OffsetReset == pulsetype.OffsetEarliest {
 		// A new earliest-offset group receives every retained event: the backfill walks them once. An existing
 		// group that adds topics walks again (deliveries that exist already are duplicate-key no-ops).
@@ -74,6 +77,22 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		}
 		return stored, res.UpsertedCount > 0, nil
 	}
+}
+
+// keepRotation returns a copy of e whose previous secret is prev's, when prev (the stored registration, nil
+// when there is none) is in the overlap of a rotation and e keeps its current secret; otherwise the copy has
+// none. A prev that does not decrypt has no overlap to keep.
+func (s *Store) keepRotation(e *pulsetype.Endpoint, prev *subscriptionDoc) *pulsetype.Endpoint {
+	c := *e
+	c.PreviousSecret, c.PreviousSecretExpiresAt = "", nil
+	if prev == nil || c.Secret == "" {
+		return &c
+	}
+	cur, err := prev.endpoint(s.opts.Keys)
+	if err == nil && cur.Secret == c.Secret && cur.PreviousSecretAt(s.now()) != "" {
+		c.PreviousSecret, c.PreviousSecretExpiresAt = cur.PreviousSecret, cur.PreviousSecretExpiresAt
+	}
+	return &c
 }
 
 // GetEndpoint returns the endpoint of a consumer group, its secret and header values decrypted, or

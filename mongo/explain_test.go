@@ -35,6 +35,9 @@ func testHotQueriesUseIndexes(t *testing.T, e *env) {
 		{"list by group", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g"}}, {Key: "sort", Value: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}}}},
 		{"head of a keyed line", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "topic": "t", "status": "pending", "orderingKey": "k"}}, {Key: "sort", Value: bson.D{{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}}}}},
 		{"head of the unkeyed line", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "topic": "t", "status": "pending", "orderingKey": nil}}, {Key: "sort", Value: bson.D{{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}}}}},
+		{"list by group and status", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "status": "error"}}, {Key: "sort", Value: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}}}},
+		{"stats: oldest pending of a group", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "status": "pending"}}, {Key: "sort", Value: bson.D{{Key: "createdAt", Value: 1}, {Key: "_id", Value: 1}}}}},
+		{"stats: attempts ended in the window", "pulse.history", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "status": bson.M{"$in": bson.A{"success", "error"}}, "endedAt": bson.M{"$gt": now}}}, {Key: "sort", Value: bson.D{{Key: "endedAt", Value: -1}}}}},
 		{"fan-out repair", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"fanout": true, "createdAt": bson.M{"$lt": now}}}}},
 		{"backfill", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"topic": bson.M{"$in": bson.A{"t"}}, "_id": bson.M{"$gt": ""}}}}},
 	} {

@@ -2,7 +2,6 @@ package mongo
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -15,20 +14,16 @@ import (
 // GetDelivery returns a delivery and its attempts in attempt order, each pending one with its lock state. It
 // returns pulsetype.ErrNotFound when the delivery does not exist or has expired.
 func (s *Store) GetDelivery(ctx context.Context, id string) (*pulsetype.Delivery, []*pulsetype.Attempt, error) {
-	var doc deliveryDoc
-	err := s.deliveries.FindOne(ctx, bson.M{"_id": id}).Decode(&doc)
-	now := s.now()
-	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && expired(doc.ExpiresAt, now)) {
-		return nil, nil, pulsetype.ErrNotFound
-	}
+	doc, err := s.deliveryDoc(ctx, id)
 	if err != nil {
-		return nil, nil, wrap("get delivery", err)
+		return nil, nil, err
 	}
 	byDelivery, err := s.AttemptsOf(ctx, []string{id})
 	if err != nil {
 		return nil, nil, err
 	}
 	attempts := byDelivery[id]
+	now := s.now()
 	for _, a := range attempts {
 		a.LockState = a.LockStateAt(now)
 	}

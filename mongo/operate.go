@@ -16,8 +16,8 @@ import (
 )
 
 // ListDeliveries returns one page of deliveries, newest first (createdAt, then id, descending), and the
-// cursor of the next page ("" on the last). Served by pulse_deliveries_created or
-// pulse_deliveries_group_created.
+// cursor of the next page ("" on the last). Served by pulse_deliveries_created,
+// pulse_deliveries_group_created or, with a group and a status, pulse_deliveries_group_status_created.
 func (s *Store) ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error) {
 	filter := bson.M{}
 	if f.ConsumerGroup != "" {
@@ -37,7 +37,10 @@ func (s *Store) ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) 
 		filter["$or"] = bson.A{bson.M{"createdAt": bson.M{"$lt": at}}, bson.M{"createdAt": at, "_id": bson.M{"$lt": id}}}
 	}
 	hint := "pulse_deliveries_created"
-	if f.ConsumerGroup != "" {
+	switch {
+	case f.ConsumerGroup != "" && f.Status != "":
+		hint = "pulse_deliveries_group_status_created"
+	case f.ConsumerGroup != "":
 		hint = "pulse_deliveries_group_created"
 	}
 	cur, err := s.deliveries.Find(ctx, filter, options.Find().
@@ -80,7 +83,9 @@ func decodeCursor(c string) (time.Time, string, error) {
 // n+1 (pending, without expiresAt); a crash in between is repaired by the reconciler, which creates the
 // attempt reopenedAttempt names. It returns the new attempt number, pulsetype.ErrNotFound (also once the
 // delivery's expiresAt has passed), pulsetype.ErrNotTerminal when the delivery is pending, or
-// pulsetype.ErrNotSubscribed when its group has no endpoint for its topic now.
+// pulsetype.ErrNotSubscribed when its group has no endpoint for its topic now, or
+// pulsetype.ErrAttemptInFlight when it was cancelled while an attempt was leased and that attempt has not
+// ended yet.
 func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
 	return s.reopen(ctx, id, nil)
 }
@@ -93,6 +98,11 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 	}
 	if d.Status == pulsetype.StatusPending {
 		return 0, pulsetype.ErrNotTerminal
+	}
+	// A cancelled delivery's attempt may still be in flight: its result is recorded first (a reopen now would
+	// let that result end the reopened delivery).
+	if slices.ContainsFunc(attempts, func(a *pulsetype.Attempt) bool { return a.Status == pulsetype.StatusPending }) {
+		return 0, pulsetype.ErrAttemptInFlight
 	}
 	if ep == nil {
 		if ep, err = s.GetEndpoint(ctx, d.ConsumerGroup); errors.Is(err, pulsetype.ErrNotFound) {
@@ -129,8 +139,8 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 
 // ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of a consumer group in status whose
 // createdAt lies in [from, to) and whose topic the group subscribes to now, walking them once in id order in
-// batches of 100, and returns how many it reopened. It returns pulsetype.ErrNotFound when the group has no
-// endpoint.
+// batches of 100, and returns how many it reopened (a cancelled delivery whose attempt is still in flight is
+// skipped). It returns pulsetype.ErrNotFound when the group has no endpoint.
 func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error) {
 	ep, err := s.GetEndpoint(ctx, group)
 	if err != nil {
@@ -150,7 +160,8 @@ func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulse
 			switch {
 			case err == nil:
 				total++
-			case !errors.Is(err, pulsetype.ErrNotTerminal) && !errors.Is(err, pulsetype.ErrNotFound) && !errors.Is(err, pulsetype.ErrNotSubscribed):
+			case !errors.Is(err, pulsetype.ErrNotTerminal) && !errors.Is(err, pulsetype.ErrNotFound) &&
+				!errors.Is(err, pulsetype.ErrNotSubscribed) && !errors.Is(err, pulsetype.ErrAttemptInFlight):
 				return total, err
 			}
 		}

@@ -36,11 +36,16 @@ var indexSpecs = []indexSpec{
 	// Serve GET /v1/deliveries newest first, with and without a consumer group.
 	{coll: "deliveries", name: "pulse_deliveries_created", keys: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_created", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
+	// Serves GET /v1/deliveries?consumerGroup=&status= and the pending figures of GET /v1/stats (count and
+	// oldest pending delivery of a group).
+	{coll: "deliveries", name: "pulse_deliveries_group_status_created", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "status", Value: 1}, {Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
 	{coll: "deliveries", name: "pulse_deliveries_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
 	{coll: "history", name: "pulse_history_delivery_attempt_unique", keys: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}, unique: true},
 	// Serves both the claim ({status: pending, lockedUntil: null, nextAttemptAt ≤ now}) and the reaper
 	// ({status: pending, lockedUntil < now}).
 	{coll: "history", name: "pulse_history_acquisition", keys: bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
+	// Serves the attempt figures of GET /v1/stats: a group's attempts ended in the last hour, by status.
+	{coll: "history", name: "pulse_history_group_status_ended", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "status", Value: 1}, {Key: "endedAt", Value: -1}}},
 	{coll: "history", name: "pulse_history_lock_token", keys: bson.D{{Key: "lockToken", Value: 1}}},
 	{coll: "history", name: "pulse_history_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
 }

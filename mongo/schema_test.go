@@ -107,9 +107,9 @@ func testCapabilitiesMatchTheServer(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatalf("EnsureSchema: %v", err)
 	}
-	if caps.TTLIndexes != e.features.TTLIndexes || caps.ChangeStreams != e.features.ChangeStreams {
-		t.Errorf("EnsureSchema detected %+v; the server has TTL indexes: %v, change streams: %v",
-			caps, e.features.TTLIndexes, e.features.ChangeStreams)
+	if caps.TTLIndexes != e.features.TTLIndexes || caps.ChangeStreams != e.features.ChangeStreams || caps.ScansFilters == e.features.IndexPlans {
+		t.Errorf("EnsureSchema detected %+v; the server has TTL indexes: %v, change streams: %v, index plans: %v",
+			caps, e.features.TTLIndexes, e.features.ChangeStreams, e.features.IndexPlans)
 	}
 }
 

@@ -19,6 +19,10 @@ const (
 	fieldHeaders       = "headers"
 	fieldSecretSealed  = "secretSealed"
 	fieldHeadersSealed = "headersSealed"
+	// The secret a rotation replaced, in one form or the other, and the end of its overlap.
+	fieldPreviousSecret          = "previousSecret"
+	fieldPreviousSecretSealed    = "previousSecretSealed"
+	fieldPreviousSecretExpiresAt = "previousSecretExpiresAt"
 )
 
 // DecryptError is returned when an endpoint's secret or a header value is stored encrypted and cannot be
@@ -26,7 +30,7 @@ const (
 // authenticate. The endpoint is never used with the value missing.
 type DecryptError struct {
 	ConsumerGroup string
-	Field         string // "secret", or "headers.<name>"
+	Field         string // "secret", "previousSecret", or "headers.<name>"
 	Err           error
 }
 
@@ -46,13 +50,23 @@ func sealAD(group, field, header string) []byte {
 	return []byte("pulse-endpoint\x00" + group + "\x00" + field + "\x00" + header)
 }
 
-// secretFields returns the $set and $unset parts of a write of e's secret and headers: sealed with the
-// Store's keys when it has any, in clear otherwise; the other form is removed.
+// secretFields returns the $set and $unset parts of a write of e's secret, previous secret (with the end of
+// its overlap; all removed when e has none) and headers: sealed with the Store's keys when it has any, in
+// clear otherwise; the other form is removed.
 func (s *Store) secretFields(e *pulsetype.Endpoint) (set, unset bson.M, err error) {
 	set, unset = bson.M{}, bson.M{}
+	previous := e.PreviousSecret != "" && e.PreviousSecretExpiresAt != nil
+	if previous {
+		set[fieldPreviousSecretExpiresAt] = e.PreviousSecretExpiresAt
+	} else {
+		unset[fieldPreviousSecret], unset[fieldPreviousSecretSealed], unset[fieldPreviousSecretExpiresAt] = "", "", ""
+	}
 	if !s.opts.Keys.Enabled() {
 		set[fieldSecret], set[fieldHeaders] = e.Secret, e.Headers
 		unset[fieldSecretSealed], unset[fieldHeadersSealed] = "", ""
+		if previous {
+			set[fieldPreviousSecret], unset[fieldPreviousSecretSealed] = e.PreviousSecret, ""
+		}
 		return set, unset, nil
 	}
 	unset[fieldSecret], unset[fieldHeaders] = "", ""
@@ -64,6 +78,13 @@ func (s *Store) secretFields(e *pulsetype.Endpoint) (set, unset bson.M, err erro
 			return nil, nil, fmt.Errorf("encrypt the secret of endpoint %q: %w", e.ConsumerGroup, err)
 		}
 		set[fieldSecretSealed] = sealed
+	}
+	if previous {
+		sealed, err := s.opts.Keys.Seal([]byte(e.PreviousSecret), sealAD(e.ConsumerGroup, fieldPreviousSecret, ""))
+		if err != nil {
+			return nil, nil, fmt.Errorf("encrypt the previous secret of endpoint %q: %w", e.ConsumerGroup, err)
+		}
+		set[fieldPreviousSecretSealed], unset[fieldPreviousSecret] = sealed, ""
 	}
 	if len(e.Headers) == 0 {
 		unset[fieldHeadersSealed] = ""
@@ -81,8 +102,8 @@ func (s *Store) secretFields(e *pulsetype.Endpoint) (set, unset bson.M, err erro
 	return set, unset, nil
 }
 
-// openSecrets fills ep's secret and headers from d's sealed form, when d has one. It returns a
-// *DecryptError naming the endpoint and field when a value does not decrypt.
+// openSecrets fills ep's secret, previous secret and headers from d's sealed form, when d has one. It
+// returns a *DecryptError naming the endpoint and field when a value does not decrypt.
 func (d *subscriptionDoc) openSecrets(ep *pulsetype.Endpoint, keys *sealing.Keyring) error {
 	if d.SecretSealed != nil {
 		v, err := keys.Open(*d.SecretSealed, sealAD(d.ID, fieldSecret, ""))
@@ -90,6 +111,13 @@ func (d *subscriptionDoc) openSecrets(ep *pulsetype.Endpoint, keys *sealing.Keyr
 			return &DecryptError{ConsumerGroup: d.ID, Field: fieldSecret, Err: err}
 		}
 		ep.Secret = string(v)
+	}
+	if d.PreviousSecretSealed != nil {
+		v, err := keys.Open(*d.PreviousSecretSealed, sealAD(d.ID, fieldPreviousSecret, ""))
+		if err != nil {
+			return &DecryptError{ConsumerGroup: d.ID, Field: fieldPreviousSecret, Err: err}
+		}
+		ep.PreviousSecret = string(v)
 	}
 	if len(d.HeadersSealed) > 0 {
 		h := make(map[string]string, len(d.HeadersSealed)+len(ep.Headers))
@@ -125,7 +153,9 @@ func (s *Store) CheckSecrets(ctx context.Context) (stale int, err error) {
 		if primary == "" {
 			continue
 		}
-		old := d.Secret != "" || len(d.Headers) > 0 || (d.SecretSealed != nil && d.SecretSealed.KeyID != primary)
+		old := d.Secret != "" || d.PreviousSecret != "" || len(d.Headers) > 0 ||
+			(d.SecretSealed != nil && d.SecretSealed.KeyID != primary) ||
+			(d.PreviousSecretSealed != nil && d.PreviousSecretSealed.KeyID != primary)
 		for _, h := range d.HeadersSealed {
 			old = old || h.KeyID != primary
 		}

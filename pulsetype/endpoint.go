@@ -1,6 +1,7 @@
 package pulsetype
 
 import (
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -105,9 +106,15 @@ type Endpoint struct {
 	MaxConcurrency         *int              `json:"maxConcurrency,omitempty"`
 	Headers                map[string]string `json:"headers,omitempty"`
 	Secret                 string            `json:"secret,omitempty"`
-	InsecureSkipVerify     bool              `json:"insecureSkipVerify,omitempty"`
-	CreatedAt              time.Time         `json:"createdAt"`
-	UpdatedAt              time.Time         `json:"updatedAt"`
+	// PreviousSecret is the secret a rotation replaced (POST .../rotate-secret): POSTs are signed with it too, after
+	// Secret, until PreviousSecretExpiresAt. Reads never show it; a PUT body cannot set it.
+	PreviousSecret string `json:"-"`
+	// PreviousSecretExpiresAt ends the overlap of a rotation: from then on only Secret signs. Shown in reads,
+	// ignored in a PUT body (like createdAt).
+	PreviousSecretExpiresAt *time.Time `json:"previousSecretExpiresAt,omitempty"`
+	InsecureSkipVerify      bool       `json:"insecureSkipVerify,omitempty"`
+	CreatedAt               time.Time  `json:"createdAt"`
+	UpdatedAt               time.Time  `json:"updatedAt"`
 	// Incarnation is a UUIDv7 given when the consumer group is created (not when it is replaced): a group
 	// deleted and registered again is a new subscription, and nothing pending from the earlier one reaches it.
 	// Empty for groups registered before incarnations existed.
@@ -217,12 +224,50 @@ func (e *Endpoint) Normalize() error {
 		return err
 	}
 	if e.Secret != "" {
-		key, ok := strings.CutPrefix(e.Secret, "whsec_")
-		if raw, err := base64.StdEncoding.DecodeString(key); !ok || err != nil || len(raw) < 16 {
-			return &FieldError{"secret", "must be whsec_ followed by the base64 of at least 16 random bytes (Standard Webhooks)"}
+		if err := CheckSecret(e.Secret); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// CheckSecret validates a signing secret: "whsec_" followed by the standard base64 of at least 16 bytes
+// (Standard Webhooks). It returns a *FieldError for field "secret" that does not quote the value.
+func CheckSecret(secret string) error {
+	key, ok := strings.CutPrefix(secret, "whsec_")
+	if raw, err := base64.StdEncoding.DecodeString(key); !ok || err != nil || len(raw) < 16 {
+		return &FieldError{"secret", "must be whsec_ followed by the base64 of at least 16 random bytes (Standard Webhooks)"}
+	}
+	return nil
+}
+
+// Secret rotation (POST /v1/endpoints/{consumerGroup}/rotate-secret).
+const (
+	// DefaultSecretOverlap is how long the replaced secret keeps signing beside the new one.
+	DefaultSecretOverlap = 24 * time.Hour
+	// MaxSecretOverlap bounds the overlap of a rotation.
+	MaxSecretOverlap = 30 * 24 * time.Hour
+	// generatedSecretBytes is the length of a generated secret's key, in bytes.
+	generatedSecretBytes = 32
+)
+
+// GenerateSecret returns a new signing secret: "whsec_" and the standard base64 of 32 bytes from
+// crypto/rand.
+func GenerateSecret() string {
+	key := make([]byte, generatedSecretBytes)
+	_, _ = rand.Read(key) // never fails: since Go 1.24 a failing system source crashes the program instead
+	return "whsec_" + base64.StdEncoding.EncodeToString(key)
+}
+
+// PreviousSecretAt returns the secret that signs beside Secret at time now: PreviousSecret while now is
+// before PreviousSecretExpiresAt, and "" after it, when there is none, when it equals Secret, or when the
+// endpoint has no Secret (unsigned).
+func (e *Endpoint) PreviousSecretAt(now time.Time) string {
+	if e.Secret == "" || e.PreviousSecret == "" || e.PreviousSecret == e.Secret ||
+		e.PreviousSecretExpiresAt == nil || !now.Before(*e.PreviousSecretExpiresAt) {
+		return ""
+	}
+	return e.PreviousSecret
 }
 
 // RedactedHeaderValue is what reads show in place of every endpoint header value. A PUT that sends it back as
@@ -271,8 +316,8 @@ func fillDuration(p **Duration, def time.Duration, field string, min, max time.D
 }
 
 // Redacted returns a copy fit for reads and logs: the secret shows only its prefix and last 4 characters
-// ("whsec_…abcd") and every header value is RedactedHeaderValue (the names stay). The original is not
-// changed.
+// ("whsec_…abcd"), the previous secret of a rotation is removed, and every header value is
+// RedactedHeaderValue (the names stay). The original is not changed.
 func (e Endpoint) Redacted() Endpoint {
 	if e.Headers != nil {
 		h := make(map[string]string, len(e.Headers))
@@ -286,6 +331,7 @@ func (e Endpoint) Redacted() Endpoint {
 	} else if e.Secret != "" {
 		e.Secret = "whsec_…"
 	}
+	e.PreviousSecret = ""
 	return e
 }
 

@@ -14,6 +14,11 @@ var (
 	ErrLeaseLost = errors.New("lease lost")
 	// ErrNotTerminal: a retry was asked for a delivery that is still pending.
 	ErrNotTerminal = errors.New("delivery is not terminal")
+	// ErrTerminal: a cancel was asked for a delivery that is already terminal (success, error or cancelled).
+	ErrTerminal = errors.New("delivery is terminal")
+	// ErrAttemptInFlight: a retry was asked for a cancelled delivery whose attempt is still leased (its POST
+	// was in flight when it was cancelled); it can be retried once that attempt's result is recorded.
+	ErrAttemptInFlight = errors.New("an attempt of the delivery is still in flight")
 	// ErrNotSubscribed: a retry was asked for a delivery whose consumer group has no endpoint now, or no longer
 	// subscribes to the delivery's topic.
 	ErrNotSubscribed = errors.New("the consumer group has no endpoint subscribed to the delivery's topic")

@@ -134,6 +134,7 @@ func TestRetryPolicyNextCapsAndRetryAfter(t *testing.T) {
 func TestRetryPolicyDecide(t *testing.T) {
 	t.Parallel()
 	handler := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}
+	cancelled := &pulsetype.ErrorInfo{Code: pulsetype.CodeCancelled, Message: "cancelled"}
 	tests := []struct {
 		name      string
 		number    int
@@ -146,6 +147,8 @@ func TestRetryPolicyDecide(t *testing.T) {
 		{name: "error retries", number: 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: handler}, wantRetry: true},
 		{name: "terminal error ends", number: 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: handler, Terminal: true},
 			wantEnd: pulsetype.StatusError, wantErr: handler},
+		{name: "a cancelled attempt ends as cancelled", number: 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: cancelled},
+			wantEnd: pulsetype.StatusCancelled, wantErr: cancelled},
 		{name: "retries used up end", number: pulsetype.DefaultMaxRetries + 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: handler},
 			wantEnd: pulsetype.StatusError, wantErr: handler},
 	}

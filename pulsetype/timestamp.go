@@ -76,9 +76,10 @@ func (e Endpoint) MarshalJSON() ([]byte, error) {
 	type plain Endpoint
 	return marshalPlain(struct {
 		plain
-		CreatedAt Timestamp `json:"createdAt"`
-		UpdatedAt Timestamp `json:"updatedAt"`
-	}{plain(e), Timestamp(e.CreatedAt), Timestamp(e.UpdatedAt)})
+		CreatedAt               Timestamp  `json:"createdAt"`
+		UpdatedAt               Timestamp  `json:"updatedAt"`
+		PreviousSecretExpiresAt *Timestamp `json:"previousSecretExpiresAt,omitempty"`
+	}{plain(e), Timestamp(e.CreatedAt), Timestamp(e.UpdatedAt), TimestampPtr(e.PreviousSecretExpiresAt)})
 }
 
 // marshalPlain is json.Marshal without HTML escaping, as the API writes its answers ("<redacted>", URLs with

@@ -10,12 +10,19 @@ import (
 // Status is the state of a delivery or of one attempt.
 type Status string
 
-// Statuses of deliveries and attempts. Success and Error are terminal.
+// Statuses of deliveries and attempts. Success, Error and Cancelled are terminal. Cancelled is a delivery's
+// only: an attempt that a cancel ends, or that never ran because of one, is an error with CodeCancelled.
 const (
-	StatusPending Status = "pending"
-	StatusSuccess Status = "success"
-	StatusError   Status = "error"
+	StatusPending   Status = "pending"
+	StatusSuccess   Status = "success"
+	StatusError     Status = "error"
+	StatusCancelled Status = "cancelled"
 )
+
+// Terminal reports whether a delivery in status s is over: success, error or cancelled.
+func (s Status) Terminal() bool {
+	return s == StatusSuccess || s == StatusError || s == StatusCancelled
+}
 
 // Error codes written to an attempt's history (docs/delivery.md, "Retries").
 const (
@@ -27,12 +34,15 @@ const (
 	CodeEndpointDeleted = "endpoint_deleted"
 	// CodeUnsubscribed ends the pending deliveries of a topic that a PUT removed from the consumer group.
 	CodeUnsubscribed = "unsubscribed"
+	// CodeCancelled is the error of a delivery cancelled through the API (status StatusCancelled) and of the
+	// attempt that the cancel ended or kept from running.
+	CodeCancelled = "cancelled"
 )
 
-// Ended reports whether code ends a delivery whatever retries remain: the event is gone, or the consumer
-// group no longer wants it.
+// Ended reports whether code ends a delivery whatever retries remain: the event is gone, the consumer group
+// no longer wants it, or the delivery was cancelled.
 func Ended(code string) bool {
-	return code == CodeEventExpired || code == CodeEndpointDeleted || code == CodeUnsubscribed
+	return code == CodeEventExpired || code == CodeEndpointDeleted || code == CodeUnsubscribed || code == CodeCancelled
 }
 
 // Lock states of a pending attempt, as shown by the inspection API.
@@ -270,6 +280,16 @@ type DeliveryFilter struct {
 	Limit                int    // 1–500
 }
 
+// CancelResult is what cancelling a delivery did.
+type CancelResult struct {
+	// FinalAttempt is the attempt that records the cancel: the waiting attempt it ended, or the attempt
+	// number it took so that nothing can create that attempt any more (shown with code cancelled, never sent).
+	FinalAttempt int
+	// InFlight is true when an attempt was leased at the time: its POST may finish and its result is
+	// recorded, but the delivery stays cancelled and no attempt follows it.
+	InFlight bool
+}
+
 // LeaseKey names one held attempt lease: the attempt's id and the fencing token it was claimed with. One
 // claim round trip leases several attempts under one fresh token, so every fenced write filters on both.
 type LeaseKey struct {
@@ -285,8 +305,8 @@ func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.Loc
 type NextStep struct {
 	Retry     bool
 	Delay     time.Duration
-	EndStatus Status     // when !Retry: StatusSuccess or StatusError
-	EndError  *ErrorInfo // when !Retry and EndStatus is StatusError
+	EndStatus Status     // when !Retry: StatusSuccess, StatusError, or StatusCancelled (an attempt ended by a cancel)
+	EndError  *ErrorInfo // when !Retry and EndStatus is StatusError or StatusCancelled
 }
 
 // Completion is a leased attempt's result together with what follows it.

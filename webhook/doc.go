@@ -21,7 +21,8 @@
 //   - The request body is sent byte-identical. The headers of the contract (Content-Type, Idempotency-Key,
 //     webhook-id, webhook-timestamp, webhook-signature, Pulse-*, User-Agent) always win over endpoint headers
 //     of the same name. The signature is computed by the Standard Webhooks library with the event id as
-//     message id, so any Standard Webhooks verifier accepts it.
+//     message id, so any Standard Webhooks verifier accepts it. During a secret rotation webhook-signature
+//     holds two space-separated signatures, the new secret's first; a verifier accepts either.
 //   - The SSRF guard runs at dial time (net.Dialer.Control) on the IP address actually being connected to,
 //     after DNS resolution, so a rebinding DNS answer cannot slip past it. IPv4-mapped IPv6 addresses are
 //     unmapped and zones dropped before checking. 169.254.0.0/16, fe80::/10 and fd00:ec2::254 are always

@@ -36,6 +36,11 @@ type Request struct {
 	BodyHeaders map[string]string
 	// Secret is the Standard Webhooks signing secret ("whsec_<base64>"). Empty means the request is unsigned.
 	Secret string
+	// PreviousSecret, during a secret rotation's overlap, also signs the request: webhook-signature then
+	// carries two space-separated signatures, Secret's first, as the Standard Webhooks spec allows for
+	// rotations, so a receiver holding either secret verifies it. Ignored when empty, equal to Secret, or
+	// when Secret is empty.
+	PreviousSecret string
 	// Timeout bounds the whole attempt: dial, TLS, sending, waiting for and reading the response.
 	// Zero or negative means DefaultTimeout.
 	Timeout time.Duration
@@ -67,7 +72,8 @@ func (e *invalidRequestError) Error() string { return "invalid request: " + e.ms
 
 func invalid(msg string) error { return &invalidRequestError{msg: msg} }
 
-// newHTTPRequest validates r and builds the POST with every contract header, signed when r.Secret is set.
+// newHTTPRequest validates r and builds the POST with every contract header, signed when r.Secret is set
+// (and by r.PreviousSecret too during a rotation).
 // Errors are *invalidRequestError and never contain the secret or URL credentials.
 func newHTTPRequest(ctx context.Context, r *Request, ts time.Time, userAgent string) (*http.Request, error) {
 	u, err := url.Parse(r.URL)
@@ -126,6 +132,13 @@ func newHTTPRequest(ctx context.Context, r *Request, ts time.Time, userAgent str
 		sig, err := sign(r.Secret, r.EventID, ts, r.Body)
 		if err != nil {
 			return nil, err
+		}
+		if r.PreviousSecret != "" && r.PreviousSecret != r.Secret {
+			old, err := sign(r.PreviousSecret, r.EventID, ts, r.Body)
+			if err != nil {
+				return nil, err
+			}
+			sig += " " + old
 		}
 		h.Set(standardwebhooks.HeaderWebhookSignature, sig)
 	}

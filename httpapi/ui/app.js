@@ -1,0 +1,498 @@
+// Pulse console: reads and acts through the sidecar's own /v1 API, nothing else. The API token, when the
+// sidecar needs one, is typed by the operator, kept in this tab's sessionStorage (or memory) and sent only as
+// "Authorization: Bearer"; it never goes into a URL. Every value from the API is written with textContent.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "pulse.apiToken";
+  const PAGE_SIZE = 50;
+  const REFRESH_MS = 5000;
+
+  const $ = (id) => document.getElementById(id);
+
+  let token = readToken();
+  const view = {
+    groups: [],
+    filters: { group: "", topic: "", status: "" },
+    cursors: [""], // cursors[i] is the "after" of page i
+    page: 0,
+    next: "",
+    open: "", // the delivery whose timeline is shown
+    watch: null, // {id, attempt, until}: a retried delivery being followed
+    loading: false,
+  };
+
+  // ---- token ------------------------------------------------------------------------------------------
+
+  function readToken() {
+    try {
+      return sessionStorage.getItem(TOKEN_KEY) || "";
+    } catch {
+      return "";
+    }
+  }
+
+  function keepToken(t) {
+    token = t;
+    try {
+      if (t) sessionStorage.setItem(TOKEN_KEY, t);
+      else sessionStorage.removeItem(TOKEN_KEY);
+    } catch {
+      // sessionStorage unavailable: the token lives in memory only
+    }
+  }
+
+  function askToken(refused) {
+    $("data").hidden = true;
+    $("login").hidden = false;
+    $("forget").hidden = true;
+    clearTable("groups");
+    clearTable("deliveries");
+    clearTable("attempts");
+    $("timeline").hidden = true;
+    view.open = "";
+    say(refused ? "The token was refused (401): enter a valid API token." : "This sidecar needs an API token.", refused);
+    $("token").focus();
+  }
+
+  // ---- API --------------------------------------------------------------------------------------------
+
+  class APIError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  // api calls the sidecar's API at path (relative to /ui/, so "../v1/..."), with the token when there is
+  // one, and returns the decoded JSON answer. A 401 shows the token form and throws.
+  async function api(method, path, body) {
+    const headers = { Accept: "application/json" };
+    if (token) headers.Authorization = "Bearer " + token;
+    const init = { method, headers, cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    let resp;
+    try {
+      resp = await fetch(path, init);
+    } catch (e) {
+      throw new APIError(0, "network", "the sidecar did not answer: " + e.message);
+    }
+    const text = await resp.text();
+    let data = null;
+    if (text) {
+      try {
+        data = JSON.parse(text);
+      } catch {
+        data = null;
+      }
+    }
+    if (resp.status === 401) {
+      const refused = token !== "";
+      askToken(refused);
+      throw new APIError(401, "unauthorized", "an API token is needed");
+    }
+    if (!resp.ok) {
+      const e = (data && data.error) || {};
+      throw new APIError(resp.status, e.code || "http_" + resp.status, e.message || resp.statusText || "HTTP " + resp.status);
+    }
+    return data;
+  }
+
+  const v1 = (path) => "../v1" + path;
+  const seg = encodeURIComponent;
+
+  // ---- formatting -------------------------------------------------------------------------------------
+
+  function el(tag, props, ...children) {
+    const n = document.createElement(tag);
+    for (const [k, v] of Object.entries(props || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "class") n.className = v;
+      else if (k === "text") n.textContent = v;
+      else if (k.startsWith("data-")) n.setAttribute(k, v);
+      else if (k === "onclick") n.addEventListener("click", v);
+      else n[k] = v;
+    }
+    for (const c of children) {
+      if (c === undefined || c === null) continue;
+      n.append(typeof c === "string" || typeof c === "number" ? String(c) : c);
+    }
+    return n;
+  }
+
+  function clearTable(id) {
+    $(id).tBodies[0].replaceChildren();
+  }
+
+  function fmtTime(s) {
+    if (!s) return "";
+    return String(s).replace("T", " ").replace("Z", "");
+  }
+
+  function fmtAge(ms) {
+    if (ms === undefined || ms === null) return "";
+    let s = Math.floor(ms / 1000);
+    if (s < 60) return s + "s";
+    const d = Math.floor(s / 86400);
+    s -= d * 86400;
+    const h = Math.floor(s / 3600);
+    s -= h * 3600;
+    const m = Math.floor(s / 60);
+    s -= m * 60;
+    if (d > 0) return d + "d " + h + "h";
+    if (h > 0) return h + "h " + m + "m";
+    return m + "m " + s + "s";
+  }
+
+  function fmtMs(ms) {
+    if (ms === undefined || ms === null) return "";
+    return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(ms < 10000 ? 2 : 1) + " s";
+  }
+
+  // Query parameter names that carry credentials, and values that look like one (long, letters and digits).
+  const SECRET_NAME = /(token|secret|key|sig|signature|pass|pwd|auth|credential|session|code|jwt|bearer)/i;
+  function looksSecret(v) {
+    return v.length >= 16 && /[A-Za-z]/.test(v) && /[0-9]/.test(v) && /^[A-Za-z0-9+/=_.~%-]+$/.test(v);
+  }
+
+  // redactURL returns the endpoint URL with its credentials replaced by "…": userinfo, the values of query
+  // parameters whose name or value looks secret, path segments and a fragment that look secret.
+  function redactURL(raw) {
+    let u;
+    try {
+      u = new URL(raw);
+    } catch {
+      return "(not a valid URL)";
+    }
+    let out = u.protocol + "//" + (u.username || u.password ? "…@" : "") + u.host;
+    out += u.pathname.split("/").map((p) => (looksSecret(p) ? "…" : p)).join("/");
+    const params = [];
+    for (const [k, v] of u.searchParams) {
+      params.push(k + "=" + (v && (SECRET_NAME.test(k) || looksSecret(v)) ? "…" : v));
+    }
+    if (params.length) out += "?" + params.join("&");
+    if (u.hash) out += "#…";
+    return out;
+  }
+
+  // ---- messages ---------------------------------------------------------------------------------------
+
+  function say(text, isError) {
+    const m = $("message");
+    m.textContent = text;
+    m.classList.toggle("error", !!isError);
+    m.hidden = !text;
+  }
+
+  function sayError(what, e) {
+    if (e instanceof APIError && e.status === 401) return; // the token form says it
+    const detail = e instanceof APIError ? e.status + " " + e.code + ": " + e.message : String(e);
+    say(what + " failed: " + detail, true);
+  }
+
+  // ---- consumer groups --------------------------------------------------------------------------------
+
+  async function loadGroups() {
+    const [eps, stats] = await Promise.all([
+      api("GET", v1("/endpoints")),
+      api("GET", v1("/stats")).catch((e) => {
+        if (e instanceof APIError && e.status !== 401) return { error: e };
+        throw e;
+      }),
+    ]);
+    const byGroup = new Map();
+    if (stats && stats.groups) for (const g of stats.groups) byGroup.set(g.consumerGroup, g);
+    $("stats-note").textContent = stats && stats.error
+      ? "Figures unavailable: " + stats.error.message
+      : "Succeeded and failed count attempts that ended in the last hour; p50 is the median duration of its latest POSTs.";
+    view.groups = (eps.endpoints || []).map((ep) => ({ ep, st: byGroup.get(ep.consumerGroup) }));
+    renderGroups();
+    renderGroupFilter();
+  }
+
+  function renderGroups() {
+    const rows = view.groups.map(({ ep, st }) => {
+      const state = ep.state || "active";
+      let stateText = state;
+      if (state !== "active" && ep.stateReason) stateText += " (" + ep.stateReason + ")";
+      if (state !== "active" && ep.stateSince) stateText += " since " + fmtTime(ep.stateSince);
+      const paused = state !== "active";
+      const g = ep.consumerGroup;
+      return el("tr", { "data-group": g },
+        el("td", {}, el("button", { class: "link", type: "button", text: g, title: "show this group's deliveries", onclick: () => filterGroup(g) })),
+        el("td", { class: "url mono", text: redactURL(ep.url) }),
+        el("td", { class: "state state-" + state, text: stateText }),
+        el("td", { class: "num pending", text: st ? String(st.pending) : "" }),
+        el("td", { class: "num oldest", text: st && st.pending > 0 ? fmtAge(st.oldestPendingAgeMs) : st ? "–" : "" }),
+        el("td", { class: "num succeeded", text: st ? String(st.succeeded1h) : "" }),
+        el("td", { class: "num failed" + (st && st.failed1h > 0 ? " bad" : ""), text: st ? String(st.failed1h) : "" }),
+        el("td", { class: "num p50", text: st && st.latencyP50Ms !== null && st.latencyP50Ms !== undefined ? fmtMs(st.latencyP50Ms) : st ? "–" : "" }),
+        el("td", {},
+          el("button", { type: "button", text: paused ? "Resume" : "Pause", "data-action": paused ? "resume" : "pause", "data-group": g,
+            onclick: () => setState(g, paused ? "resume" : "pause") }),
+          " ",
+          el("button", { type: "button", text: "Replay…", "data-action": "replay", "data-group": g, onclick: () => openReplay(g) })));
+    });
+    $("groups").tBodies[0].replaceChildren(...rows);
+    if (!rows.length) {
+      $("groups").tBodies[0].append(el("tr", {}, el("td", { colSpan: 9, class: "muted", text: "No consumer group is registered (PUT /v1/endpoints/{consumerGroup})." })));
+    }
+  }
+
+  function renderGroupFilter() {
+    const sel = $("f-group");
+    const keep = view.filters.group;
+    const names = view.groups.map(({ ep }) => ep.consumerGroup).join("\n");
+    if (sel.dataset.names === names) return; // unchanged: an open drop-down stays open
+    sel.dataset.names = names;
+    const opts = [el("option", { value: "", text: "all" })];
+    for (const { ep } of view.groups) opts.push(el("option", { value: ep.consumerGroup, text: ep.consumerGroup }));
+    if (keep && !view.groups.some(({ ep }) => ep.consumerGroup === keep)) opts.push(el("option", { value: keep, text: keep }));
+    sel.replaceChildren(...opts);
+    sel.value = keep;
+  }
+
+  async function setState(group, action) {
+    try {
+      await api("POST", v1("/endpoints/" + seg(group) + "/" + action));
+      say((action === "pause" ? "Paused " : "Resumed ") + group + ".");
+      await loadGroups();
+    } catch (e) {
+      if (e instanceof APIError && (e.status === 405 || (e.status === 404 && e.code !== "endpoint_not_found"))) {
+        say("This sidecar cannot " + action + " endpoints: POST /v1/endpoints/{consumerGroup}/" + action + " answered " + e.status + " (not in this version).", true);
+        return;
+      }
+      sayError(action + " " + group, e);
+    }
+  }
+
+  function openReplay(group) {
+    const f = $("replay-form");
+    f.dataset.group = group;
+    $("replay-group").textContent = group;
+    f.hidden = false;
+    $("replay-status").focus();
+  }
+
+  async function submitReplay(ev) {
+    ev.preventDefault();
+    const f = $("replay-form");
+    const group = f.dataset.group;
+    const body = { status: $("replay-status").value };
+    for (const k of ["from", "to"]) {
+      const v = $("replay-" + k).value;
+      if (v) body[k] = new Date(v).toISOString();
+    }
+    try {
+      const r = await api("POST", v1("/endpoints/" + seg(group) + "/replay"), body);
+      say("Replay of " + group + ": " + r.replayed + " deliveries re-opened.");
+      f.hidden = true;
+      await refresh();
+    } catch (e) {
+      sayError("replay " + group, e);
+    }
+  }
+
+  // ---- deliveries -------------------------------------------------------------------------------------
+
+  function filterGroup(g) {
+    view.filters.group = g;
+    $("f-group").value = g;
+    resetPages();
+    loadDeliveries().catch((e) => sayError("loading deliveries", e));
+  }
+
+  function resetPages() {
+    view.cursors = [""];
+    view.page = 0;
+  }
+
+  async function loadDeliveries() {
+    const q = new URLSearchParams({ limit: String(PAGE_SIZE) });
+    const f = view.filters;
+    if (f.group) q.set("consumerGroup", f.group);
+    if (f.topic) q.set("topic", f.topic);
+    if (f.status) q.set("status", f.status);
+    const after = view.cursors[view.page];
+    if (after) q.set("after", after);
+    const r = await api("GET", v1("/deliveries?" + q.toString()));
+    view.next = r.next || "";
+    renderDeliveries(r.deliveries || []);
+  }
+
+  function renderDeliveries(list) {
+    const rows = list.map((d) => el("tr", { "data-id": d.id, "data-status": d.status, class: d.id === view.open ? "selected" : "" },
+      el("td", { class: "mono", text: fmtTime(d.createdAt) }),
+      el("td", {}, el("button", { class: "link", type: "button", text: d.id, "data-open": d.id, title: "show its attempts", onclick: () => openTimeline(d.id) })),
+      el("td", { text: d.consumerGroup }),
+      el("td", { text: d.topic }),
+      el("td", { class: "status status-" + d.status, text: d.status }),
+      el("td", { class: "num", text: d.finalAttempt ? String(d.finalAttempt) : "" }),
+      el("td", { text: d.error ? d.error.code + ": " + d.error.message : "" })));
+    $("deliveries").tBodies[0].replaceChildren(...rows);
+    if (!rows.length) {
+      $("deliveries").tBodies[0].append(el("tr", {}, el("td", { colSpan: 7, class: "muted", text: "No delivery matches." })));
+    }
+    $("page-label").textContent = "page " + (view.page + 1);
+    $("page-first").disabled = view.page === 0;
+    $("page-prev").disabled = view.page === 0;
+    $("page-next").disabled = !view.next;
+  }
+
+  function applyFilters(ev) {
+    if (ev) ev.preventDefault();
+    view.filters = { group: $("f-group").value, topic: $("f-topic").value.trim(), status: $("f-status").value };
+    resetPages();
+    loadDeliveries().catch((e) => sayError("loading deliveries", e));
+  }
+
+  function turnPage(to) {
+    if (to === "next") {
+      if (!view.next) return;
+      view.cursors[view.page + 1] = view.next;
+      view.page++;
+    } else if (to === "prev") {
+      view.page = Math.max(0, view.page - 1);
+    } else {
+      view.page = 0;
+    }
+    loadDeliveries().catch((e) => sayError("loading deliveries", e));
+  }
+
+  // ---- one delivery's attempt timeline ----------------------------------------------------------------
+
+  async function openTimeline(id) {
+    view.open = id;
+    for (const tr of $("deliveries").tBodies[0].rows) tr.classList.toggle("selected", tr.dataset.id === id);
+    try {
+      await loadTimeline();
+      $("timeline").scrollIntoView({ block: "nearest" });
+    } catch (e) {
+      sayError("loading delivery " + id, e);
+    }
+  }
+
+  async function loadTimeline() {
+    const id = view.open;
+    if (!id) return;
+    let d;
+    try {
+      d = await api("GET", v1("/deliveries/" + seg(id)));
+    } catch (e) {
+      if (e instanceof APIError && e.status === 404) {
+        view.open = "";
+        $("timeline").hidden = true;
+      }
+      throw e;
+    }
+    if (view.open !== id) return; // another one was opened meanwhile
+    $("tl-id").textContent = d.id;
+    const summary = [
+      ["event", d.eventId], ["group", d.consumerGroup], ["topic", d.topic], ["ordering key", d.orderingKey],
+      ["status", d.status], ["created", fmtTime(d.createdAt)], ["ended", fmtTime(d.endedAt)],
+      ["error", d.error ? d.error.code + ": " + d.error.message : ""],
+    ].filter(([, v]) => v);
+    $("tl-summary").replaceChildren(...summary.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { class: k === "status" ? "status-" + v : "", "data-field": k, text: v })]));
+    const rows = (d.attempts || []).map((a) => el("tr", { "data-attempt": String(a.attempt), "data-status": a.status },
+      el("td", { class: "num", text: String(a.attempt) }),
+      el("td", { class: "status status-" + a.status, text: a.status + (a.lockState ? " (" + a.lockState + ")" : "") }),
+      el("td", { class: "mono", text: fmtTime(a.startedAt) || (a.status === "pending" ? "due " + fmtTime(a.nextAttemptAt) : "") }),
+      el("td", { class: "mono", text: fmtTime(a.endedAt) }),
+      el("td", { class: "num http", text: a.httpStatus ? String(a.httpStatus) : "" }),
+      el("td", { class: "error", text: a.error ? a.error.code + ": " + a.error.message : "" }),
+      el("td", { class: "num", text: a.durationMs !== undefined ? fmtMs(a.durationMs) : "" }),
+      el("td", {}, a.responseBody ? el("pre", { class: "excerpt", text: a.responseBody.slice(0, 1024) }) : null)));
+    $("attempts").tBodies[0].replaceChildren(...rows);
+    $("retry").disabled = d.status === "pending";
+    $("retry").title = d.status === "pending" ? "only a terminal delivery can be retried" : "";
+    $("timeline").hidden = false;
+    if (view.watch && view.watch.id === id) {
+      const done = d.status !== "pending" && (d.attempts || []).some((a) => a.attempt >= view.watch.attempt);
+      if (done || Date.now() > view.watch.until) view.watch = null;
+      else setTimeout(() => loadTimeline().catch(() => {}), 500);
+    }
+  }
+
+  async function retry() {
+    const id = view.open;
+    if (!id) return;
+    try {
+      const r = await api("POST", v1("/deliveries/" + seg(id) + "/retry"));
+      say("Delivery " + id + ": attempt " + r.attempt + " is due now.");
+      view.watch = { id, attempt: r.attempt, until: Date.now() + 60000 };
+      await loadTimeline();
+      if (view.page === 0) await loadDeliveries();
+    } catch (e) {
+      sayError("retry of " + id, e);
+    }
+  }
+
+  // ---- refresh ----------------------------------------------------------------------------------------
+
+  async function refresh() {
+    if (view.loading) return;
+    view.loading = true;
+    try {
+      const work = [loadGroups()];
+      if (view.page === 0) work.push(loadDeliveries()); // later pages stay put until asked
+      if (view.open && !view.watch) work.push(loadTimeline());
+      await Promise.all(work);
+      $("login").hidden = true;
+      $("data").hidden = false;
+      $("forget").hidden = !token;
+      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      if ($("message").textContent.startsWith("This sidecar needs") || $("message").textContent.startsWith("The token was refused")) say("");
+    } catch (e) {
+      sayError("loading", e);
+    } finally {
+      view.loading = false;
+    }
+  }
+
+  function init() {
+    $("login-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const t = $("token").value.trim();
+      $("token").value = "";
+      if (!t) return;
+      keepToken(t);
+      say("");
+      refresh();
+    });
+    $("forget").addEventListener("click", () => {
+      keepToken("");
+      askToken(false);
+    });
+    $("refresh").addEventListener("click", () => {
+      if (view.page !== 0) loadDeliveries().catch((e) => sayError("loading deliveries", e));
+      refresh();
+    });
+    $("filters").addEventListener("submit", applyFilters);
+    $("f-failing").addEventListener("click", () => {
+      $("f-status").value = "error";
+      applyFilters();
+    });
+    $("page-first").addEventListener("click", () => turnPage("first"));
+    $("page-prev").addEventListener("click", () => turnPage("prev"));
+    $("page-next").addEventListener("click", () => turnPage("next"));
+    $("retry").addEventListener("click", retry);
+    $("tl-close").addEventListener("click", () => {
+      view.open = "";
+      view.watch = null;
+      $("timeline").hidden = true;
+      for (const tr of $("deliveries").tBodies[0].rows) tr.classList.remove("selected");
+    });
+    $("replay-form").addEventListener("submit", submitReplay);
+    $("replay-cancel").addEventListener("click", () => { $("replay-form").hidden = true; });
+    setInterval(() => {
+      if ($("auto").checked && !$("data").hidden && document.visibilityState === "visible") refresh();
+    }, REFRESH_MS);
+    refresh();
+  }
+
+  init();
+})();

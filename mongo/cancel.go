@@ -1,0 +1,135 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// maxCancelTries bounds how often a cancel looks at a delivery's attempts again when another writer changed
+// them between its read and its write (a claim, a retry created by a result or the repair scan).
+const maxCancelTries = 4
+
+// cancelled is the error of a cancelled delivery and of the attempt that records its cancel.
+var cancelled = &pulsetype.ErrorInfo{Code: pulsetype.CodeCancelled, Message: "cancelled through the API: no attempt is sent after it"}
+
+// CancelDelivery ends a pending delivery as cancelled (docs/delivery.md, "Cancelling a delivery"), in two
+// steps that keep every later attempt from being sent, without transactions:
+//
+//  1. its attempts are stopped: the attempt waiting to be claimed is ended as error/cancelled by a write
+//     fenced on its being pending and unleased; when there is none (an attempt is leased: its POST is in
+//     flight; or the next attempt is not created yet), the next attempt number is taken by inserting that
+//     attempt already ended as error/cancelled, so the unique index on (deliveryId, attempt) turns whatever
+//     would have created it (the in-flight attempt's retry, the reaper, the repair scan, a retry's reopen)
+//     into a duplicate-key no-op;
+//  2. the delivery becomes cancelled (code cancelled, endedAt, finalAttempt, expiresAt) with a write
+//     filtered on status pending, so the in-flight attempt's result, recorded later by its fenced writes,
+//     cannot end it otherwise.
+//
+// A crash between the two leaves a pending delivery whose last attempt ended with code cancelled: the
+// repair scan ends it as cancelled. A POST leased before step 1 may still finish (CancelResult.InFlight).
+//
+// It returns what it did; pulsetype.ErrNotFound when the delivery does not exist or has expired;
+// pulsetype.ErrTerminal (wrapped, naming the status) when it is already terminal, also when it ended
+// otherwise while being cancelled (its in-flight attempt succeeded first).
+func (s *Store) CancelDelivery(ctx context.Context, id string) (pulsetype.CancelResult, error) {
+	d, err := s.deliveryDoc(ctx, id)
+	if err != nil {
+		return pulsetype.CancelResult{}, err
+	}
+	if d.Status != pulsetype.StatusPending {
+		return pulsetype.CancelResult{}, fmt.Errorf("delivery %s is %s: %w", id, d.Status, pulsetype.ErrTerminal)
+	}
+	res, taken, err := s.stopAttempts(ctx, d.delivery())
+	if err != nil {
+		return pulsetype.CancelResult{}, err
+	}
+	now := s.now()
+	upd, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": id, "status": pulsetype.StatusPending},
+		bson.M{"$set": endSet(pulsetype.StatusCancelled, res.FinalAttempt, cancelled, now, expiry(now, s.opts.HistoryRetention))})
+	if err != nil {
+		return pulsetype.CancelResult{}, wrap("cancel delivery", err)
+	}
+	if upd.ModifiedCount > 0 {
+		return res, nil
+	}
+	// Ended meanwhile: by the repair scan finishing this very cancel from its attempt, by another cancel, or by
+	// the result of the attempt in flight.
+	d, err = s.deliveryDoc(ctx, id)
+	if err != nil {
+		return pulsetype.CancelResult{}, err
+	}
+	if d.Status == pulsetype.StatusCancelled && d.FinalAttempt == res.FinalAttempt {
+		return res, nil
+	}
+	if taken != "" { // the number this cancel took records a cancel that did not happen
+		if _, err := s.history.DeleteOne(ctx, bson.M{"_id": taken, "status": pulsetype.StatusError}); err != nil {
+			return pulsetype.CancelResult{}, wrap("remove the attempt of a cancel that lost", err)
+		}
+	}
+	return pulsetype.CancelResult{}, fmt.Errorf("delivery %s became %s while it was being cancelled: %w", id, d.Status, pulsetype.ErrTerminal)
+}
+
+// deliveryDoc returns a delivery document, or pulsetype.ErrNotFound when there is none or it has expired.
+func (s *Store) deliveryDoc(ctx context.Context, id string) (*deliveryDoc, error) {
+	var doc deliveryDoc
+	err := s.deliveries.FindOne(ctx, bson.M{"_id": id}).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && expired(doc.ExpiresAt, s.now())) {
+		return nil, pulsetype.ErrNotFound
+	}
+	if err != nil {
+		return nil, wrap("get delivery", err)
+	}
+	return &doc, nil
+}
+
+// stopAttempts is step 1 of CancelDelivery. It returns what it did and, when it inserted the ended attempt
+// that takes the next number, that attempt's id.
+func (s *Store) stopAttempts(ctx context.Context, d *pulsetype.Delivery) (res pulsetype.CancelResult, taken string, err error) {
+	for range maxCancelTries {
+		byDelivery, err := s.AttemptsOf(ctx, []string{d.ID})
+		if err != nil {
+			return res, "", err
+		}
+		attempts := byDelivery[d.ID]
+		now := s.now()
+		ended := s.outcomeSet(pulsetype.AttemptResult{Status: pulsetype.StatusError, Terminal: true, Error: cancelled}, now)
+		// A reopened delivery's attempt may not exist yet: its number is reopenedAttempt.
+		next, inFlight := max(1, d.ReopenedAttempt), false
+		if len(attempts) > 0 {
+			last := attempts[len(attempts)-1]
+			if last.Status == pulsetype.StatusPending && last.LockedUntil == nil {
+				upd, err := s.history.UpdateOne(ctx, bson.M{"_id": last.ID, "status": pulsetype.StatusPending, "lockedUntil": nil},
+					bson.M{"$set": ended})
+				if err != nil {
+					return res, "", wrap("end the waiting attempt of a cancelled delivery", err)
+				}
+				if upd.MatchedCount > 0 {
+					return pulsetype.CancelResult{FinalAttempt: last.Number}, "", nil
+				}
+				continue // leased meanwhile: its POST is in flight now
+			}
+			// Leased (also with an expired lease, which the reaper ends), or ended with its follow-up not
+			// written yet.
+			inFlight = last.Status == pulsetype.StatusPending
+			next = max(next, last.Number+1)
+		}
+		doc := newAttemptDoc(d.Ref(), next, now, now)
+		doc.Status, doc.EndedAt, doc.Terminal, doc.Error = pulsetype.StatusError, &now, true, cancelled
+		doc.ExpiresAt = expiry(now, s.opts.HistoryRetention)
+		_, err = s.history.InsertOne(ctx, doc)
+		if mongo.IsDuplicateKeyError(err) {
+			continue // created meanwhile (a retry, a repair): look again
+		}
+		if err != nil {
+			return res, "", wrap("take the next attempt of a cancelled delivery", err)
+		}
+		return pulsetype.CancelResult{FinalAttempt: next, InFlight: inFlight}, doc.ID, nil
+	}
+	return res, "", fmt.Errorf("cancel delivery %s: its attempts changed during each of %d tries", d.ID, maxCancelTries)
+}
