@@ -24,7 +24,7 @@ const (
 	DefaultCollectionPrefix = "pulse"
 	DefaultDataDir          = "./pulse-data"
 	DefaultListen           = "127.0.0.1:8080"
-	DefaultLockTimeout      = 30 * time.Second
+	DefaultLeaseTimeout     = 30 * time.Second
 	DefaultPollInterval     = time.Second
 	DefaultRetention        = 168 * time.Hour
 	DefaultShutdownTimeout  = 25 * time.Second
@@ -77,8 +77,8 @@ type Config struct {
 	// EncryptionKey is a comma-separated list of base64-encoded 32-byte keys (AES-256-GCM): the first encrypts
 	// endpoint secrets and header values at rest, every one decrypts (key rotation). Empty: stored in clear.
 	EncryptionKey string `env:"PULSE_ENCRYPTION_KEY"`
-	// LockTimeout is the lease length of attempts, ordering and discovery; heartbeats run every third of it.
-	LockTimeout time.Duration `env:"PULSE_LOCK_TIMEOUT" envDefault:"30s"`
+	// LeaseTimeout is the lease length of attempts, ordering and discovery; heartbeats run every third of it.
+	LeaseTimeout time.Duration `env:"PULSE_LOCK_TIMEOUT" envDefault:"30s"`
 	// PollInterval is how often an idle dispatcher looks for work without being woken.
 	PollInterval time.Duration `env:"PULSE_POLL_INTERVAL" envDefault:"1s"`
 	// ChangeStreams is auto, required or disabled.
@@ -217,8 +217,8 @@ func (c *Config) Validate() error {
 	if _, err := ParseKeys(c.EncryptionKey); err != nil {
 		return secretBad("PULSE_ENCRYPTION_KEY", c.EncryptionKey, "a comma-separated list of base64-encoded 32-byte keys, such as the output of `openssl rand -base64 32` ("+err.Error()+")")
 	}
-	if c.LockTimeout < 30*time.Millisecond || c.LockTimeout > time.Hour {
-		return bad("PULSE_LOCK_TIMEOUT", c.LockTimeout, "a duration between 30ms and 1h")
+	if c.LeaseTimeout < 30*time.Millisecond || c.LeaseTimeout > time.Hour {
+		return bad("PULSE_LOCK_TIMEOUT", c.LeaseTimeout, "a duration between 30ms and 1h")
 	}
 	if c.PollInterval < 5*time.Millisecond || c.PollInterval > 10*time.Minute {
 		return bad("PULSE_POLL_INTERVAL", c.PollInterval, "a duration between 5ms and 10m")

@@ -32,7 +32,7 @@ func benchStore(b *testing.B) (*Store, *atomic.Int64) {
 		_ = client.Database(dbName).Drop(context.Background())
 		_ = client.Disconnect(context.Background())
 	})
-	s := New(client, Options{Database: dbName, CollectionPrefix: testPrefix, LockTimeout: 30 * time.Second, Logger: zerolog.Nop()})
+	s := New(client, Options{Database: dbName, CollectionPrefix: testPrefix, LeaseTimeout: 30 * time.Second, Logger: zerolog.Nop()})
 	ctx := context.Background()
 	if _, err := s.EnsureSchema(ctx); err != nil {
 		b.Fatal(err)

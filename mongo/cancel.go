@@ -103,7 +103,7 @@ func (s *Store) stopAttempts(ctx context.Context, d *pulsetype.Delivery) (res pu
 		next, inFlight := max(1, d.ReopenedAttempt), false
 		if len(attempts) > 0 {
 			last := attempts[len(attempts)-1]
-			if last.Status == pulsetype.StatusPending && last.LockedUntil == nil {
+			if last.Status == pulsetype.StatusPending && last.LeasedUntil == nil {
 				upd, err := s.history.UpdateOne(ctx, bson.M{"_id": last.ID, "status": pulsetype.StatusPending, "lockedUntil": nil},
 					bson.M{"$set": ended})
 				if err != nil {

@@ -9,6 +9,10 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// The bson field names of these documents, and the index names in schema.go, are the stored schema: they keep
+// their earlier spelling (lockOwner, lockToken, lockedAt, lockedUntil for an attempt's lease owner, fencing
+// token and lease times) because existing databases and older replicas during a rolling upgrade depend on them.
+
 // eventDoc is a document of <prefix>.events. Data is the event's JSON text, kept as a string so numbers,
 // unicode escapes and key order come back byte-equal.
 type eventDoc struct {
@@ -75,10 +79,10 @@ type subscriptionDoc struct {
 
 // backfillState is the discovery cursor and lease of an earliest-offset consumer group.
 type backfillState struct {
-	Cursor      string     `bson:"cursor"` // last event id delivered by the backfill
-	LockOwner   string     `bson:"lockOwner,omitempty"`
-	LockToken   string     `bson:"lockToken,omitempty"`
-	LockedUntil *time.Time `bson:"lockedUntil,omitempty"`
+	Cursor       string     `bson:"cursor"` // last event id delivered by the backfill
+	LeaseOwner   string     `bson:"lockOwner,omitempty"`
+	FencingToken string     `bson:"lockToken,omitempty"`
+	LeasedUntil  *time.Time `bson:"lockedUntil,omitempty"`
 }
 
 func ms(d *pulsetype.Duration) int64 { return time.Duration(*d).Milliseconds() }
@@ -151,10 +155,10 @@ type attemptDoc struct {
 	CreatedAt     time.Time            `bson:"createdAt"`
 	NextAttemptAt time.Time            `bson:"nextAttemptAt"`
 	StartedAt     *time.Time           `bson:"startedAt,omitempty"`
-	LockOwner     string               `bson:"lockOwner,omitempty"`
-	LockToken     string               `bson:"lockToken,omitempty"`
-	LockedAt      *time.Time           `bson:"lockedAt,omitempty"`
-	LockedUntil   *time.Time           `bson:"lockedUntil,omitempty"`
+	LeaseOwner    string               `bson:"lockOwner,omitempty"`
+	FencingToken  string               `bson:"lockToken,omitempty"`
+	LeasedAt      *time.Time           `bson:"lockedAt,omitempty"`
+	LeasedUntil   *time.Time           `bson:"lockedUntil,omitempty"`
 	HeartbeatAt   *time.Time           `bson:"heartbeatAt,omitempty"`
 	EndedAt       *time.Time           `bson:"endedAt,omitempty"`
 	DurationMs    int64                `bson:"durationMs,omitempty"`
@@ -172,8 +176,8 @@ func (d *attemptDoc) attempt() *pulsetype.Attempt {
 		ID: d.ID, DeliveryID: d.DeliveryID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
 		Number: d.Attempt, Status: d.Status, HTTPStatus: d.HTTPStatus, DurationMs: d.DurationMs, Error: d.Error,
 		ResponseBody: d.ResponseBody, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
-		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LockOwner: d.LockOwner, LockToken: d.LockToken,
-		LockedUntil: d.LockedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
+		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LeaseOwner: d.LeaseOwner, FencingToken: d.FencingToken,
+		LeasedUntil: d.LeasedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
 		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond,
 	}
 }

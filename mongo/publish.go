@@ -253,7 +253,7 @@ func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulse
 }
 
 // ClearFanOut removes the fanout mark of events whose deliveries exist, with one updateMany. Clearing late
-// is harmless: FanOutStale only takes marks older than one lock timeout, and a repeated fan-out is a no-op.
+// is harmless: FanOutStale only takes marks older than one lease timeout, and a repeated fan-out is a no-op.
 func (s *Store) ClearFanOut(ctx context.Context, eventIDs []string) error {
 	if len(eventIDs) == 0 {
 		return nil

@@ -45,11 +45,11 @@ func Ended(code string) bool {
 	return code == CodeEventExpired || code == CodeEndpointDeleted || code == CodeUnsubscribed || code == CodeCancelled
 }
 
-// Lock states of a pending attempt, as shown by the inspection API.
+// Lease states of a pending attempt, as shown by the inspection API.
 const (
-	LockQueued  = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
-	LockActive  = "active"  // leased and the lease has not expired: a worker is running it
-	LockExpired = "expired" // leased but the lease expired: the worker stopped renewing
+	LeaseQueued  = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
+	LeaseActive  = "active"  // leased and the lease has not expired: a worker is running it
+	LeaseExpired = "expired" // leased but the lease expired: the worker stopped renewing
 )
 
 // Event is one published event. Data holds the JSON exactly as the application sent it (compacted), so the
@@ -215,7 +215,7 @@ type Attempt struct {
 	Topic         string     `json:"-"`
 	Number        int        `json:"attempt"`
 	Status        Status     `json:"status"`
-	LockState     string     `json:"lockState,omitempty"`
+	LeaseState    string     `json:"lockState,omitempty"`
 	HTTPStatus    int        `json:"httpStatus,omitempty"`
 	DurationMs    int64      `json:"durationMs,omitempty"`
 	Error         *ErrorInfo `json:"error,omitempty"`
@@ -224,9 +224,9 @@ type Attempt struct {
 	NextAttemptAt time.Time  `json:"nextAttemptAt"`
 	StartedAt     *time.Time `json:"startedAt,omitempty"`
 	EndedAt       *time.Time `json:"endedAt,omitempty"`
-	LockOwner     string     `json:"-"`
-	LockToken     string     `json:"-"`
-	LockedUntil   *time.Time `json:"-"`
+	LeaseOwner    string     `json:"-"`
+	FencingToken  string     `json:"-"`
+	LeasedUntil   *time.Time `json:"-"`
 	// Terminal is true when the failure ended the delivery regardless of retries left (a terminal HTTP status).
 	Terminal bool `json:"-"`
 	// Incarnation is the registration of the consumer group the attempt's delivery was created for; an
@@ -237,17 +237,17 @@ type Attempt struct {
 	RetryAfter time.Duration `json:"-"`
 }
 
-// LockStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
-func (a *Attempt) LockStateAt(now time.Time) string {
+// LeaseStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
+func (a *Attempt) LeaseStateAt(now time.Time) string {
 	switch {
 	case a.Status != StatusPending:
 		return ""
-	case a.LockedUntil == nil:
-		return LockQueued
-	case a.LockedUntil.After(now):
-		return LockActive
+	case a.LeasedUntil == nil:
+		return LeaseQueued
+	case a.LeasedUntil.After(now):
+		return LeaseActive
 	default:
-		return LockExpired
+		return LeaseExpired
 	}
 }
 
@@ -297,8 +297,8 @@ type LeaseKey struct {
 	Token     string
 }
 
-// Key returns the attempt's lease key (its id and lock token).
-func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.LockToken} }
+// Key returns the attempt's lease key (its id and fencing token).
+func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.FencingToken} }
 
 // NextStep is what follows an ended attempt, by the lifecycle of docs/delivery.md: either attempt Number+1 is created,
 // due after Delay, or the delivery ends with EndStatus and EndError.
@@ -311,7 +311,7 @@ type NextStep struct {
 
 // Completion is a leased attempt's result together with what follows it.
 type Completion struct {
-	Attempt *Attempt // as leased: ID and LockToken fence the write
+	Attempt *Attempt // as leased: ID and FencingToken fence the write
 	Result  AttemptResult
 	Next    NextStep
 }
