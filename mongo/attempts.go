@@ -403,7 +403,8 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		status     pulsetype.Status
 		httpStatus int
 		terminal   bool
-		code, msg  string
+		code       pulsetype.ErrorCode
+		msg        string
 		retryAfter time.Duration
 	}
 	groups := map[outcome][]int{}

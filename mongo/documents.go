@@ -41,19 +41,19 @@ func (d *eventDoc) event() *pulsetype.Event {
 
 // subscriptionDoc is a document of <prefix>.subscriptions: one per consumer group, _id = the group.
 type subscriptionDoc struct {
-	ID                     string   `bson:"_id"`
-	URL                    string   `bson:"url"`
-	Topics                 []string `bson:"topics"`
-	Delivery               string   `bson:"delivery"`
-	Ordered                bool     `bson:"ordered"`
-	Format                 string   `bson:"format,omitempty"` // empty for groups stored before formats: envelope
-	OffsetReset            string   `bson:"offsetReset"`
-	MaxRetries             int      `bson:"maxRetries"`
-	RetryDelayMs           int64    `bson:"retryDelayMs"`
-	RetryBackoffMultiplier float64  `bson:"retryBackoffMultiplier"`
-	MaxRetryDelayMs        int64    `bson:"maxRetryDelayMs"`
-	TimeoutMs              int64    `bson:"timeoutMs"`
-	MaxConcurrency         int      `bson:"maxConcurrency"`
+	ID                     string                  `bson:"_id"`
+	URL                    string                  `bson:"url"`
+	Topics                 []string                `bson:"topics"`
+	Delivery               pulsetype.DeliveryMode  `bson:"delivery"`
+	Ordered                bool                    `bson:"ordered"`
+	Format                 pulsetype.WebhookFormat `bson:"format,omitempty"` // empty for groups stored before formats: envelope
+	OffsetReset            pulsetype.OffsetReset   `bson:"offsetReset"`
+	MaxRetries             int                     `bson:"maxRetries"`
+	RetryDelayMs           int64                   `bson:"retryDelayMs"`
+	RetryBackoffMultiplier float64                 `bson:"retryBackoffMultiplier"`
+	MaxRetryDelayMs        int64                   `bson:"maxRetryDelayMs"`
+	TimeoutMs              int64                   `bson:"timeoutMs"`
+	MaxConcurrency         int                     `bson:"maxConcurrency"`
 	// Headers and Secret hold the endpoint's header values and signing secret in clear: written without an
 	// encryption key, or before one was set. With a key they are empty and the sealed fields hold them.
 	Headers map[string]string `bson:"headers,omitempty"`

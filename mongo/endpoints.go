@@ -165,7 +165,7 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 //
 // A claim racing step 1 can only take an attempt step 2 then sees as leased. Running it twice is harmless.
 // It logs one info line with how many deliveries it ended, when it ended any.
-func (s *Store) EndPending(ctx context.Context, group string, topics []string, code, msg string) error {
+func (s *Store) EndPending(ctx context.Context, group string, topics []string, code pulsetype.ErrorCode, msg string) error {
 	now := s.now()
 	info := &pulsetype.ErrorInfo{Code: code, Message: msg}
 	exp := expiry(now, s.opts.HistoryRetention)
@@ -202,7 +202,7 @@ func (s *Store) EndPending(ctx context.Context, group string, topics []string, c
 		return wrap("end pending deliveries", err)
 	}
 	if res.ModifiedCount > 0 || len(busy) > 0 {
-		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", code).
+		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", string(code)).
 			Int64("ended", res.ModifiedCount).Int("in_flight", len(busy)).Msg("pending deliveries ended")
 	}
 	return nil

@@ -664,7 +664,7 @@ func testCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T, e *env) {
 	if len(attempts) != 3 || attempts[0].Number != 1 || attempts[1].Number != 2 || attempts[2].Number != 3 {
 		t.Fatalf("attempts = %+v, want 1, 2, 3 in order", attempts)
 	}
-	wantStates := []string{"", pulsetype.LeaseActive, pulsetype.LeaseQueued}
+	wantStates := []pulsetype.LeaseState{"", pulsetype.LeaseActive, pulsetype.LeaseQueued}
 	for i, a := range attempts {
 		if a.LeaseState != wantStates[i] {
 			t.Errorf("attempt %d lockState = %q, want %q", a.Number, a.LeaseState, wantStates[i])

@@ -14,25 +14,34 @@ import (
 	"time"
 )
 
-// Delivery modes of an endpoint (docs/delivery.md, "Guarantees").
+// DeliveryMode is an endpoint's delivery guarantee: AtLeastOnce or AtMostOnce (docs/delivery.md, "Guarantees").
+type DeliveryMode string
+
+// Delivery modes of an endpoint.
 const (
-	AtLeastOnce = "at-least-once"
-	AtMostOnce  = "at-most-once"
+	AtLeastOnce DeliveryMode = "at-least-once"
+	AtMostOnce  DeliveryMode = "at-most-once"
 )
+
+// WebhookFormat is the shape of an endpoint's webhook request: FormatEnvelope or FormatCloudEvents.
+type WebhookFormat string
 
 // Formats of the webhook request of an endpoint.
 const (
 	// FormatEnvelope is the default: the body is Event.Envelope, Content-Type application/json.
-	FormatEnvelope = "envelope"
+	FormatEnvelope WebhookFormat = "envelope"
 	// FormatCloudEvents is a CloudEvents 1.0 binary-mode request: ce-* headers and the data as the body (see
 	// Event.CloudEvent).
-	FormatCloudEvents = "cloudevents"
+	FormatCloudEvents WebhookFormat = "cloudevents"
 )
 
-// Offset resets: which events a newly registered consumer group receives.
+// OffsetReset is which events a newly registered consumer group receives: OffsetLatest or OffsetEarliest.
+type OffsetReset string
+
+// Offset resets of a consumer group.
 const (
-	OffsetLatest   = "latest"   // events published after registration
-	OffsetEarliest = "earliest" // every event still retained
+	OffsetLatest   OffsetReset = "latest"   // events published after registration
+	OffsetEarliest OffsetReset = "earliest" // every event still retained
 )
 
 // Endpoint defaults, as documented in the README's API section.
@@ -90,14 +99,14 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // Endpoint is a consumer group's webhook registration: where its events go and how they are retried.
 // Pointer fields are optional in the API body; Normalize fills their defaults.
 type Endpoint struct {
-	ConsumerGroup string   `json:"consumerGroup"`
-	URL           string   `json:"url"`
-	Topics        []string `json:"topics"`
-	Delivery      string   `json:"delivery"`
-	Ordered       bool     `json:"ordered"`
+	ConsumerGroup string       `json:"consumerGroup"`
+	URL           string       `json:"url"`
+	Topics        []string     `json:"topics"`
+	Delivery      DeliveryMode `json:"delivery"`
+	Ordered       bool         `json:"ordered"`
 	// Format is FormatEnvelope (the default) or FormatCloudEvents.
-	Format                 string            `json:"format"`
-	OffsetReset            string            `json:"offsetReset"`
+	Format                 WebhookFormat     `json:"format"`
+	OffsetReset            OffsetReset       `json:"offsetReset"`
 	MaxRetries             *int              `json:"maxRetries,omitempty"`
 	RetryDelay             *Duration         `json:"retryDelay,omitempty"`
 	RetryBackoffMultiplier *float64          `json:"retryBackoffMultiplier,omitempty"`
@@ -162,7 +171,7 @@ func (e *Endpoint) Normalize() error {
 		}
 		seen[t] = true
 	}
-	e.Delivery = strings.ToLower(e.Delivery)
+	e.Delivery = DeliveryMode(strings.ToLower(string(e.Delivery)))
 	switch e.Delivery {
 	case "":
 		e.Delivery = AtLeastOnce

@@ -32,7 +32,7 @@ func TestEndpointNormalizeFillsDefaults(t *testing.T) {
 	tests := []struct {
 		name           string
 		mod            func(e *pulsetype.Endpoint)
-		wantDelivery   string
+		wantDelivery   pulsetype.DeliveryMode
 		wantMaxRetries int
 	}{
 		{name: "at-least-once by default", wantDelivery: pulsetype.AtLeastOnce, wantMaxRetries: pulsetype.DefaultMaxRetries},

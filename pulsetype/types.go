@@ -24,32 +24,38 @@ func (s Status) Terminal() bool {
 	return s == StatusSuccess || s == StatusError || s == StatusCancelled
 }
 
-// Error codes written to an attempt's history (docs/delivery.md, "Retries").
+// ErrorCode says why an attempt or a delivery failed: one of the Code constants (docs/delivery.md, "Retries").
+type ErrorCode string
+
+// Error codes written to an attempt's history.
 const (
-	CodeHandlerError = "handler_error" // the webhook answered with a failure, or could not be reached
-	CodeWorkerLost   = "worker_lost"   // the attempt's lease expired before it completed
-	CodeEventExpired = "event_expired" // retention removed the event before the attempt ran
+	CodeHandlerError ErrorCode = "handler_error" // the webhook answered with a failure, or could not be reached
+	CodeWorkerLost   ErrorCode = "worker_lost"   // the attempt's lease expired before it completed
+	CodeEventExpired ErrorCode = "event_expired" // retention removed the event before the attempt ran
 	// CodeEndpointDeleted ends the pending deliveries of a deleted consumer group (and any attempt of an
 	// earlier registration of a group registered again): a normal outcome, not a failure of the receiver.
-	CodeEndpointDeleted = "endpoint_deleted"
+	CodeEndpointDeleted ErrorCode = "endpoint_deleted"
 	// CodeUnsubscribed ends the pending deliveries of a topic that a PUT removed from the consumer group.
-	CodeUnsubscribed = "unsubscribed"
+	CodeUnsubscribed ErrorCode = "unsubscribed"
 	// CodeCancelled is the error of a delivery cancelled through the API (status StatusCancelled) and of the
 	// attempt that the cancel ended or kept from running.
-	CodeCancelled = "cancelled"
+	CodeCancelled ErrorCode = "cancelled"
 )
 
 // Ended reports whether code ends a delivery whatever retries remain: the event is gone, the consumer group
 // no longer wants it, or the delivery was cancelled.
-func Ended(code string) bool {
-	return code == CodeEventExpired || code == CodeEndpointDeleted || code == CodeUnsubscribed || code == CodeCancelled
+func (c ErrorCode) Ended() bool {
+	return c == CodeEventExpired || c == CodeEndpointDeleted || c == CodeUnsubscribed || c == CodeCancelled
 }
 
-// Lease states of a pending attempt, as shown by the inspection API.
+// LeaseState is the lease state of a pending attempt, as the inspection API shows it (field lockState).
+type LeaseState string
+
+// Lease states of a pending attempt.
 const (
-	LeaseQueued  = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
-	LeaseActive  = "active"  // leased and the lease has not expired: a worker is running it
-	LeaseExpired = "expired" // leased but the lease expired: the worker stopped renewing
+	LeaseQueued  LeaseState = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
+	LeaseActive  LeaseState = "active"  // leased and the lease has not expired: a worker is running it
+	LeaseExpired LeaseState = "expired" // leased but the lease expired: the worker stopped renewing
 )
 
 // Event is one published event. Data holds the JSON exactly as the application sent it (compacted), so the
@@ -160,8 +166,8 @@ func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
 
 // ErrorInfo is the code and human message of a failed attempt or terminal delivery.
 type ErrorInfo struct {
-	Code    string `json:"code" bson:"code"`
-	Message string `json:"message" bson:"message"`
+	Code    ErrorCode `json:"code" bson:"code"`
+	Message string    `json:"message" bson:"message"`
 }
 
 // Delivery is the durable record of one event for one consumer group.
@@ -215,7 +221,7 @@ type Attempt struct {
 	Topic         string     `json:"-"`
 	Number        int        `json:"attempt"`
 	Status        Status     `json:"status"`
-	LeaseState    string     `json:"lockState,omitempty"`
+	LeaseState    LeaseState `json:"lockState,omitempty"`
 	HTTPStatus    int        `json:"httpStatus,omitempty"`
 	DurationMs    int64      `json:"durationMs,omitempty"`
 	Error         *ErrorInfo `json:"error,omitempty"`
@@ -238,7 +244,7 @@ type Attempt struct {
 }
 
 // LeaseStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
-func (a *Attempt) LeaseStateAt(now time.Time) string {
+func (a *Attempt) LeaseStateAt(now time.Time) LeaseState {
 	switch {
 	case a.Status != StatusPending:
 		return ""
@@ -317,7 +323,7 @@ type Completion struct {
 }
 
 // CodeOrEmpty returns e's code, or "" for a nil e (no error).
-func (e *ErrorInfo) CodeOrEmpty() string {
+func (e *ErrorInfo) CodeOrEmpty() ErrorCode {
 	if e == nil {
 		return ""
 	}

@@ -86,7 +86,7 @@ func TestAttemptLeaseStateAt(t *testing.T) {
 	tests := []struct {
 		name    string
 		attempt pulsetype.Attempt
-		want    string
+		want    pulsetype.LeaseState
 	}{
 		{"pending without lease", pulsetype.Attempt{Status: pulsetype.StatusPending}, pulsetype.LeaseQueued},
 		{"pending with a live lease", pulsetype.Attempt{Status: pulsetype.StatusPending, LeasedUntil: &later}, pulsetype.LeaseActive},

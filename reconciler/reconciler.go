@@ -22,7 +22,7 @@ type Store interface {
 	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
 	Backfill(ctx context.Context, owner string, batch int) (int, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
-	EndPending(ctx context.Context, group string, topics []string, code, msg string) error
+	EndPending(ctx context.Context, group string, topics []string, code pulsetype.ErrorCode, msg string) error
 }
 
 // Observer is told about each recovery; metrics and tests hook in here. Nil methods are fine to skip.
@@ -95,7 +95,7 @@ func (r *Reconciler) Reap(ctx context.Context) (bool, error) {
 		r.observer.WorkerLost(a.ConsumerGroup)
 	}
 	r.log.Error().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).Str("delivery_id", a.DeliveryID).
-		Int("attempt", a.Number).Str("error_code", pulsetype.CodeWorkerLost).Str("lease_owner", a.LeaseOwner).
+		Int("attempt", a.Number).Str("error_code", string(pulsetype.CodeWorkerLost)).Str("lease_owner", a.LeaseOwner).
 		Bool("retry", step.Retry).Msg("lease expired: attempt recorded as worker_lost")
 	return true, nil
 }
