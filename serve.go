@@ -167,8 +167,8 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		return errors.New("PULSE_CHANGE_STREAMS=required but the database is not a replica set or sharded cluster, so it has no change streams")
 	}
 
-	denies, _ := config.ParseCIDRs(cfg.DenyCIDRs)
-	allows, _ := config.ParseCIDRs(cfg.AllowCIDRs)
+	denies, _ := webhook.ParseCIDRs(cfg.DenyCIDRs)
+	allows, _ := webhook.ParseCIDRs(cfg.AllowCIDRs)
 	sender := webhook.New(webhook.Options{UserAgent: "pulse-sidecar/" + version, DenyCIDRs: denies, AllowCIDRs: allows, Logger: log, Proxy: cfg.ProxyConfig()})
 	defer sender.CloseIdleConnections()
 	owner := uuid.Must(uuid.NewV7()).String()

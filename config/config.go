@@ -16,6 +16,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"golang.org/x/net/http/httpproxy"
+
+	"github.com/pulse-sidecar/pulse/webhook"
 )
 
 // Defaults, as documented in the README's Configuration table.
@@ -110,7 +112,8 @@ type Config struct {
 	// (see package dispatcher for the fairness rules: a POST running longer than 1 s gives its slot back, so
 	// up to 17 × Workers POSTs may be in flight, each group within its maxConcurrency).
 	Workers int `env:"PULSE_WORKERS" envDefault:"64"`
-	// DenyCIDRs are destination ranges webhooks may not reach (comma-separated), on top of link-local.
+	// DenyCIDRs are destination ranges webhooks may not reach (comma-separated), on top of link-local; a bare
+	// address is one host. Parsed by webhook.ParseCIDRs.
 	DenyCIDRs string `env:"PULSE_DENY_CIDRS"`
 	// AllowCIDRs are exceptions to the deny list and to the link-local guard (comma-separated).
 	AllowCIDRs string `env:"PULSE_ALLOW_CIDRS"`
@@ -257,11 +260,11 @@ func (c *Config) Validate() error {
 	if c.Workers < 1 || c.Workers > 10000 {
 		return bad("PULSE_WORKERS", c.Workers, "an integer between 1 and 10000")
 	}
-	if _, err := ParseCIDRs(c.DenyCIDRs); err != nil {
-		return bad("PULSE_DENY_CIDRS", c.DenyCIDRs, "comma-separated CIDRs such as 10.0.0.0/8,fd00::/8 ("+err.Error()+")")
+	if _, err := webhook.ParseCIDRs(c.DenyCIDRs); err != nil {
+		return bad("PULSE_DENY_CIDRS", c.DenyCIDRs, "comma-separated CIDRs or addresses such as 10.0.0.0/8,fd00::/8 ("+err.Error()+")")
 	}
-	if _, err := ParseCIDRs(c.AllowCIDRs); err != nil {
-		return bad("PULSE_ALLOW_CIDRS", c.AllowCIDRs, "comma-separated CIDRs such as 10.1.2.0/24 ("+err.Error()+")")
+	if _, err := webhook.ParseCIDRs(c.AllowCIDRs); err != nil {
+		return bad("PULSE_ALLOW_CIDRS", c.AllowCIDRs, "comma-separated CIDRs or addresses such as 10.1.2.0/24 ("+err.Error()+")")
 	}
 	switch c.OutboundProxy {
 	case "", OutboundProxyNone:
@@ -390,21 +393,4 @@ func (c *Config) ProxyConfig() *httpproxy.Config {
 		return nil
 	}
 	return &httpproxy.Config{HTTPProxy: c.HTTPProxy, HTTPSProxy: c.HTTPSProxy, NoProxy: c.NoProxy}
-}
-
-// ParseCIDRs parses a comma-separated list of CIDR prefixes; empty gives nil.
-func ParseCIDRs(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(part)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p.Masked())
-	}
-	return out, nil
 }
