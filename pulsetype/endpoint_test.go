@@ -266,3 +266,22 @@ func TestEndpointHeaderNamesThatCannotBeStored(t *testing.T) {
 		}
 	}
 }
+
+// One validator serves the endpoint's PUT (Normalize) and the webhook request (webhook.Send).
+func TestValidHeaderNameAndValue(t *testing.T) {
+	t.Parallel()
+	names := map[string]bool{"X-Api-Key": true, "a!#$%&'*+-.^_`|~z09": true, "": false, "X Key": false, "X:Key": false,
+		"Ключ": false, "X\tKey": false, "(x)": false}
+	for name, want := range names {
+		if got := pulsetype.ValidHeaderName(name); got != want {
+			t.Errorf("ValidHeaderName(%q) = %v, want %v", name, got, want)
+		}
+	}
+	values := map[string]bool{"": true, "Bearer abc": true, "tab\there": true, "ünïcode": true, "a\nb": false,
+		"a\rb": false, "nul\x00": false, "del\x7f": false}
+	for v, want := range values {
+		if got := pulsetype.ValidHeaderValue(v); got != want {
+			t.Errorf("ValidHeaderValue(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
