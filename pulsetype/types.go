@@ -85,48 +85,40 @@ func (e *Event) ExpiredAt(now time.Time) bool { return e.ExpiresAt != nil && !no
 // MaxOrderingKey is the longest ordering key an event may carry, in characters (Unicode code points).
 const MaxOrderingKey = 200
 
-// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}, followed by
-// "orderingKey" when the event has one, createdAt in
-// TimeLayout (milliseconds, as stored, so the in-memory event of the first attempt and the stored one of a
-// retry give the same bytes). It is the same
-// bytes on every attempt because every field comes from the stored event, and data is copied verbatim (no
-// re-encoding, no HTML escaping).
+// envelope is the webhook body; encoding/json writes its fields in this order.
+type envelope struct {
+	ID          string            `json:"id"`
+	Topic       string            `json:"topic"`
+	CreatedAt   string            `json:"createdAt"`
+	Data        json.RawMessage   `json:"data"`
+	Headers     map[string]string `json:"headers"`
+	OrderingKey string            `json:"orderingKey,omitempty"`
+}
+
+// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"} and
+// "orderingKey" when set, createdAt in TimeLayout, data verbatim (null when empty), headers sorted by name,
+// no HTML escaping. Every field comes from the stored event, so every attempt sends the same bytes
+// (testdata/envelope.golden).
 func (e *Event) Envelope() []byte {
-	str := func(s string) []byte {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(s)
-		return bytes.TrimRight(b.Bytes(), "\n")
+	body := envelope{ID: e.ID, Topic: e.Topic, CreatedAt: FormatTime(e.CreatedAt), Data: e.Data, Headers: e.Headers,
+		OrderingKey: e.OrderingKey}
+	if len(body.Data) == 0 {
+		body.Data = json.RawMessage("null")
 	}
-	headers := []byte("{}")
-	if len(e.Headers) > 0 {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(e.Headers) // map keys are sorted: stable bytes
-		headers = bytes.TrimRight(b.Bytes(), "\n")
+	if body.Headers == nil {
+		body.Headers = map[string]string{}
 	}
-	data := e.Data
-	if len(data) == 0 {
-		data = json.RawMessage("null")
+	var b bytes.Buffer
+	b.Grow(len(body.Data) + 256)
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(body); err != nil {
+		// Only data that is not JSON fails, and publish stores compacted, valid JSON.
+		body.Data = json.RawMessage("null")
+		b.Reset()
+		_ = enc.Encode(body)
 	}
-	out := make([]byte, 0, len(data)+len(headers)+128)
-	out = append(out, `{"id":`...)
-	out = append(out, str(e.ID)...)
-	out = append(out, `,"topic":`...)
-	out = append(out, str(e.Topic)...)
-	out = append(out, `,"createdAt":`...)
-	out = append(out, str(FormatTime(e.CreatedAt))...)
-	out = append(out, `,"data":`...)
-	out = append(out, data...)
-	out = append(out, `,"headers":`...)
-	out = append(out, headers...)
-	if e.OrderingKey != "" {
-		out = append(out, `,"orderingKey":`...)
-		out = append(out, str(e.OrderingKey)...)
-	}
-	return append(out, '}')
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // CloudEventSource is the ce-source of an event published without one (not as a CloudEvent).
