@@ -246,7 +246,7 @@ func (s *Store) endStaleHead(ctx context.Context, d *deliveryDoc, at *attemptDoc
 			return nil // leased meanwhile: its worker ends the delivery
 		}
 	}
-	_, err := s.EndDelivery(ctx, d.ID, pulsetype.StatusError, at.Attempt, info)
+	_, err := s.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: d.ID, Status: pulsetype.StatusError, FinalAttempt: at.Attempt, Error: info})
 	return err
 }
 
@@ -551,10 +551,10 @@ func (s *Store) CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n 
 // EndDelivery makes a pending delivery terminal (success or error) with its final attempt number, error and
 // expiresAt (now + history retention) in one update. It returns ended=false when the delivery was not
 // pending any more (another replica ended it first).
-func (s *Store) EndDelivery(ctx context.Context, deliveryID string, status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo) (ended bool, err error) {
+func (s *Store) EndDelivery(ctx context.Context, p pulsetype.EndDeliveryParams) (ended bool, err error) {
 	now := s.now()
-	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": deliveryID, "status": pulsetype.StatusPending},
-		bson.M{"$set": endSet(status, finalAttempt, e, now, expiry(now, s.opts.HistoryRetention))})
+	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": p.DeliveryID, "status": pulsetype.StatusPending},
+		bson.M{"$set": endSet(p.Status, p.FinalAttempt, p.Error, now, expiry(now, s.opts.HistoryRetention))})
 	if err != nil {
 		return false, wrap("end delivery", err)
 	}

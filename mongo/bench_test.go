@@ -138,7 +138,7 @@ func deliverOneByOne(b *testing.B, s *Store, n int) {
 		if err := s.FinishAttempt(ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 200, Duration: time.Millisecond}); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.EndDelivery(ctx, a.DeliveryID, pulsetype.StatusSuccess, a.Number, nil); err != nil {
+		if _, err := s.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: a.Number}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -137,18 +137,18 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 	return next, nil
 }
 
-// ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of a consumer group in status whose
-// createdAt lies in [from, to) and whose topic the group subscribes to now, walking them once in id order in
+// ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of p.ConsumerGroup in p.Status whose
+// createdAt lies in [p.From, p.To) and whose topic the group subscribes to now, walking them once in id order in
 // batches of 100, and returns how many it reopened (a cancelled delivery whose attempt is still in flight is
 // skipped). It returns pulsetype.ErrNotFound when the group has no endpoint.
-func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error) {
-	ep, err := s.GetEndpoint(ctx, group)
+func (s *Store) ReplayDeliveries(ctx context.Context, p pulsetype.ReplayParams) (int, error) {
+	ep, err := s.GetEndpoint(ctx, p.ConsumerGroup)
 	if err != nil {
 		return 0, err
 	}
 	total, after := 0, ""
 	for {
-		filter := bson.M{"consumerGroup": group, "status": status, "createdAt": bson.M{"$gte": from, "$lt": to},
+		filter := bson.M{"consumerGroup": p.ConsumerGroup, "status": p.Status, "createdAt": bson.M{"$gte": p.From, "$lt": p.To},
 			"_id": bson.M{"$gt": after}, "$or": bson.A{bson.M{"expiresAt": nil}, bson.M{"expiresAt": bson.M{"$gt": s.now()}}}}
 		batch, err := findAll[deliveryDoc](ctx, s.deliveries, "find deliveries to replay", filter,
 			options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(100).SetProjection(bson.M{"_id": 1}))

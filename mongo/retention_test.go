@@ -116,7 +116,7 @@ func testExpiresAtOnlyOnTerminalDocuments(t *testing.T, e *env) {
 		if err := s.FinishAttempt(ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.EndDelivery(ctx, a.DeliveryID, pulsetype.StatusSuccess, 1, nil); err != nil {
+		if _, err := s.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1}); err != nil {
 			t.Fatal(err)
 		}
 		for _, coll := range []*mongodrv.Collection{s.deliveries, s.history} {

@@ -649,7 +649,7 @@ func testCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T, e *env) {
 		if status == pulsetype.StatusError {
 			e = &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "late"}
 		}
-		ended, err := s.EndDelivery(b.ctx, deliveryID, status, 2, e)
+		ended, err := s.EndDelivery(b.ctx, pulsetype.EndDeliveryParams{DeliveryID: deliveryID, Status: status, FinalAttempt: 2, Error: e})
 		if err != nil || ended != want {
 			t.Fatalf("EndDelivery #%d = %v, %v; want %v, nil", i+1, ended, err, want)
 		}
@@ -686,7 +686,7 @@ func testExpiredDocumentsAreInvisibleAndSwept(t *testing.T, e *env) {
 	if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 204}); err != nil {
 		t.Fatalf("FinishAttempt: %v", err)
 	}
-	if ended, err := s.EndDelivery(b.ctx, deliveryID, pulsetype.StatusSuccess, 1, nil); err != nil || !ended {
+	if ended, err := s.EndDelivery(b.ctx, pulsetype.EndDeliveryParams{DeliveryID: deliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1}); err != nil || !ended {
 		t.Fatalf("EndDelivery = %v, %v", ended, err)
 	}
 	b.clock.Advance(30 * time.Second)
@@ -829,7 +829,7 @@ func testReplayVisitsEachDeliveryOnce(t *testing.T, e *env) {
 	if _, err := s.deliveries.InsertMany(ctx, docs); err != nil {
 		t.Fatal(err)
 	}
-	n, err := s.ReplayDeliveries(ctx, "g", pulsetype.StatusSuccess, now.Add(-time.Hour), now.Add(time.Hour))
+	n, err := s.ReplayDeliveries(ctx, pulsetype.ReplayParams{ConsumerGroup: "g", Status: pulsetype.StatusSuccess, From: now.Add(-time.Hour), To: now.Add(time.Hour)})
 	if err != nil || n != 130 {
 		t.Fatalf("replayed %d (%v), want 130", n, err)
 	}

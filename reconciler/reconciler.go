@@ -22,7 +22,7 @@ type Store interface {
 	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
 	Backfill(ctx context.Context, owner string, batch int) (int, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
-	EndPending(ctx context.Context, group string, topics []string, code pulsetype.ErrorCode, msg string) error
+	EndPending(ctx context.Context, p pulsetype.EndPendingParams) error
 }
 
 // Observer is told about each recovery; metrics and tests hook in here. Nil methods are fine to skip.
@@ -159,7 +159,8 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 			policies[d.ConsumerGroup] = ep.Policy()
 		}
 		if gone[d.ConsumerGroup] {
-			if err := r.store.EndPending(ctx, d.ConsumerGroup, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted"); err != nil {
+			if err := r.store.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: d.ConsumerGroup,
+				Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}); err != nil {
 				return 0, err
 			}
 			r.report(KindDeletedGroup, d, 1)
