@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -11,10 +10,6 @@ import (
 	"github.com/pulse-sidecar/pulse/internal/startstop"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
-
-// ErrLost is the cancellation cause of work whose lease was lost: taken over by another worker, reaped, or
-// not renewed within the lock timeout.
-var ErrLost = errors.New("lease lost")
 
 // RenewFunc renews the given leases with one fenced write and returns the ones that were lost.
 type RenewFunc func(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error)
@@ -50,7 +45,8 @@ func NewKeeper(renew RenewFunc, lockTimeout time.Duration, local func() time.Tim
 // Interval returns the heartbeat period: a third of the lock timeout, at least 10 ms.
 func (k *Keeper) Interval() time.Duration { return max(k.lockTimeout/3, 10*time.Millisecond) }
 
-// Hold starts renewing the lease; cancel is called with ErrLost if it is lost.
+// Hold starts renewing the lease; cancel is called with pulsetype.ErrLeaseLost if it is lost (taken over by
+// another worker, reaped, or not renewed within the lock timeout).
 func (k *Keeper) Hold(l pulsetype.LeaseKey, cancel context.CancelCauseFunc) {
 	k.mu.Lock()
 	k.held[l] = &held{cancel: cancel, renewed: k.local()}
@@ -99,7 +95,7 @@ func (k *Keeper) beat(ctx context.Context) {
 		// Not renewed: a lease whose last renewal is older than the lock timeout may already be reaped.
 		for t, h := range k.held {
 			if k.local().Sub(h.renewed) >= k.lockTimeout {
-				h.cancel(ErrLost)
+				h.cancel(pulsetype.ErrLeaseLost)
 				delete(k.held, t)
 			}
 		}
@@ -115,7 +111,7 @@ func (k *Keeper) beat(ctx context.Context) {
 			continue
 		}
 		if isLost[t] {
-			h.cancel(ErrLost)
+			h.cancel(pulsetype.ErrLeaseLost)
 			delete(k.held, t)
 			continue
 		}

@@ -98,8 +98,8 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the lost lease's work was not cancelled")
 	}
-	if !errors.Is(context.Cause(lostCtx), ErrLost) {
-		t.Fatalf("cause = %v, want ErrLost", context.Cause(lostCtx))
+	if !errors.Is(context.Cause(lostCtx), pulsetype.ErrLeaseLost) {
+		t.Fatalf("cause = %v, want pulsetype.ErrLeaseLost", context.Cause(lostCtx))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {

@@ -480,7 +480,7 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	return nil
 }
 
-// FollowUps applies the next step of each recorded completion (see reconciler.Decide) with at most two
+// FollowUps applies the next step of each recorded completion (see pulsetype.RetryPolicy.Decide) with at most two
 // commands: one bulk update ends the deliveries that ended (pending ones only: a delivery another replica
 // ended stays as it is; successes with the same final attempt share one updateMany), and one unordered
 // insertMany creates the next attempts (a duplicate means another replica created it). Both are idempotent;

@@ -40,3 +40,20 @@ func (p RetryPolicy) Next(number int, code string, terminal bool, retryAfter tim
 	delay = min(max(delay, retryAfter), p.MaxDelay)
 	return true, delay
 }
+
+// Decide returns what follows attempt number (1-based) that ended with res (docs/delivery.md, "Lifecycle"):
+// success ends the delivery; an attempt ended by a cancel (code cancelled) ends it as cancelled; another
+// error gets attempt number+1 while Next allows it (res.Terminal, res.Error's code and res.RetryAfter
+// count), and otherwise ends the delivery with res.Error. It reads nothing and writes nothing.
+func (p RetryPolicy) Decide(number int, res AttemptResult) NextStep {
+	if res.Status == StatusSuccess {
+		return NextStep{EndStatus: StatusSuccess}
+	}
+	if res.Error.CodeOrEmpty() == CodeCancelled { // a cancel that stopped before ending its delivery
+		return NextStep{EndStatus: StatusCancelled, EndError: res.Error}
+	}
+	if retry, delay := p.Next(number, res.Error.CodeOrEmpty(), res.Terminal, res.RetryAfter); retry {
+		return NextStep{Retry: true, Delay: delay}
+	}
+	return NextStep{EndStatus: StatusError, EndError: res.Error}
+}

@@ -22,28 +22,10 @@ type Step struct {
 	Created bool          // this call wrote the change (false: another replica had already done it)
 }
 
-// Decide returns what follows attempt number n that ended with status and e (docs/delivery.md, "Lifecycle"): success
-// ends the delivery; an attempt ended by a cancel (code cancelled) ends it as cancelled; another error gets
-// attempt n+1 while policy allows it (terminal reports a non-retryable answer, retryAfter a receiver's
-// Retry-After), and otherwise ends the delivery with that error. It reads nothing and writes nothing.
-func Decide(n int, status pulsetype.Status, e *pulsetype.ErrorInfo, terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) pulsetype.NextStep {
-	if status == pulsetype.StatusSuccess {
-		return pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}
-	}
-	if e.CodeOrEmpty() == pulsetype.CodeCancelled { // a cancel that stopped before ending its delivery
-		return pulsetype.NextStep{EndStatus: pulsetype.StatusCancelled, EndError: e}
-	}
-	if retry, delay := policy.Next(n, e.CodeOrEmpty(), terminal, retryAfter); retry {
-		return pulsetype.NextStep{Retry: true, Delay: delay}
-	}
-	return pulsetype.NextStep{EndStatus: pulsetype.StatusError, EndError: e}
-}
-
-// FollowUp moves a delivery on after its attempt a ended with status and e, as Decide says, with one write.
+// FollowUp moves a delivery on after its attempt a ended with res, as policy.Decide says, with one write.
 // It is idempotent: called twice, or by several replicas at once, it changes the database once.
-func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, status pulsetype.Status, e *pulsetype.ErrorInfo,
-	terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) (Step, error) {
-	next := Decide(a.Number, status, e, terminal, retryAfter, policy)
+func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, res pulsetype.AttemptResult, policy pulsetype.RetryPolicy) (Step, error) {
+	next := policy.Decide(a.Number, res)
 	if next.Retry {
 		created, err := store.CreateAttempt(ctx, a.Ref(), a.Number+1, next.Delay)
 		if err != nil {

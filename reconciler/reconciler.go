@@ -75,10 +75,10 @@ func (r *Reconciler) policy(ctx context.Context, group string) (pulsetype.RetryP
 	return ep.Policy(), nil
 }
 
-// ReapOne turns one expired attempt into error/worker_lost and follows up: at-least-once creates exactly
-// the next numbered attempt, at-most-once (or no retries left) ends the delivery. It returns whether it
-// reaped one.
-func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
+// Reap turns one expired attempt into error/worker_lost and follows up: at-least-once creates exactly the
+// next numbered attempt, at-most-once (or no retries left) ends the delivery. It returns whether it reaped
+// one.
+func (r *Reconciler) Reap(ctx context.Context) (bool, error) {
 	a, err := r.store.ReapOne(ctx)
 	if err != nil || a == nil {
 		return false, err
@@ -87,7 +87,7 @@ func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	step, err := FollowUp(ctx, r.store, a, pulsetype.StatusError, a.Error, false, 0, policy)
+	step, err := FollowUp(ctx, r.store, a, pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: a.Error}, policy)
 	if err != nil {
 		return true, fmt.Errorf("follow up reaped attempt: %w", err)
 	}
@@ -211,7 +211,8 @@ func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attem
 		}
 		return created, err
 	}
-	step, err := FollowUp(ctx, r.store, last, last.Status, last.Error, last.Terminal, last.RetryAfter, policy)
+	res := pulsetype.AttemptResult{Status: last.Status, Error: last.Error, Terminal: last.Terminal, RetryAfter: last.RetryAfter}
+	step, err := FollowUp(ctx, r.store, last, res, policy)
 	if err != nil || !step.Created {
 		return false, err
 	}

@@ -209,7 +209,7 @@ func TestRacingReapersReapOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok, err := reconciler.New(s, "r", time.Second, obs, zerolog.Nop()).ReapOne(context.Background())
+			ok, err := reconciler.New(s, "r", time.Second, obs, zerolog.Nop()).Reap(context.Background())
 			if err != nil {
 				t.Error(err)
 			}
