@@ -123,30 +123,12 @@ const OrderSettle = 100 * time.Millisecond
 // maxOrderCheck bounds how many unfinished fan-outs one head-of-line check examines.
 const maxOrderCheck = 100
 
-// ClaimHead leases the attempt at the head of a line of an ordered consumer group (its deliveries of one
-// topic and one ordering key, "" for the events without a key): the current attempt of the line's oldest
-// pending delivery (by event createdAt, then event id), if that attempt is unleased and due, and if no
-// earlier event of the line that the group will receive may still lack its delivery. The invariant it
-// keeps: an ordered group never POSTs an event while an event of the same topic and ordering key before it
-// (createdAt, then id) that the group will deliver can still appear. Lines are independent: a failing head
-// holds up only its own line. Such an event is one of:
-//
-//   - an event whose createdAt is within OrderSettle of now: its write may still be running (retry after
-//     the returned wait);
-//   - an event of the line still marked for fan-out (its publisher crashed, or its fan-out is in flight)
-//     that has no delivery for the group yet, unless the group would not receive it (offsetReset latest and
-//     published before the group registered);
-//   - any retained event while the group's backfill (offsetReset earliest) is still walking them.
-//
-// Only the head may run, so a failing delivery blocks the ones after it until it succeeds or becomes
-// terminal; the head attempt's lease is the ordering lease (renewed by the heartbeat, fenced by its token).
-// A head that belongs to an earlier registration of the group (see pulsetype.Endpoint.Incarnation) is ended
-// as endpoint_deleted instead of holding up the line. It returns nil when the head is running, waiting for
-// its retry, blocked, or absent; wait > 0 says when to look again without waiting for other news (the
-// settle window, or at once after ending a stale head).
-//
-// It costs one query of the line's head (index pulse_deliveries_line), one of the subscription, one of the
-// head's attempts and, when the head is due, those of earlierMayAppear; errors are the database's, wrapped.
+// ClaimHead leases the head attempt of an ordered consumer group's line (docs/delivery.md, "Ordered
+// lines"): the current attempt of the line's oldest pending delivery, when it is unleased and due and no
+// earlier event of the line can still appear. It returns nil when the head is running, waiting, blocked or
+// absent; wait > 0 says when to look again without other news. It costs one query of the head (index
+// pulse_deliveries_line), one of the subscription, one of the head's attempts and, when the head is due,
+// those of earlierMayAppear; errors are the database's, wrapped.
 func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (a *pulsetype.Attempt, wait time.Duration, err error) {
 	group, topic := line.ConsumerGroup, line.Topic
 	var head deliveryDoc
@@ -377,22 +359,10 @@ func evidenceSet(r pulsetype.AttemptResult) bson.M {
 	return bson.M{"durationMs": r.Duration.Milliseconds(), "responseBody": r.ResponseBody}
 }
 
-// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two commands (more
-// when a batch needs more than Capabilities.MaxUpdateStatements statements):
-//
-//  1. one bulk update whose statements are updateMany's, one per distinct outcome (status, HTTP status,
-//     error), each fenced by the attempts' ids, their fencing tokens and status pending: it makes the attempts
-//     terminal with endedAt and expiresAt;
-//  2. one bulk update by _id alone that adds each recorded attempt's own evidence (durationMs,
-//     responseBody). Only this call can have made those attempts terminal, and nothing writes a terminal
-//     attempt, so this write needs no fence.
-//
-// Grouping keeps the fenced filters few: the embedded database (FerretDB on SQLite) evaluates every filter
-// other than {_id: x} by scanning the collection. When the fenced statements matched fewer attempts than
-// given, one query reads back which ones carry this call's result. It returns, in order, whether each
-// result was recorded (false: the lease was lost, nothing was written for it). The evidence is best
-// effort: when its write fails (it is logged) or the process crashes before it, an attempt is terminal
-// without its duration and response body.
+// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two bulk updates (more
+// past Capabilities.MaxUpdateStatements statements; docs/delivery.md, "Recording results"): one fenced
+// updateMany per distinct outcome, then each attempt's evidence by _id (best effort: a failure is logged). It
+// returns, in order, whether each result was recorded (false: the lease was lost, nothing was written).
 func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error) {
 	recorded := make([]bool, len(cs))
 	if len(cs) == 0 {

@@ -154,18 +154,9 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	return nil
 }
 
-// EndPending ends the pending work of p.ConsumerGroup (of p.Topics only, when given) that its subscription no
-// longer wants, with p.Error, in three commands:
-//
-//  1. every pending attempt without a lease becomes error (terminal, with endedAt and expiresAt), so no
-//     replica can claim it any more;
-//  2. one query finds the deliveries whose attempt is leased: a POST in flight, left to finish and be
-//     recorded by its worker (its follow-up ends the delivery, or creates an attempt that the dispatcher ends
-//     with code without a POST, see dispatcher's endpoint check);
-//  3. every other pending delivery becomes error with code, endedAt and expiresAt.
-//
-// A claim racing step 1 can only take an attempt step 2 then sees as leased. Running it twice is harmless.
-// It logs one info line with how many deliveries it ended, when it ended any.
+// EndPending ends the pending work of p.ConsumerGroup (of p.Topics only, when given) that its subscription
+// no longer wants, with p.Error, in three commands (docs/delivery.md, "Ending a consumer group's work"). A POST
+// in flight is left to its worker. Running it twice is harmless. It logs one info line when it ended any.
 func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) error {
 	group, topics, info := p.ConsumerGroup, p.Topics, &p.Error
 	now := s.now()

@@ -74,18 +74,10 @@ func decodeCursor(c string) (time.Time, string, error) {
 	return time.UnixMilli(n).UTC(), id, nil
 }
 
-// RetryDelivery gives a terminal delivery its next numbered attempt, due now, for the consumer group's
-// current registration (an explicit retry may re-open a delivery made for an earlier registration of the
-// group). The attempt is numbered n+1, n being the highest of its last stored attempt, its finalAttempt and
-// its reopenedAttempt (ended attempts may have been swept already). It first reopens the delivery (status
-// pending, reopenedAttempt = n+1, incarnation = the group's, its end, error and expiresAt removed, so
-// retention no longer applies to it) with an update filtered on its terminal status, then inserts attempt
-// n+1 (pending, without expiresAt); a crash in between is repaired by the reconciler, which creates the
-// attempt reopenedAttempt names. It returns the new attempt number, pulsetype.ErrNotFound (also once the
-// delivery's expiresAt has passed), pulsetype.ErrNotTerminal when the delivery is pending, or
-// pulsetype.ErrNotSubscribed when its group has no endpoint for its topic now, or
-// pulsetype.ErrAttemptInFlight when it was cancelled while an attempt was leased and that attempt has not
-// ended yet.
+// RetryDelivery reopens a terminal delivery with attempt n+1, due now, for the group's current registration
+// (docs/delivery.md, "Retry and replay"). It returns the new attempt number, pulsetype.ErrNotFound (also
+// once the delivery expired), pulsetype.ErrNotTerminal, pulsetype.ErrNotSubscribed when the group no longer
+// subscribes to its topic, or pulsetype.ErrAttemptInFlight when a cancelled delivery's attempt is still leased.
 func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
 	return s.reopen(ctx, id, nil)
 }
