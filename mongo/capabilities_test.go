@@ -42,6 +42,14 @@ func (b *bundle) monitoredClient(log *commandLog) *mongodrv.Client {
 	return b.srv.Connect(options.Client().SetMonitor(log.monitor()))
 }
 
+// monitoredStore returns a store, its schema ensured, on a client of its own whose commands the returned log
+// records.
+func (b *bundle) monitoredStore() (*Store, *commandLog) {
+	b.t.Helper()
+	log := &commandLog{}
+	return b.store(b.monitoredClient(log), nil), log
+}
+
 // sent returns the names of the commands recorded so far.
 func (l *commandLog) sent() []string {
 	l.mu.Lock()

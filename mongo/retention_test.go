@@ -19,8 +19,7 @@ import (
 // and reports TTL=false for the sweeper.
 func testTTLIndexesAreRequested(t *testing.T, e *env) {
 	b := e.setup(t)
-	var log commandLog
-	s := b.store(b.monitoredClient(&log), nil)
+	s, log := b.monitoredStore()
 	caps := s.Capabilities()
 	var ttl []string
 	for _, c := range log.named("createIndexes") {

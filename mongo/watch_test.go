@@ -17,8 +17,7 @@ import (
 // reopened after the retry interval; on a replica set (PULSE_TEST_MONGODB_URI) a publish wakes the watcher.
 func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
 	b := e.setup(t)
-	var log commandLog
-	s := b.store(b.monitoredClient(&log), nil)
+	s, log := b.monitoredStore()
 	caps := s.Capabilities()
 	var woken atomic.Int64
 	w := NewEventWatcher(s, 50*time.Millisecond, func() { woken.Add(1) }, zerolog.Nop())
