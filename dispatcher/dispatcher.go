@@ -29,6 +29,9 @@ type Store interface {
 	GetEvents(ctx context.Context, ids []string) (map[string]*pulsetype.Event, error)
 	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
+	InactiveGroups(ctx context.Context, groups []string) (map[string]bool, error)
+	DisableEndpoint(ctx context.Context, group string, reason pulsetype.StateReason, failingBefore time.Time) (bool, error)
+	RecordHealth(ctx context.Context, failed map[string]time.Duration, succeeded []string) ([]string, error)
 }
 
 // Sender POSTs one attempt to a webhook; *webhook.Client implements it.
@@ -48,6 +51,7 @@ type Reconciler interface {
 type Observer interface {
 	AttemptDone(group string, outcome string, d time.Duration) // outcome: success, retry, error
 	LeaseLost(group string)
+	EndpointDisabled(group string, reason pulsetype.StateReason) // by this process: 410 Gone or disableAfter
 }
 
 // Options configure a Dispatcher.
@@ -112,7 +116,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 	moved := &moved{}
 	d.endpoints = newEndpointCache(store, max(opts.PollInterval, endpointCacheTTL))
 	slots := newSlots(opts.Workers, d.endpoints.limit, func() { signal(kick) })
-	d.completer = newCompleter(store, opts.Observer, d.Wake)
+	d.completer = newCompleter(store, opts.Observer, d.Wake, d.endpoints, log)
 	d.exec = &executor{store: store, sender: sender, endpoints: d.endpoints, keeper: keeper, completer: d.completer,
 		slots: slots, tracer: opts.Tracer, now: opts.Now, observer: opts.Observer, log: log,
 		ended: func(group string) {

@@ -51,7 +51,7 @@ func (l *loop) claimOrdered(ctx context.Context, poll bool) []string {
 	groups := make([]string, 0, len(ordered))
 	for group, topics := range ordered {
 		groups = append(groups, group)
-		if !poll && !kicked[group] {
+		if !poll && !kicked[group] || l.endpoints.isInactive(group) {
 			continue
 		}
 		for _, topic := range topics {
@@ -111,7 +111,9 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 			defer func() { <-sem }()
 			a, wait, err := l.store.ClaimHead(ctx, l.owner, line)
 			if a != nil {
-				l.exec.launch(job{a: a})
+				for _, j := range l.gate(ctx, []job{{a: a}}) {
+					l.exec.launch(j)
+				}
 			}
 			mu.Lock()
 			claiming--

@@ -32,6 +32,7 @@ func DecodeEndpoint(consumerGroup string, body []byte) (*pulsetype.Endpoint, err
 		return nil, &pulsetype.FieldError{Field: "consumerGroup", Message: fmt.Sprintf("%q differs from the path's %q", ep.ConsumerGroup, consumerGroup)}
 	}
 	ep.ConsumerGroup = consumerGroup
+	ep.State, ep.StateReason, ep.StateSince = "", "", nil // read-only, like createdAt: a PUT keeps the state
 	if err := ep.Normalize(); err != nil {
 		return nil, err
 	}

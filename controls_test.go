@@ -1,0 +1,152 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+// endpointView is the state part of an endpoint as GET /v1/endpoints/{group} shows it.
+type endpointView struct {
+	ConsumerGroup string     `json:"consumerGroup"`
+	URL           string     `json:"url"`
+	State         string     `json:"state"`
+	StateReason   string     `json:"stateReason"`
+	StateSince    *time.Time `json:"stateSince"`
+	RateLimit     float64    `json:"rateLimit"`
+	DisableAfter  string     `json:"disableAfter"`
+	errorAnswer
+}
+
+// control POSTs .../pause or .../resume for group and returns the answer.
+func (s *sidecar) control(t *testing.T, group, action string) (int, endpointView) {
+	t.Helper()
+	var out endpointView
+	code := do(t, "POST", s.URL+"/v1/endpoints/"+group+"/"+action, nil, &out)
+	return code, out
+}
+
+// getEndpoint reads group's endpoint.
+func (s *sidecar) getEndpoint(t *testing.T, group string) endpointView {
+	t.Helper()
+	var out endpointView
+	if code := do(t, "GET", s.URL+"/v1/endpoints/"+group, nil, &out); code != 200 {
+		t.Fatalf("GET endpoint %s answered %d", group, code)
+	}
+	return out
+}
+
+// postsTo returns the POSTs rcv got for group, in arrival order.
+func postsTo(rcv *receiver, group string) []received {
+	var out []received
+	for _, r := range rcv.received() {
+		if r.Header.Get("Pulse-Consumer-Group") == group {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// A pause through replica A stops replica B at once: events published through B while the groups (one
+// unordered, one ordered) are paused wait, for several lease timeouts and poll turns, as pending deliveries
+// whose first attempt never started; a PUT keeps the pause; a resume through B delivers every one of them
+// with attempt 1 (in order for the ordered group).
+func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
+	b := setup(t)
+	a, bb := b.start(b.fastEnv()), b.start(b.fastEnv())
+	rcv := newReceiver(t, 200)
+	groups := map[string]bool{"plain": false, "ordered": true}
+	for g, ordered := range groups {
+		a.registerEndpoint(t, g, map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": ordered})
+	}
+	for _, action := range []string{"pause", "resume"} {
+		if code, out := a.control(t, "nobody", action); code != 404 || out.Error.Code != "endpoint_not_found" {
+			t.Fatalf("%s of an unknown group answered %d %+v, want 404 endpoint_not_found", action, code, out.Error)
+		}
+	}
+	if ep := a.getEndpoint(t, "plain"); ep.State != "active" || ep.StateReason != "" || ep.StateSince != nil {
+		t.Fatalf("a new endpoint reads %+v, want state active without reason or since", ep)
+	}
+	before := time.Now().Add(-time.Second)
+	for g := range groups {
+		code, out := a.control(t, g, "pause")
+		if code != 200 || out.ConsumerGroup != g || out.State != "paused" || out.StateReason != "paused" || out.StateSince == nil ||
+			out.StateSince.Before(before) || out.StateSince.After(time.Now().Add(time.Second)) {
+			t.Fatalf("pause %s answered %d %+v, want the endpoint paused since now", g, code, out)
+		}
+	}
+	var raw json.RawMessage
+	do(t, "GET", bb.URL+"/v1/endpoints/plain", nil, &raw)
+	var since struct{ StateSince string }
+	_ = json.Unmarshal(raw, &since)
+	if _, err := time.Parse("2006-01-02T15:04:05.000Z", since.StateSince); err != nil {
+		t.Fatalf("stateSince %q is not RFC 3339 with milliseconds: %s", since.StateSince, raw)
+	}
+	// A PUT keeps the state; pausing again keeps stateSince.
+	a.registerEndpoint(t, "plain", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "state": "active"})
+	first := a.getEndpoint(t, "plain")
+	if _, again := a.control(t, "plain", "pause"); first.State != "paused" || again.StateSince == nil || !again.StateSince.Equal(*first.StateSince) {
+		t.Fatalf("after a PUT the endpoint reads %+v, a second pause %+v; want paused since the first pause", first, again)
+	}
+
+	var dids []string
+	for i := range 4 {
+		id := bb.publish(t, "t", i)
+		for g := range groups {
+			dids = append(dids, bb.deliveryOf(t, id, g))
+		}
+	}
+	// Several lease timeouts (600 ms) and poll turns (50 ms) of both replicas pass with nothing POSTed and
+	// every attempt back in the queue, unstarted.
+	quiet := time.Now().Add(4 * 600 * time.Millisecond)
+	waitFor(t, 20*time.Second, "several lease timeouts with the groups paused", func() bool {
+		if n := len(rcv.received()); n != 0 {
+			t.Fatalf("the receiver got %d POSTs while the groups were paused", n)
+		}
+		return time.Now().After(quiet)
+	})
+	waitFor(t, 10*time.Second, "every attempt queued, unstarted", func() bool {
+		for _, id := range dids {
+			d := bb.getDelivery(t, id)
+			if d.Status != "pending" || len(d.Attempts) != 1 {
+				t.Fatalf("delivery %+v while paused, want pending with its first attempt only", d)
+			}
+			if at := d.Attempts[0]; at.Attempt != 1 || at.LockState != "queued" || at.StartedAt != nil {
+				return false // a claim in the instant before its release
+			}
+		}
+		return true
+	})
+	if n := len(rcv.received()); n != 0 {
+		t.Fatalf("the receiver got %d POSTs while the groups were paused", n)
+	}
+
+	for g := range groups {
+		if code, out := bb.control(t, g, "resume"); code != 200 || out.State != "active" || out.StateReason != "" || out.StateSince != nil {
+			t.Fatalf("resume %s answered %d %+v, want active", g, code, out)
+		}
+	}
+	waitFor(t, 20*time.Second, "every delivery after the resume", func() bool {
+		for _, id := range dids {
+			if d := bb.getDelivery(t, id); d.Status != "success" {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range dids {
+		if d := bb.getDelivery(t, id); len(d.Attempts) != 1 || d.Attempts[0].Attempt != 1 {
+			t.Fatalf("delivery %+v, want success at attempt 1: a pause uses up no attempt", d)
+		}
+	}
+	for i, r := range postsTo(rcv, "ordered") {
+		var body struct{ Data int }
+		_ = json.Unmarshal(r.Body, &body)
+		if body.Data != i {
+			t.Fatalf("the ordered group's POST %d carried event %d, want %d (in order)", i, body.Data, i)
+		}
+	}
+	if n := len(postsTo(rcv, "plain")); n != 4 {
+		t.Fatalf("the plain group got %d POSTs, want 4", n)
+	}
+}
