@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -149,4 +150,101 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 	if n := len(postsTo(rcv, "plain")); n != 4 {
 		t.Fatalf("the plain group got %d POSTs, want 4", n)
 	}
+}
+
+// A 410 Gone answer to a POST by either replica disables the endpoint (seen through the other replica), is
+// recorded (HTTP 410, endpoint_gone) without ending the delivery or counting against maxRetries (0 here),
+// counts in pulse_endpoint_disabled_total and logs a warning; nothing is POSTed until a resume through the
+// other replica, which delivers the waiting attempt 2.
+func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
+	b := setup(t)
+	a, bb := b.start(b.fastEnv()), b.start(b.fastEnv())
+	rcv := newReceiver(t, 410, 200)
+	a.registerEndpoint(t, "shop", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 0})
+	did := a.deliveryOf(t, a.publish(t, "t", 1), "shop")
+	var ep endpointView
+	waitFor(t, 20*time.Second, "the endpoint disabled, seen through the other replica", func() bool {
+		ep = bb.getEndpoint(t, "shop")
+		return ep.State == "disabled"
+	})
+	if ep.StateReason != "gone" || ep.StateSince == nil {
+		t.Fatalf("endpoint %+v, want disabled for reason gone with its since", ep)
+	}
+	quiet := time.Now().Add(4 * 600 * time.Millisecond)
+	var d deliveryView
+	waitFor(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool {
+		if n := len(rcv.received()); n != 1 {
+			t.Fatalf("the receiver got %d POSTs, want the one answered 410", n)
+		}
+		d = bb.getDelivery(t, did)
+		return time.Now().After(quiet) && len(d.Attempts) == 2 && d.Attempts[1].LockState == "queued"
+	})
+	first := d.Attempts[0]
+	if d.Status != "pending" || first.HTTPStatus != 410 || first.Status != "error" || first.Error == nil || first.Error.Code != "endpoint_gone" ||
+		d.Attempts[1].Attempt != 2 || d.Attempts[1].Status != "pending" || d.Attempts[1].StartedAt != nil {
+		t.Fatalf("delivery %+v, want pending: attempt 1 error HTTP 410 endpoint_gone, attempt 2 waiting unstarted", d)
+	}
+	disabled := scrape(t, a) + scrape(t, bb)
+	if !strings.Contains(disabled, `pulse_endpoint_disabled_total{consumer_group="shop",reason="gone"} 1`) ||
+		!strings.Contains(disabled, `pulse_endpoint_state{consumer_group="shop",state="disabled"} 1`) {
+		t.Errorf("/metrics of the replicas lack the disable:\n%s", grepLines(disabled, "pulse_endpoint"))
+	}
+	if logs := a.logs.String() + bb.logs.String(); !strings.Contains(logs, `"level":"warn"`) || !strings.Contains(logs, "endpoint disabled") {
+		t.Errorf("no warning names the disabled endpoint")
+	}
+
+	if code, out := bb.control(t, "shop", "resume"); code != 200 || out.State != "active" {
+		t.Fatalf("resume answered %d %+v, want active", code, out)
+	}
+	d = bb.waitDelivery(t, d.EventID, "shop", 20*time.Second)
+	if d.Status != "success" || len(d.Attempts) != 2 || len(rcv.received()) != 2 {
+		t.Fatalf("delivery %+v after %d POSTs, want success at attempt 2 after 2 POSTs", d, len(rcv.received()))
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, sub) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// An endpoint with disableAfter 1s whose every attempt fails is disabled (reason failing) once its failures
+// have lasted 1 s, not before; its delivery stays pending with no further POST until a resume.
+func TestDisableAfterAFailingStreak(t *testing.T) {
+	b := setup(t)
+	a, bb := b.start(b.fastEnv()), b.start(b.fastEnv())
+	rcv := newReceiver(t, 500)
+	a.registerEndpoint(t, "flaky", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "disableAfter": "1s",
+		"retryDelay": "100ms", "maxRetryDelay": "200ms", "maxRetries": 100})
+	if ep := bb.getEndpoint(t, "flaky"); ep.DisableAfter != "1s" {
+		t.Fatalf("disableAfter reads %q, want 1s", ep.DisableAfter)
+	}
+	did := a.deliveryOf(t, bb.publish(t, "t", 1), "flaky")
+	var ep endpointView
+	waitFor(t, 20*time.Second, "the endpoint disabled by its failing streak", func() bool {
+		ep = a.getEndpoint(t, "flaky")
+		return ep.State == "disabled"
+	})
+	posts := rcv.received()
+	if ep.StateReason != "failing" || ep.StateSince == nil || ep.StateSince.Sub(posts[0].At) < time.Second-50*time.Millisecond {
+		t.Fatalf("endpoint %+v after the first failure at %s, want disabled for failing at least 1 s later", ep, posts[0].At)
+	}
+	quiet := time.Now().Add(4 * 600 * time.Millisecond)
+	waitFor(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool { return time.Now().After(quiet) })
+	if n := len(rcv.received()); n > len(posts)+1 {
+		t.Fatalf("%d POSTs after the disable, want at most the one in flight", n-len(posts))
+	}
+	if d := a.getDelivery(t, did); d.Status != "pending" {
+		t.Fatalf("delivery %+v, want pending while disabled", d)
+	}
+	if code, out := bb.control(t, "flaky", "resume"); code != 200 || out.State != "active" {
+		t.Fatalf("resume answered %d %+v", code, out)
+	}
+	n := len(rcv.received())
+	waitFor(t, 20*time.Second, "a POST after the resume", func() bool { return len(rcv.received()) > n })
 }
