@@ -248,3 +248,48 @@ func TestDisableAfterAFailingStreak(t *testing.T) {
 	n := len(rcv.received())
 	waitFor(t, 20*time.Second, "a POST after the resume", func() bool { return len(rcv.received()) > n })
 }
+
+// An endpoint with rateLimit 5 receives 40 events at no more than 5 (+ the burst of 1) POSTs in any
+// 1-second window, while an endpoint without a limit on the same sidecar gets its events at once.
+func TestRateLimitSpacesThePOSTs(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	limited, free := newReceiver(t, 200), newReceiver(t, 200)
+	s.registerEndpoint(t, "limited", map[string]any{"url": limited.URL, "topics": []string{"slow"}, "rateLimit": 5})
+	s.registerEndpoint(t, "free", map[string]any{"url": free.URL, "topics": []string{"fast"}})
+	if ep := s.getEndpoint(t, "limited"); ep.RateLimit != 5 {
+		t.Fatalf("rateLimit reads %v, want 5", ep.RateLimit)
+	}
+	if code := do(t, "PUT", s.URL+"/v1/endpoints/bad", map[string]any{"url": free.URL, "topics": []string{"t"}, "rateLimit": -1}, nil); code != 400 {
+		t.Fatalf("rateLimit -1 answered %d, want 400", code)
+	}
+	const n, perSecond, burst = 40, 5, 1
+	for i := range n {
+		s.publish(t, "slow", i)
+	}
+	start := time.Now()
+	for i := range 10 {
+		s.publish(t, "fast", i)
+	}
+	waitFor(t, 10*time.Second, "the unlimited group's 10 events", func() bool { return len(free.received()) == 10 })
+	if d := time.Since(start); d > 3*time.Second || len(limited.received()) > n/2 {
+		t.Errorf("the unlimited group waited %s for its events (the limited one had %d), want them at once", d, len(limited.received()))
+	}
+	waitFor(t, 30*time.Second, "the 40 rate-limited events", func() bool { return len(limited.received()) == n })
+	got := limited.received()
+	most := 0
+	for i := range got {
+		in := 0
+		for _, r := range got[i:] {
+			if r.At.Sub(got[i].At) < time.Second {
+				in++
+			}
+		}
+		most = max(most, in)
+	}
+	span := got[n-1].At.Sub(got[0].At)
+	t.Logf("rateLimit %d: %d POSTs in %s (%.2f/s), at most %d in any 1-second window", perSecond, n, span, float64(n-1)/span.Seconds(), most)
+	if most > perSecond+burst {
+		t.Fatalf("%d POSTs within one second, want at most %d", most, perSecond+burst)
+	}
+}

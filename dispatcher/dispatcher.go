@@ -124,7 +124,8 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 			signal(kick)     // a slot is free
 		}}
 	d.loop = &loop{store: store, rec: rec, owner: opts.Owner, opts: opts, endpoints: d.endpoints, slots: slots,
-		ready: newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LockTimeout / 4},
+		limits: newRateLimits(d.endpoints.rateLimit, d.Wake),
+		ready:  newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LockTimeout / 4},
 		moved: moved, exec: d.exec, wake: d.wake, kick: kick, log: log,
 		reap: chore{period: reapInterval(opts)}, repair: chore{period: opts.RepairInterval}}
 	return d

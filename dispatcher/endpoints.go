@@ -149,6 +149,16 @@ func (c *endpointCache) limit(group string) int {
 	return pulsetype.DefaultMaxConcurrency
 }
 
+// rateLimit returns a consumer group's rateLimit as cached (0: none, or unknown).
+func (c *endpointCache) rateLimit(group string) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.eps[group]; ok && e.ep != nil {
+		return e.ep.RateLimit
+	}
+	return 0
+}
+
 // groups returns the consumer groups with an entry.
 func (c *endpointCache) groups() []string {
 	c.mu.Lock()

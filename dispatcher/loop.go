@@ -23,6 +23,7 @@ type loop struct {
 	opts      Options
 	endpoints *endpointCache
 	slots     *slots
+	limits    *rateLimits
 	ready     *readyQueue
 	marks     *fanOutMarks
 	moved     *moved
@@ -224,20 +225,33 @@ func (l *loop) claimReady(ctx context.Context) {
 }
 
 // takeReady removes from the ready queue up to maxReadyClaim attempts that the free capacity admits: the
-// worker slots left, each consumer group's maxConcurrency and the reserve (see slots.admit).
+// worker slots left, each consumer group's maxConcurrency and the reserve (see slots.admit), and the tokens
+// of rate-limited groups.
 func (l *loop) takeReady() []job {
 	if l.slots.free() <= 0 || l.ready.len() == 0 {
 		return nil
 	}
-	return l.ready.take(maxReadyClaim, l.slots.admit)
+	return l.ready.take(maxReadyClaim, func(group string, takenGroup, takenAll int) bool {
+		return l.slots.admit(group, takenGroup, takenAll) && l.limits.allows(group, takenGroup)
+	})
 }
 
 // claimDue leases due attempts found by polling the database, a batch per round trip while capacity lasts,
 // and reads their events with one query per batch. ordered groups are left to the head-of-line claim.
 func (l *loop) claimDue(ctx context.Context, ordered []string) {
 	for ctx.Err() == nil {
-		exclude, free := l.slots.capacity(l.endpoints.groups())
+		known := l.endpoints.groups()
+		exclude, free := l.slots.capacity(known)
 		exclude = append(append(exclude, ordered...), l.endpoints.inactive()...)
+		// A rate-limited group takes part while it has tokens, and a batch never takes more of its attempts
+		// than it has tokens (as with maxConcurrency).
+		for _, g := range l.limits.limited(known) {
+			if n := l.limits.available(g); n == 0 {
+				exclude = append(exclude, g)
+			} else if !slices.Contains(exclude, g) {
+				free = min(free, n)
+			}
+		}
 		if free == 0 {
 			l.backlog = true
 			return
@@ -271,14 +285,14 @@ func (l *loop) claimDue(ctx context.Context, ordered []string) {
 
 // launchAll hands leased attempts to the executor, except those of a group this process did not know as
 // ordered yet (registered or changed through another replica), given back for the head-of-line claim, and
-// those beyond their group's maxConcurrency (claimed before the limit was known), given back for a later
-// claim; their groups are returned.
+// those beyond their group's maxConcurrency or rate limit (claimed before the limit was known), given back
+// for a later claim; their groups are returned.
 func (l *loop) launchAll(ctx context.Context, jobs []job) (released []string) {
 	for _, j := range jobs {
 		ep, err := l.endpoints.get(ctx, j.a.ConsumerGroup, false)
-		if err == nil && ep != nil && ep.Ordered || l.slots.full(j.a.ConsumerGroup) {
+		if err == nil && ep != nil && ep.Ordered || l.slots.full(j.a.ConsumerGroup) || !l.limits.take(j.a.ConsumerGroup) {
 			if err := l.store.ReleaseAttempt(ctx, j.a); err != nil {
-				l.logErr(ctx, err, "release attempt of an ordered group")
+				l.logErr(ctx, err, "release attempt of an ordered, full or rate-limited group")
 			}
 			l.endpoints.relist()
 			if !slices.Contains(released, j.a.ConsumerGroup) {

@@ -89,7 +89,7 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 		sem <- struct{}{}
 		for {
 			mu.Lock()
-			admit := l.slots.admit(group, claiming, claiming)
+			admit := l.slots.admit(group, claiming, claiming) && l.limits.allows(group, claiming)
 			if admit {
 				claiming++
 			}
@@ -112,7 +112,11 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 			a, wait, err := l.store.ClaimHead(ctx, l.owner, line)
 			if a != nil {
 				for _, j := range l.gate(ctx, []job{{a: a}}) {
-					l.exec.launch(j)
+					if l.limits.take(group) {
+						l.exec.launch(j)
+					} else if err := l.store.ReleaseAttempt(ctx, j.a); err != nil { // its token went to another line
+						l.logErr(ctx, err, "release head of a rate-limited line")
+					}
 				}
 			}
 			mu.Lock()
