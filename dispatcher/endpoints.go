@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -87,11 +88,7 @@ func (c *endpointCache) putLocked(group string, ep *pulsetype.Endpoint, readStar
 func (c *endpointCache) inactive() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	groups := make([]string, 0, len(c.off))
-	for group := range c.off {
-		groups = append(groups, group)
-	}
-	return groups
+	return slices.Collect(maps.Keys(c.off))
 }
 
 // isInactive reports whether the group was last read paused or disabled.

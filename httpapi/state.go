@@ -1,8 +1,6 @@
 package httpapi
 
 import (
-	"errors"
-	"fmt"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
@@ -27,12 +25,7 @@ func (s *Server) resumeEndpoint(w http.ResponseWriter, r *http.Request) {
 func (s *Server) setEndpointState(w http.ResponseWriter, r *http.Request, state pulsetype.EndpointState, action, msg string) {
 	group := chi.URLParam(r, "consumerGroup")
 	ep, err := s.store.SetEndpointState(r.Context(), group, state)
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
-	}
-	if err != nil {
-		s.internalError(w, r, err)
+	if !s.endpointFound(w, r, group, err) {
 		return
 	}
 	// This process's dispatcher stops (or resumes) at once; the others check the state after each claim.
