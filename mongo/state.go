@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -94,7 +93,7 @@ func (s *Store) RecordHealth(ctx context.Context, failed map[string]time.Duratio
 		groups = append(groups, g)
 	}
 	if _, err := s.subscriptions.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": groups}, "failingSince": nil},
-		bson.M{"$set": bson.M{"failingSince": now}}); err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+		bson.M{"$set": bson.M{"failingSince": now}}); err != nil {
 		return nil, wrap("start failing streaks", err)
 	}
 	for g, after := range failed {
