@@ -114,11 +114,11 @@ type Endpoint struct {
 	PreviousSecretExpiresAt *time.Time `json:"previousSecretExpiresAt,omitempty"`
 	InsecureSkipVerify      bool       `json:"insecureSkipVerify,omitempty"`
 	// RateLimit is the most POSTs per second this endpoint gets from each replica (decimals allowed); 0 has
-	// no limit.
-	RateLimit float64 `json:"rateLimit"`
+	// no limit and is left out of reads.
+	RateLimit float64 `json:"rateLimit,omitempty"`
 	// DisableAfter disables the endpoint (reason failing) once its attempts have all failed for this long;
-	// 0 never does.
-	DisableAfter Duration `json:"disableAfter"`
+	// 0 never does and is left out of reads.
+	DisableAfter Duration `json:"disableAfter,omitempty"`
 	// State, StateReason and StateSince say whether the endpoint is POSTed to, why not and since when; reads
 	// show StateReason and StateSince only when it is not active. Only pause, resume and the sidecar (410
 	// Gone, disableAfter) change them: a PUT body's values are ignored and a PUT keeps the state.
