@@ -88,7 +88,7 @@ func TestSIGKILLDuringWebhookIsRecoveredAsWorkerLost(t *testing.T) {
 			d := s.waitDelivery(t, id, "billing", 30*time.Second)
 			got := rcv.received()
 			recovery := got[len(got)-1].At.Sub(killedAt)
-			t.Logf("recovery after SIGKILL: attempt 2 POSTed %s after the kill (lock timeout 500ms, includes the restart)", recovery.Round(time.Millisecond))
+			t.Logf("recovery after SIGKILL: attempt 2 POSTed %s after the kill (lease timeout 500ms, includes the restart)", recovery.Round(time.Millisecond))
 			if d.Status != "success" || len(d.Attempts) != 2 {
 				t.Fatalf("delivery = %+v, want success after 2 attempts", d)
 			}
@@ -193,7 +193,7 @@ func TestCrashWindowsAreRepaired(t *testing.T) {
 			s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
 			id := b.tornState("g", tc.delivery, tc.attempts...)
 			if tc.wantFanout {
-				// Published after the group registered (createdAt now); older than a lock timeout once repaired.
+				// Published after the group registered (createdAt now); older than a lease timeout once repaired.
 				_, err := b.client.Database(b.dbName).Collection("pulse.events").UpdateOne(context.Background(),
 					bson.M{"_id": id}, bson.M{"$set": bson.M{"fanout": true}})
 				if err != nil {
@@ -257,7 +257,7 @@ func TestStolenLeaseResultIsNotWritten(t *testing.T) {
 	}
 }
 
-// Heartbeats keep a long webhook call alive: it takes 5 × the lock timeout, two replicas run, and the event
+// Heartbeats keep a long webhook call alive: it takes 5 × the lease timeout, two replicas run, and the event
 // is POSTed once. The replicas' clocks are 5 minutes ahead and behind: leases follow the database's clock.
 func TestHeartbeatKeepsLongCallAliveAcrossSkewedReplicas(t *testing.T) {
 	b := setup(t)
@@ -275,7 +275,7 @@ func TestHeartbeatKeepsLongCallAliveAcrossSkewedReplicas(t *testing.T) {
 	s1.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
 	id := s1.publish(t, "t", 1) // published by the replica whose clock is behind: still discovered at once
 	waitClosed(t, rcv.started, 20*time.Second, "the first POST")
-	time.Sleep(5 * time.Second) // the receiver's work: 5 × the lock timeout (not a wait for an outcome)
+	time.Sleep(5 * time.Second) // the receiver's work: 5 × the lease timeout (not a wait for an outcome)
 	rcv.answer <- 200
 	d := s1.waitDelivery(t, id, "g", 20*time.Second)
 	if d.Status != "success" || len(d.Attempts) != 1 {

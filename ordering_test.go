@@ -62,7 +62,7 @@ func (s *sidecar) createdAtOf(t *testing.T, id string) time.Time {
 
 // A publisher SIGKILLed after its event E1 is durable but before it fanned it out: E2, published later
 // through another replica, reaches the ordered group only after E1 (whose delivery the repair creates a
-// lock timeout later).
+// lease timeout later).
 func TestOrderHoldsWhenThePublisherDiesBeforeFanOut(t *testing.T) {
 	b := setup(t)
 	s := b.start(b.fastEnv())

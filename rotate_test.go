@@ -200,7 +200,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 	}
 }
 
-// ownerOf returns the lock owner id a sidecar logged when it started listening (the log line may reach the
+// ownerOf returns the lease owner id a sidecar logged when it started listening (the log line may reach the
 // buffer a moment after start returned).
 func ownerOf(t *testing.T, s *sidecar) string {
 	t.Helper()

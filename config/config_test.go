@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pulse-sidecar/pulse/config"
+	"github.com/pulse-sidecar/pulse/webhook"
 )
 
 // getenv returns a fake environment holding only vars.
@@ -32,7 +33,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"APIReadToken", cfg.APIReadToken, ""},
 		{"ProbeListen", cfg.ProbeListen, ""},
 		{"EncryptionKey", cfg.EncryptionKey, ""},
-		{"LockTimeout", cfg.LockTimeout, config.DefaultLockTimeout},
+		{"LeaseTimeout", cfg.LeaseTimeout, config.DefaultLeaseTimeout},
 		{"PollInterval", cfg.PollInterval, config.DefaultPollInterval},
 		{"ChangeStreams", cfg.ChangeStreams, config.ChangeStreamsAuto},
 		{"EventRetention", cfg.EventRetention, config.DefaultRetention},
@@ -82,7 +83,7 @@ func TestLoadReadsValues(t *testing.T) {
 		{"Database", cfg.Database, "events"},
 		{"CollectionPrefix", cfg.CollectionPrefix, "px"},
 		{"Listen", cfg.Listen, "localhost:9090"},
-		{"LockTimeout", cfg.LockTimeout, 600 * time.Millisecond},
+		{"LeaseTimeout", cfg.LeaseTimeout, 600 * time.Millisecond},
 		{"PollInterval", cfg.PollInterval, 50 * time.Millisecond},
 		{"ChangeStreams", cfg.ChangeStreams, config.ChangeStreamsDisabled},
 		{"EventRetention (0 keeps forever)", cfg.EventRetention, time.Duration(0)},
@@ -97,7 +98,7 @@ func TestLoadReadsValues(t *testing.T) {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	deny, err := config.ParseCIDRs(cfg.DenyCIDRs)
+	deny, err := webhook.ParseCIDRs(cfg.DenyCIDRs)
 	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
 	if err != nil || len(deny) != 2 || deny[0] != want[0] || deny[1] != want[1] {
 		t.Errorf("ParseCIDRs(%q) = %v, %v; want %v", cfg.DenyCIDRs, deny, err, want)
@@ -175,34 +176,12 @@ func TestMaxBodyBytesFitsOneDocument(t *testing.T) {
 	}
 }
 
-func TestParseCIDRs(t *testing.T) {
+// The CIDR settings accept what the webhook guard parses (webhook.ParseCIDRs): prefixes and bare addresses.
+func TestLoadAcceptsCIDRsAndAddresses(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		in      string
-		want    []string
-		wantErr bool
-	}{
-		{in: "", want: nil},
-		{in: " , ", want: nil},
-		{in: "10.1.2.3/8", want: []string{"10.0.0.0/8"}},
-		{in: "192.168.0.0/16,fe80::/10", want: []string{"192.168.0.0/16", "fe80::/10"}},
-		{in: "10.0.0.1", wantErr: true},
-		{in: "10.0.0.0/33", wantErr: true},
-	}
-	for _, tt := range tests {
-		got, err := config.ParseCIDRs(tt.in)
-		if (err != nil) != tt.wantErr {
-			t.Errorf("ParseCIDRs(%q) error = %v, wantErr %v", tt.in, err, tt.wantErr)
-			continue
-		}
-		if len(got) != len(tt.want) {
-			t.Errorf("ParseCIDRs(%q) = %v, want %v", tt.in, got, tt.want)
-			continue
-		}
-		for i := range got {
-			if got[i].String() != tt.want[i] {
-				t.Errorf("ParseCIDRs(%q)[%d] = %s, want %s", tt.in, i, got[i], tt.want[i])
-			}
+	for _, v := range []string{"", " , ", "10.1.2.3/8", "192.168.0.0/16,fe80::/10", "10.0.0.1", "10.0.0.0/8, ::1"} {
+		if _, err := config.Load(getenv(map[string]string{"PULSE_DENY_CIDRS": v, "PULSE_ALLOW_CIDRS": v})); err != nil {
+			t.Errorf("PULSE_DENY_CIDRS and PULSE_ALLOW_CIDRS=%q: %v", v, err)
 		}
 	}
 }

@@ -177,10 +177,10 @@ func (c *completer) record(base context.Context, batch []*completion) {
 			time.AfterFunc(done.Next.Delay, c.retryDue)
 		case res.Error.Code == pulsetype.CodeEndpointDeleted || res.Error.Code == pulsetype.CodeUnsubscribed:
 			outcome = "error" // the subscription ended: a normal outcome, not a failure of the receiver
-			okLogs[i].Info().Str("error_code", res.Error.Code).Str("error", res.Error.Message).Msg("delivery ended: no longer subscribed")
+			okLogs[i].Info().Str("error_code", string(res.Error.Code)).Str("error", res.Error.Message).Msg("delivery ended: no longer subscribed")
 		default:
 			outcome = "error"
-			okLogs[i].Error().Str("error_code", res.Error.Code).Str("error", res.Error.Message).Int("http_status", res.HTTPStatus).
+			okLogs[i].Error().Str("error_code", string(res.Error.Code)).Str("error", res.Error.Message).Int("http_status", res.HTTPStatus).
 				Msg("delivery failed terminally")
 		}
 		if c.observer != nil {

@@ -205,7 +205,7 @@ func TestCompleterLeaseLostAndRetry(t *testing.T) {
 	store := newMemStore(endpoint(t, "g", []string{"t"}))
 	cs := leased(t, store, 2)
 	stolen := *cs[0].Attempt
-	stolen.LockToken = "another worker's"
+	stolen.FencingToken = "another worker's"
 	cs[0].Attempt = &stolen
 	cs[1].Result = pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError}}
 	cs[1].Next = pulsetype.NextStep{Retry: true, Delay: time.Millisecond}

@@ -56,12 +56,12 @@ type Observer interface {
 
 // Options configure a Dispatcher.
 type Options struct {
-	Owner           string        // this process's lock owner id (UUIDv7)
+	Owner           string        // this process's lease owner id (UUIDv7)
 	Tracer          trace.Tracer  // makes a span per attempt, child of the event's publish span; nil: none
 	Workers         int           // POSTs in flight at most, across consumer groups
 	PollInterval    time.Duration // longest sleep without a wake-up; also the reaper's period
 	RepairInterval  time.Duration // period of the partial-state repair scan (default: PollInterval)
-	LockTimeout     time.Duration // lease length; the reaper runs every max(PollInterval, LockTimeout/4)
+	LeaseTimeout    time.Duration // lease length; the reaper runs every max(PollInterval, LockTimeout/4)
 	ShutdownTimeout time.Duration // grace for in-flight POSTs in Stop
 	Observer        Observer
 	Logger          zerolog.Logger
@@ -81,7 +81,7 @@ const (
 	maxReady      = 4096
 	maxReadyBytes = 64 << 20
 	// markFlushBatch bounds how many fanned-out events keep their fanout mark before one updateMany clears
-	// them; a quarter of the lock timeout bounds how long (the reconciler repairs marks older than a lock
+	// them; a quarter of the lease timeout bounds how long (the reconciler repairs marks older than a lease
 	// timeout).
 	markFlushBatch = 1024
 	// maxRecordBatch bounds the results recorded by one bulk write.
@@ -125,7 +125,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 		}}
 	d.loop = &loop{store: store, rec: rec, owner: opts.Owner, opts: opts, endpoints: d.endpoints, slots: slots,
 		limits: newRateLimits(d.endpoints.rateLimit, d.Wake),
-		ready:  newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LockTimeout / 4},
+		ready:  newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LeaseTimeout / 4},
 		moved: moved, exec: d.exec, wake: d.wake, kick: kick, log: log,
 		reap: chore{period: reapInterval(opts)}, repair: chore{period: opts.RepairInterval}}
 	return d

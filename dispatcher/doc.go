@@ -12,7 +12,7 @@
 //
 // Invariants:
 //   - an attempt is leased (claimed with a fresh fencing token) before its POST starts, and the lease is
-//     renewed by the heartbeat every third of the lock timeout until its result is recorded;
+//     renewed by the heartbeat every third of the lease timeout until its result is recorded;
 //   - the result is written through a write fenced by the attempt id and fencing token; a worker whose lease
 //     was lost writes nothing, reports the loss and goes on working;
 //   - an attempt interrupted by shutdown writes nothing: lease expiry hands it to the reaper (never success);
@@ -26,5 +26,5 @@
 // recorded by one bulk update (plus one for the deliveries they end and one for the retries they create).
 // The database is polled for due work after a poll interval without local work, on a wake-up (change
 // stream, retry timer, reconciliation work), while it may hold a backlog this process had no capacity for,
-// and at least every max(poll interval, lock timeout/4) while local work keeps the loop busy.
+// and at least every max(poll interval, lease timeout/4) while local work keeps the loop busy.
 package dispatcher

@@ -266,6 +266,6 @@ func (e *executor) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsetype
 	return res
 }
 
-func failed(code, msg string, terminal bool) pulsetype.AttemptResult {
+func failed(code pulsetype.ErrorCode, msg string, terminal bool) pulsetype.AttemptResult {
 	return pulsetype.AttemptResult{Status: pulsetype.StatusError, Terminal: terminal, Error: &pulsetype.ErrorInfo{Code: code, Message: msg}}
 }

@@ -66,7 +66,7 @@ func TestExecutorDecides(t *testing.T) {
 		wantRetry bool
 		wantDelay time.Duration // when wantRetry and not 0
 		wantEnd   pulsetype.Status
-		wantCode  string
+		wantCode  pulsetype.ErrorCode
 	}{
 		{name: "success ends the delivery", wantPOST: true, wantEnd: pulsetype.StatusSuccess},
 		{name: "a failure is retried", answer: handler(webhook.Result{Outcome: webhook.OutcomeRetry, HTTPStatus: 500, Message: "HTTP 500"}),

@@ -129,11 +129,11 @@ func (s *memStore) createLocked(ref pulsetype.DeliveryRef, n int, delay time.Dur
 // leaseLocked leases a to owner under token when it is pending, due and not leased; it returns a copy.
 func (s *memStore) leaseLocked(a *pulsetype.Attempt, owner, token string) *pulsetype.Attempt {
 	now := time.Now()
-	if a.Status != pulsetype.StatusPending || a.NextAttemptAt.After(now) || a.LockedUntil != nil && a.LockedUntil.After(now) {
+	if a.Status != pulsetype.StatusPending || a.NextAttemptAt.After(now) || a.LeasedUntil != nil && a.LeasedUntil.After(now) {
 		return nil
 	}
 	until := now.Add(time.Minute)
-	a.LockOwner, a.LockToken, a.LockedUntil = owner, token, &until
+	a.LeaseOwner, a.FencingToken, a.LeasedUntil = owner, token, &until
 	c := *a
 	return &c
 }
@@ -245,10 +245,10 @@ func (s *memStore) ReleaseAttempt(_ context.Context, a *pulsetype.Attempt) error
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	stored, ok := s.attempts[a.ID]
-	if !ok || stored.LockToken != a.LockToken || stored.Status != pulsetype.StatusPending {
+	if !ok || stored.FencingToken != a.FencingToken || stored.Status != pulsetype.StatusPending {
 		return pulsetype.ErrLeaseLost
 	}
-	stored.LockOwner, stored.LockToken, stored.LockedUntil = "", "", nil
+	stored.LeaseOwner, stored.FencingToken, stored.LeasedUntil = "", "", nil
 	return nil
 }
 
@@ -267,11 +267,11 @@ func (s *memStore) FinishAttempts(_ context.Context, cs []pulsetype.Completion) 
 	for i, c := range cs {
 		ids[i] = c.Attempt.ID
 		stored, found := s.attempts[c.Attempt.ID]
-		if !found || stored.Status != pulsetype.StatusPending || stored.LockToken != c.Attempt.LockToken {
+		if !found || stored.Status != pulsetype.StatusPending || stored.FencingToken != c.Attempt.FencingToken {
 			continue
 		}
 		stored.Status, stored.Error, stored.HTTPStatus, stored.Terminal = c.Result.Status, c.Result.Error, c.Result.HTTPStatus, c.Result.Terminal
-		stored.LockedUntil = nil
+		stored.LeasedUntil = nil
 		ok[i] = true
 	}
 	s.finished = append(s.finished, ids)

@@ -15,7 +15,7 @@ func TestReplicasStartedTogetherPollApart(t *testing.T) {
 	stores := []*memStore{newMemStore(), newMemStore()}
 	ds := make([]*Dispatcher, len(stores))
 	for i, s := range stores {
-		ds[i] = New(s, &sender{}, noReconciler{}, idleKeeper(), Options{Owner: "o", Workers: 4, PollInterval: poll, LockTimeout: time.Second,
+		ds[i] = New(s, &sender{}, noReconciler{}, idleKeeper(), Options{Owner: "o", Workers: 4, PollInterval: poll, LeaseTimeout: time.Second,
 			ShutdownTimeout: time.Second, Logger: zerolog.Nop()})
 	}
 	for _, d := range ds {

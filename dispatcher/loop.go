@@ -95,9 +95,9 @@ func (l *loop) run(ctx context.Context) {
 }
 
 // reapInterval is the reaper's period: a lease cannot be seen expired more precisely than a fraction of
-// the lock timeout, so reaping more often than a quarter of it (or the poll interval) only costs queries.
+// the lease timeout, so reaping more often than a quarter of it (or the poll interval) only costs queries.
 func reapInterval(opts Options) time.Duration {
-	return max(opts.PollInterval, opts.LockTimeout/4)
+	return max(opts.PollInterval, opts.LeaseTimeout/4)
 }
 
 // turn runs one pass of the loop and reports whether the reconciliation did work that may have more to do.
@@ -184,7 +184,7 @@ func (l *loop) fanOut(ctx context.Context) {
 }
 
 // flushMarks clears the fanout marks of fanned-out events with one write once markFlushBatch of them wait
-// or the oldest waited a quarter of the lock timeout (or when force is set). A failed clear is left to the
+// or the oldest waited a quarter of the lease timeout (or when force is set). A failed clear is left to the
 // reconciler, whose repeated fan-out is a no-op.
 func (l *loop) flushMarks(ctx context.Context, force bool) {
 	ids := l.marks.due(time.Now(), force)

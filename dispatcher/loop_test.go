@@ -17,7 +17,7 @@ import (
 func startDispatcher(t *testing.T, store *memStore, snd *sender, workers int) *Dispatcher {
 	t.Helper()
 	d := New(store, snd, noReconciler{}, idleKeeper(), Options{Owner: "me", Workers: workers, PollInterval: 20 * time.Millisecond,
-		LockTimeout: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
+		LeaseTimeout: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
 	d.loop.slots.slowAfter = time.Hour
 	if err := d.Start(t.Context()); err != nil {
 		t.Fatal(err)

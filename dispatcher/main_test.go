@@ -21,7 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestStopBeforeStartAndTwice(t *testing.T) {
 	t.Parallel()
 	s := newMemStore()
-	opts := Options{Owner: "o", Workers: 1, PollInterval: 10 * time.Millisecond, LockTimeout: time.Second, ShutdownTimeout: time.Second, Logger: zerolog.Nop()}
+	opts := Options{Owner: "o", Workers: 1, PollInterval: 10 * time.Millisecond, LeaseTimeout: time.Second, ShutdownTimeout: time.Second, Logger: zerolog.Nop()}
 	New(s, &sender{}, noReconciler{}, idleKeeper(), opts).Stop()
 	d := New(s, &sender{}, noReconciler{}, idleKeeper(), opts)
 	if err := d.Start(context.Background()); err != nil {

@@ -5,18 +5,9 @@ import (
 	"time"
 )
 
-// Fairness between consumer groups. Worker slots (Options.Workers) are shared by every group, each group
-// capped by its maxConcurrency; two rules keep slow, hanging or failing endpoints, however many, from
-// holding up a healthy one:
-//
-//   - The overflow: a POST still running after slowAfter gives its worker slot back and counts against an
-//     overflow of overflowShare × Workers, so slots never stay held by hanging receivers for longer than
-//     slowAfter. At most (1 + overflowShare) × Workers POSTs are in flight (each group still capped by its
-//     maxConcurrency); once the overflow is full, slow POSTs keep their slots.
-//   - The reserve: the last Workers/reserveShare free slots (at least one) go only to groups with nothing
-//     in flight and no POST that outlasted slowAfter within slowMemory. A healthy group's due attempt
-//     therefore finds a slot at once unless as many distinct healthy groups as there are reserved slots
-//     are busy at the same moment, or the overflow is full.
+// Fairness between consumer groups (docs/delivery.md, "Fairness between consumer groups"): a POST running
+// past slowAfter moves to an overflow of overflowShare × Workers, and the last Workers/reserveShare free
+// slots go only to groups with nothing in flight and no slow POST within slowMemory.
 const (
 	reserveShare  = 4
 	overflowShare = 16

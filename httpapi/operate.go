@@ -104,7 +104,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
 		return
 	}
-	n, err := s.store.ReplayDeliveries(r.Context(), group, b.Status, from, to)
+	n, err := s.store.ReplayDeliveries(r.Context(), pulsetype.ReplayParams{ConsumerGroup: group, Status: b.Status, From: from, To: to})
 	if err != nil {
 		s.internalError(w, r, err)
 		return

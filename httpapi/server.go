@@ -34,7 +34,7 @@ type Store interface {
 	ProbeWrite(ctx context.Context) error
 	ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error)
 	RetryDelivery(ctx context.Context, id string) (int, error)
-	ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error)
+	ReplayDeliveries(ctx context.Context, p pulsetype.ReplayParams) (int, error)
 	CancelDelivery(ctx context.Context, id string) (pulsetype.CancelResult, error)
 	RotateSecret(ctx context.Context, group, secret string, overlap time.Duration) (*pulsetype.Endpoint, error)
 	SetEndpointState(ctx context.Context, group string, state pulsetype.EndpointState) (*pulsetype.Endpoint, error)

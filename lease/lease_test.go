@@ -56,7 +56,7 @@ func TestClockFollowsTheDatabase(t *testing.T) {
 	}
 }
 
-// The keeper renews held leases every third of the lock timeout and cancels the work of a lost one.
+// The keeper renews held leases every third of the lease timeout and cancels the work of a lost one.
 func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -78,7 +78,7 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	}
 	k := NewKeeper(renew, 60*time.Millisecond, nil, zerolog.Nop())
 	if k.Interval() != 20*time.Millisecond {
-		t.Fatalf("interval = %s, want a third of the lock timeout", k.Interval())
+		t.Fatalf("interval = %s, want a third of the lease timeout", k.Interval())
 	}
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatal(err)

@@ -51,9 +51,9 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, 
 
 // ClaimAttempts leases the given unleased attempts (as read from the database, or as FanOut created them)
 // with one updateMany whose filter holds their ids, status pending and no lease, so concurrent replicas never
-// lease one attempt twice. The attempts it wins share one fresh UUIDv7 lock token (the fencing token of
+// lease one attempt twice. The attempts it wins share one fresh UUIDv7 fencing token (the fencing token of
 // every later write, together with the attempt id), lockOwner owner, lockedAt, heartbeatAt and startedAt
-// now, and lockedUntil now + lock timeout. When the update matched fewer than all of them, a second query
+// now, and lockedUntil now + lease timeout. When the update matched fewer than all of them, a second query
 // reads back the ones leased under the token. It returns the leased attempts with their lease fields set,
 // possibly none; it does not modify its argument.
 func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error) {
@@ -62,7 +62,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	}
 	now := s.now()
 	token := uuid.Must(uuid.NewV7()).String()
-	until := now.Add(s.opts.LockTimeout)
+	until := now.Add(s.opts.LeaseTimeout)
 	ids := make([]string, len(attempts))
 	for i, a := range attempts {
 		ids[i] = a.ID
@@ -89,7 +89,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	out := make([]*pulsetype.Attempt, len(attempts))
 	for i, a := range attempts {
 		c := *a
-		c.LockOwner, c.LockToken, c.LockedUntil, c.StartedAt = owner, token, &until, &now
+		c.LeaseOwner, c.FencingToken, c.LeasedUntil, c.StartedAt = owner, token, &until, &now
 		out[i] = &c
 	}
 	return out, nil
@@ -100,7 +100,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) (*pulsetype.Attempt, error) {
 	update := bson.M{"$set": bson.M{
 		"lockOwner": owner, "lockToken": uuid.Must(uuid.NewV7()).String(), "lockedAt": now,
-		"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now, "startedAt": now,
+		"lockedUntil": now.Add(s.opts.LeaseTimeout), "heartbeatAt": now, "startedAt": now,
 	}}
 	var doc attemptDoc
 	err := s.history.FindOneAndUpdate(ctx, bson.M{"_id": id, "status": pulsetype.StatusPending, "lockedUntil": nil}, update,
@@ -124,30 +124,12 @@ const OrderSettle = 100 * time.Millisecond
 // maxOrderCheck bounds how many unfinished fan-outs one head-of-line check examines.
 const maxOrderCheck = 100
 
-// ClaimHead leases the attempt at the head of a line of an ordered consumer group (its deliveries of one
-// topic and one ordering key, "" for the events without a key): the current attempt of the line's oldest
-// pending delivery (by event createdAt, then event id), if that attempt is unleased and due, and if no
-// earlier event of the line that the group will receive may still lack its delivery. The invariant it
-// keeps: an ordered group never POSTs an event while an event of the same topic and ordering key before it
-// (createdAt, then id) that the group will deliver can still appear. Lines are independent: a failing head
-// holds up only its own line. Such an event is one of:
-//
-//   - an event whose createdAt is within OrderSettle of now: its write may still be running (retry after
-//     the returned wait);
-//   - an event of the line still marked for fan-out (its publisher crashed, or its fan-out is in flight)
-//     that has no delivery for the group yet, unless the group would not receive it (offsetReset latest and
-//     published before the group registered);
-//   - any retained event while the group's backfill (offsetReset earliest) is still walking them.
-//
-// Only the head may run, so a failing delivery blocks the ones after it until it succeeds or becomes
-// terminal; the head attempt's lease is the ordering lease (renewed by the heartbeat, fenced by its token).
-// A head that belongs to an earlier registration of the group (see pulsetype.Endpoint.Incarnation) is ended
-// as endpoint_deleted instead of holding up the line. It returns nil when the head is running, waiting for
-// its retry, blocked, or absent; wait > 0 says when to look again without waiting for other news (the
-// settle window, or at once after ending a stale head).
-//
-// It costs one query of the line's head (index pulse_deliveries_line), one of the subscription, one of the
-// head's attempts and, when the head is due, those of earlierMayAppear; errors are the database's, wrapped.
+// ClaimHead leases the head attempt of an ordered consumer group's line (docs/delivery.md, "Ordered
+// lines"): the current attempt of the line's oldest pending delivery, when it is unleased and due and no
+// earlier event of the line can still appear. It returns nil when the head is running, waiting, blocked or
+// absent; wait > 0 says when to look again without other news. It costs one query of the head (index
+// pulse_deliveries_line), one of the subscription, one of the head's attempts and, when the head is due,
+// those of earlierMayAppear; errors are the database's, wrapped.
 func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (a *pulsetype.Attempt, wait time.Duration, err error) {
 	group, topic := line.ConsumerGroup, line.Topic
 	var head deliveryDoc
@@ -190,7 +172,7 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 		return nil, settled.Sub(s.now()), nil
 	}
 	now := s.now()
-	if at.Status != pulsetype.StatusPending || at.LockedUntil != nil || at.NextAttemptAt.After(now) {
+	if at.Status != pulsetype.StatusPending || at.LeasedUntil != nil || at.NextAttemptAt.After(now) {
 		return nil, 0, nil
 	}
 	if blocked, err := s.earlierMayAppear(ctx, line, &sub, &head); err != nil || blocked {
@@ -250,7 +232,7 @@ func (s *Store) endStaleHead(ctx context.Context, d *deliveryDoc, at *attemptDoc
 			return nil // leased meanwhile: its worker ends the delivery
 		}
 	}
-	_, err := s.EndDelivery(ctx, d.ID, pulsetype.StatusError, at.Attempt, info)
+	_, err := s.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: d.ID, Status: pulsetype.StatusError, FinalAttempt: at.Attempt, Error: info})
 	return err
 }
 
@@ -297,7 +279,7 @@ func (s *Store) earlierMayAppear(ctx context.Context, line pulsetype.Line, sub *
 	return int(n) < len(ids), nil
 }
 
-// Renew extends the given leases to now + lock timeout and stamps heartbeatAt, with one updateMany fenced by
+// Renew extends the given leases to now + lease timeout and stamps heartbeatAt, with one updateMany fenced by
 // the attempt ids, their tokens and status pending. When it matched fewer than all, one query finds which are
 // still held. It returns the leases that were lost (reaped, released or no longer pending).
 func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error) {
@@ -310,7 +292,7 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 		ids[i], tokens[i] = l.AttemptID, l.Token
 	}
 	filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
-	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now}})
+	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{"lockedUntil": now.Add(s.opts.LeaseTimeout), "heartbeatAt": now}})
 	if err != nil {
 		return nil, wrap("renew leases", err)
 	}
@@ -323,7 +305,7 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	}
 	ok := map[pulsetype.LeaseKey]bool{}
 	for _, d := range held {
-		ok[pulsetype.LeaseKey{AttemptID: d.ID, Token: d.LockToken}] = true
+		ok[pulsetype.LeaseKey{AttemptID: d.ID, Token: d.FencingToken}] = true
 	}
 	for _, l := range leases {
 		if !ok[l] {
@@ -333,7 +315,7 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	return lost, nil
 }
 
-// FinishAttempt records the result of a leased attempt with a write fenced by its id and lock token. It
+// FinishAttempt records the result of a leased attempt with a write fenced by its id and fencing token. It
 // returns pulsetype.ErrLeaseLost when they no longer match a pending attempt (it was reaped or released):
 // then nothing is written.
 func (s *Store) FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error {
@@ -349,7 +331,7 @@ func (s *Store) FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulse
 
 // fence is the filter of a write that only the holder of a's lease may make.
 func fence(a *pulsetype.Attempt) bson.M {
-	return bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending}
+	return bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending}
 }
 
 // resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence.
@@ -381,22 +363,10 @@ func evidenceSet(r pulsetype.AttemptResult) bson.M {
 	return bson.M{"durationMs": r.Duration.Milliseconds(), "responseBody": r.ResponseBody}
 }
 
-// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two commands (more
-// when a batch needs more than Capabilities.MaxUpdateStatements statements):
-//
-//  1. one bulk update whose statements are updateMany's, one per distinct outcome (status, HTTP status,
-//     error), each fenced by the attempts' ids, their lock tokens and status pending: it makes the attempts
-//     terminal with endedAt and expiresAt;
-//  2. one bulk update by _id alone that adds each recorded attempt's own evidence (durationMs,
-//     responseBody). Only this call can have made those attempts terminal, and nothing writes a terminal
-//     attempt, so this write needs no fence.
-//
-// Grouping keeps the fenced filters few: the embedded database (FerretDB on SQLite) evaluates every filter
-// other than {_id: x} by scanning the collection. When the fenced statements matched fewer attempts than
-// given, one query reads back which ones carry this call's result. It returns, in order, whether each
-// result was recorded (false: the lease was lost, nothing was written for it). The evidence is best
-// effort: when its write fails (it is logged) or the process crashes before it, an attempt is terminal
-// without its duration and response body.
+// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two bulk updates (more
+// past Capabilities.MaxUpdateStatements statements; docs/delivery.md, "Recording results"): one fenced
+// updateMany per distinct outcome, then each attempt's evidence by _id (best effort: a failure is logged). It
+// returns, in order, whether each result was recorded (false: the lease was lost, nothing was written).
 func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error) {
 	recorded := make([]bool, len(cs))
 	if len(cs) == 0 {
@@ -407,7 +377,8 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		status     pulsetype.Status
 		httpStatus int
 		terminal   bool
-		code, msg  string
+		code       pulsetype.ErrorCode
+		msg        string
 		retryAfter time.Duration
 	}
 	groups := map[outcome][]int{}
@@ -428,7 +399,7 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		idx := groups[k]
 		ids, tokens := make([]string, len(idx)), make([]string, len(idx))
 		for j, i := range idx {
-			ids[j], tokens[j] = cs[i].Attempt.ID, cs[i].Attempt.LockToken
+			ids[j], tokens[j] = cs[i].Attempt.ID, cs[i].Attempt.FencingToken
 		}
 		filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
 		models = append(models, mongo.NewUpdateManyModel().SetFilter(filter).SetUpdate(bson.M{"$set": s.outcomeSet(cs[idx[0]].Result, now)}))
@@ -478,7 +449,7 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	for i, c := range cs {
 		// A reaped attempt keeps its token but carries worker_lost and the reaper's endedAt.
 		d, ok := byID[c.Attempt.ID]
-		recorded[i] = ok && d.LockToken == c.Attempt.LockToken && d.Status == c.Result.Status &&
+		recorded[i] = ok && d.FencingToken == c.Attempt.FencingToken && d.Status == c.Result.Status &&
 			d.EndedAt != nil && d.EndedAt.Equal(now) && d.Error.CodeOrEmpty() == c.Result.Error.CodeOrEmpty()
 	}
 	return nil
@@ -554,10 +525,10 @@ func (s *Store) CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n 
 // EndDelivery makes a pending delivery terminal (success or error) with its final attempt number, error and
 // expiresAt (now + history retention) in one update. It returns ended=false when the delivery was not
 // pending any more (another replica ended it first).
-func (s *Store) EndDelivery(ctx context.Context, deliveryID string, status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo) (ended bool, err error) {
+func (s *Store) EndDelivery(ctx context.Context, p pulsetype.EndDeliveryParams) (ended bool, err error) {
 	now := s.now()
-	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": deliveryID, "status": pulsetype.StatusPending},
-		bson.M{"$set": endSet(status, finalAttempt, e, now, expiry(now, s.opts.HistoryRetention))})
+	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": p.DeliveryID, "status": pulsetype.StatusPending},
+		bson.M{"$set": endSet(p.Status, p.FinalAttempt, p.Error, now, expiry(now, s.opts.HistoryRetention))})
 	if err != nil {
 		return false, wrap("end delivery", err)
 	}
@@ -565,7 +536,7 @@ func (s *Store) EndDelivery(ctx context.Context, deliveryID string, status pulse
 }
 
 // ReapOne turns one pending attempt whose lease expired into error/worker_lost, through a write whose filter
-// still holds the old lock token and the expired lockedUntil (a lease renewed meanwhile is not reaped). It
+// still holds the old fencing token and the expired lockedUntil (a lease renewed meanwhile is not reaped). It
 // returns the reaped attempt, or nil when there was none or another replica reaped it first.
 func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	now := s.now()
@@ -578,13 +549,13 @@ func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	if err != nil {
 		return nil, wrap("find expired lease", err)
 	}
-	e := &pulsetype.ErrorInfo{Code: pulsetype.CodeWorkerLost, Message: "the attempt's lease expired before it completed (lock owner " + doc.LockOwner + ")"}
+	e := &pulsetype.ErrorInfo{Code: pulsetype.CodeWorkerLost, Message: "the attempt's lease expired before it completed (lease owner " + doc.LeaseOwner + ")"}
 	set := bson.M{"status": pulsetype.StatusError, "endedAt": now, "error": e}
 	if exp := expiry(now, s.opts.HistoryRetention); exp != nil {
 		set["expiresAt"] = exp
 	}
 	res, err := s.history.UpdateOne(ctx, bson.M{
-		"_id": doc.ID, "status": pulsetype.StatusPending, "lockToken": doc.LockToken, "lockedUntil": bson.M{"$lt": now},
+		"_id": doc.ID, "status": pulsetype.StatusPending, "lockToken": doc.FencingToken, "lockedUntil": bson.M{"$lt": now},
 	}, bson.M{"$set": set})
 	if err != nil {
 		return nil, wrap("reap attempt", err)
@@ -610,7 +581,7 @@ func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pul
 // ReleaseAttempt gives a leased attempt back unstarted (its lease fields removed, fenced by its token), for
 // a claim that must not run after all. It returns pulsetype.ErrLeaseLost when the lease is no longer held.
 func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error {
-	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending},
+	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending},
 		bson.M{"$unset": bson.M{"lockOwner": "", "lockToken": "", "lockedAt": "", "lockedUntil": "", "heartbeatAt": "", "startedAt": ""}})
 	if err != nil {
 		return wrap("release attempt", err)

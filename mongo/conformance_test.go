@@ -247,7 +247,7 @@ var conformanceCases = []conformanceCase{
 	{name: "FanOutConcurrentCreatesOneDeliveryPerGroup", run: testFanOutConcurrentCreatesOneDeliveryPerGroup, race: true},
 	{name: "FanOutStaleRepairsInterruptedFanOut", run: testFanOutStaleRepairsInterruptedFanOut},
 	{name: "PublishArrayIsIdempotentAndConflictsStoreNothing", run: testPublishArrayIsIdempotentAndConflictsStoreNothing},
-	{name: "ClaimIsFencedByLockToken", run: testClaimIsFencedByLockToken},
+	{name: "ClaimIsFencedByFencingToken", run: testClaimIsFencedByFencingToken},
 	{name: "ReapOneReapsExpiredLease", run: testReapOneReapsExpiredLease},
 	{name: "ReapOneSparesRenewedLease", run: testReapOneSparesRenewedLease, race: true},
 	{name: "CreateAttemptAndEndDeliveryAreExactlyOnce", run: testCreateAttemptAndEndDeliveryAreExactlyOnce, race: true},

@@ -9,6 +9,10 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// The bson field names of these documents, and the index names in schema.go, are the stored schema: they keep
+// their earlier spelling (lockOwner, lockToken, lockedAt, lockedUntil for an attempt's lease owner, fencing
+// token and lease times) because existing databases and older replicas during a rolling upgrade depend on them.
+
 // eventDoc is a document of <prefix>.events. Data is the event's JSON text, kept as a string so numbers,
 // unicode escapes and key order come back byte-equal.
 type eventDoc struct {
@@ -37,19 +41,19 @@ func (d *eventDoc) event() *pulsetype.Event {
 
 // subscriptionDoc is a document of <prefix>.subscriptions: one per consumer group, _id = the group.
 type subscriptionDoc struct {
-	ID                     string   `bson:"_id"`
-	URL                    string   `bson:"url"`
-	Topics                 []string `bson:"topics"`
-	Delivery               string   `bson:"delivery"`
-	Ordered                bool     `bson:"ordered"`
-	Format                 string   `bson:"format,omitempty"` // empty for groups stored before formats: envelope
-	OffsetReset            string   `bson:"offsetReset"`
-	MaxRetries             int      `bson:"maxRetries"`
-	RetryDelayMs           int64    `bson:"retryDelayMs"`
-	RetryBackoffMultiplier float64  `bson:"retryBackoffMultiplier"`
-	MaxRetryDelayMs        int64    `bson:"maxRetryDelayMs"`
-	TimeoutMs              int64    `bson:"timeoutMs"`
-	MaxConcurrency         int      `bson:"maxConcurrency"`
+	ID                     string                  `bson:"_id"`
+	URL                    string                  `bson:"url"`
+	Topics                 []string                `bson:"topics"`
+	Delivery               pulsetype.DeliveryMode  `bson:"delivery"`
+	Ordered                bool                    `bson:"ordered"`
+	Format                 pulsetype.WebhookFormat `bson:"format,omitempty"` // empty for groups stored before formats: envelope
+	OffsetReset            pulsetype.OffsetReset   `bson:"offsetReset"`
+	MaxRetries             int                     `bson:"maxRetries"`
+	RetryDelayMs           int64                   `bson:"retryDelayMs"`
+	RetryBackoffMultiplier float64                 `bson:"retryBackoffMultiplier"`
+	MaxRetryDelayMs        int64                   `bson:"maxRetryDelayMs"`
+	TimeoutMs              int64                   `bson:"timeoutMs"`
+	MaxConcurrency         int                     `bson:"maxConcurrency"`
 	// Headers and Secret hold the endpoint's header values and signing secret in clear: written without an
 	// encryption key, or before one was set. With a key they are empty and the sealed fields hold them.
 	Headers map[string]string `bson:"headers,omitempty"`
@@ -84,10 +88,10 @@ type subscriptionDoc struct {
 
 // backfillState is the discovery cursor and lease of an earliest-offset consumer group.
 type backfillState struct {
-	Cursor      string     `bson:"cursor"` // last event id delivered by the backfill
-	LockOwner   string     `bson:"lockOwner,omitempty"`
-	LockToken   string     `bson:"lockToken,omitempty"`
-	LockedUntil *time.Time `bson:"lockedUntil,omitempty"`
+	Cursor       string     `bson:"cursor"` // last event id delivered by the backfill
+	LeaseOwner   string     `bson:"lockOwner,omitempty"`
+	FencingToken string     `bson:"lockToken,omitempty"`
+	LeasedUntil  *time.Time `bson:"lockedUntil,omitempty"`
 }
 
 func ms(d *pulsetype.Duration) int64 { return time.Duration(*d).Milliseconds() }
@@ -162,10 +166,10 @@ type attemptDoc struct {
 	CreatedAt     time.Time            `bson:"createdAt"`
 	NextAttemptAt time.Time            `bson:"nextAttemptAt"`
 	StartedAt     *time.Time           `bson:"startedAt,omitempty"`
-	LockOwner     string               `bson:"lockOwner,omitempty"`
-	LockToken     string               `bson:"lockToken,omitempty"`
-	LockedAt      *time.Time           `bson:"lockedAt,omitempty"`
-	LockedUntil   *time.Time           `bson:"lockedUntil,omitempty"`
+	LeaseOwner    string               `bson:"lockOwner,omitempty"`
+	FencingToken  string               `bson:"lockToken,omitempty"`
+	LeasedAt      *time.Time           `bson:"lockedAt,omitempty"`
+	LeasedUntil   *time.Time           `bson:"lockedUntil,omitempty"`
 	HeartbeatAt   *time.Time           `bson:"heartbeatAt,omitempty"`
 	EndedAt       *time.Time           `bson:"endedAt,omitempty"`
 	DurationMs    int64                `bson:"durationMs,omitempty"`
@@ -184,8 +188,8 @@ func (d *attemptDoc) attempt() *pulsetype.Attempt {
 		ID: d.ID, DeliveryID: d.DeliveryID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
 		Number: d.Attempt, Status: d.Status, HTTPStatus: d.HTTPStatus, DurationMs: d.DurationMs, Error: d.Error,
 		ResponseBody: d.ResponseBody, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
-		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LockOwner: d.LockOwner, LockToken: d.LockToken,
-		LockedUntil: d.LockedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
+		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LeaseOwner: d.LeaseOwner, FencingToken: d.FencingToken,
+		LeasedUntil: d.LeasedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
 		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond, Uncounted: d.Uncounted,
 	}
 }

@@ -72,8 +72,8 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		}
 		if prev != nil && prev.Incarnation == stored.Incarnation {
 			if removed := missing(prev.Topics, stored.Topics); len(removed) > 0 {
-				if err := s.EndPending(ctx, e.ConsumerGroup, removed, pulsetype.CodeUnsubscribed,
-					"the consumer group no longer subscribes to this topic"); err != nil {
+				if err := s.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: e.ConsumerGroup, Topics: removed,
+					Error: pulsetype.ErrorInfo{Code: pulsetype.CodeUnsubscribed, Message: "the consumer group no longer subscribes to this topic"}}); err != nil {
 					return nil, false, err
 				}
 			}
@@ -147,7 +147,8 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	}
 	// Ended also when the group was already gone: a delete that failed (or crashed) between its two steps is
 	// finished by deleting again.
-	if err := s.EndPending(ctx, group, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted"); err != nil {
+	if err := s.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: group,
+		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}); err != nil {
 		return err
 	}
 	if res.DeletedCount == 0 {
@@ -156,21 +157,12 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	return nil
 }
 
-// EndPending ends the pending work of a consumer group (of topics only, when given) that its subscription no
-// longer wants, with error code and message, in three commands:
-//
-//  1. every pending attempt without a lease becomes error (terminal, with endedAt and expiresAt), so no
-//     replica can claim it any more;
-//  2. one query finds the deliveries whose attempt is leased: a POST in flight, left to finish and be
-//     recorded by its worker (its follow-up ends the delivery, or creates an attempt that the dispatcher ends
-//     with code without a POST, see dispatcher's endpoint check);
-//  3. every other pending delivery becomes error with code, endedAt and expiresAt.
-//
-// A claim racing step 1 can only take an attempt step 2 then sees as leased. Running it twice is harmless.
-// It logs one info line with how many deliveries it ended, when it ended any.
-func (s *Store) EndPending(ctx context.Context, group string, topics []string, code, msg string) error {
+// EndPending ends the pending work of p.ConsumerGroup (of p.Topics only, when given) that its subscription
+// no longer wants, with p.Error, in three commands (docs/delivery.md, "Ending a consumer group's work"). A POST
+// in flight is left to its worker. Running it twice is harmless. It logs one info line when it ended any.
+func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) error {
+	group, topics, info := p.ConsumerGroup, p.Topics, &p.Error
 	now := s.now()
-	info := &pulsetype.ErrorInfo{Code: code, Message: msg}
 	exp := expiry(now, s.opts.HistoryRetention)
 	scope := func(extra bson.M) bson.M {
 		f := bson.M{"consumerGroup": group, "status": pulsetype.StatusPending}
@@ -205,7 +197,7 @@ func (s *Store) EndPending(ctx context.Context, group string, topics []string, c
 		return wrap("end pending deliveries", err)
 	}
 	if res.ModifiedCount > 0 || len(busy) > 0 {
-		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", code).
+		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", string(info.Code)).
 			Int64("ended", res.ModifiedCount).Int("in_flight", len(busy)).Msg("pending deliveries ended")
 	}
 	return nil

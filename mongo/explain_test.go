@@ -15,7 +15,7 @@ import (
 func testHotQueriesUseIndexes(t *testing.T, e *env) {
 	b := e.setup(t)
 	client, dbName := b.client, b.dbName
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Second})
 	if _, err := s.EnsureSchema(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -25,16 +25,10 @@ func DeliveryID(consumerGroup, eventID string) string {
 	return uuid.NewSHA1(deliveryNamespace, []byte(consumerGroup+"\x00"+eventID)).String()
 }
 
-// Publish stores events durably; they are durable when it returns. Each event must carry its id (client-chosen
-// or a fresh UUIDv7). Either all events are stored or none: an array is inserted staged (invisible) and then
-// committed with one update; a crash in between leaves staged events that the sweeper removes. It returns
-// pulsetype.ErrIDConflict when an id is already used with other content (nothing is stored then). Stored
-// events carry fanout=true until FanOut created their deliveries. ExpiresAt is set here.
-//
-// CreatedAt is stamped by the database ($currentDate) in the very write that makes the event visible: the
-// upsert of a single event, the commit of an array. An event therefore never becomes visible with a
-// createdAt older than that of an event already visible, however long its write was stalled on the way (the
-// stall happens before the stamp), which is what ordered consumer groups rely on (see ClaimHead).
+// Publish stores events, all or none, durable when it returns; each must carry its id. The database stamps
+// createdAt in the write that makes an event visible (docs/delivery.md, "Publishing"); ExpiresAt is set here
+// and the events carry fanout=true until FanOut created their deliveries. It returns pulsetype.ErrIDConflict
+// when an id is already used with other content (nothing is stored then).
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
 	now := s.now()
 	for _, e := range events {
@@ -253,7 +247,7 @@ func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulse
 }
 
 // ClearFanOut removes the fanout mark of events whose deliveries exist, with one updateMany. Clearing late
-// is harmless: FanOutStale only takes marks older than one lock timeout, and a repeated fan-out is a no-op.
+// is harmless: FanOutStale only takes marks older than one lease timeout, and a repeated fan-out is a no-op.
 func (s *Store) ClearFanOut(ctx context.Context, eventIDs []string) error {
 	if len(eventIDs) == 0 {
 		return nil

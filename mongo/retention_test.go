@@ -40,7 +40,7 @@ func testTTLIndexesAreRequested(t *testing.T, e *env) {
 		}
 	}}
 	client := b.srv.Connect(options.Client().SetMonitor(monitor))
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Second})
 	caps, err := s.EnsureSchema(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func testExpiresAtOnlyOnTerminalDocuments(t *testing.T, e *env) {
 		if retention > 0 {
 			prefix = "ret"
 		}
-		s := New(client, Options{Database: dbName, CollectionPrefix: prefix, LockTimeout: time.Second, EventRetention: retention, HistoryRetention: retention})
+		s := New(client, Options{Database: dbName, CollectionPrefix: prefix, LeaseTimeout: time.Second, EventRetention: retention, HistoryRetention: retention})
 		ctx := context.Background()
 		if _, err := s.EnsureSchema(ctx); err != nil {
 			t.Fatal(err)
@@ -116,7 +116,7 @@ func testExpiresAtOnlyOnTerminalDocuments(t *testing.T, e *env) {
 		if err := s.FinishAttempt(ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.EndDelivery(ctx, a.DeliveryID, pulsetype.StatusSuccess, 1, nil); err != nil {
+		if _, err := s.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1}); err != nil {
 			t.Fatal(err)
 		}
 		for _, coll := range []*mongodrv.Collection{s.deliveries, s.history} {

@@ -43,7 +43,7 @@ func testRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T, e *env) {
 			}
 			t0 := b.clock.Now()
 			b.clock.Advance(tt.endedAfter)
-			if ended, err := s.EndDelivery(b.ctx, id, pulsetype.StatusError, 1, fail); err != nil || !ended {
+			if ended, err := s.EndDelivery(b.ctx, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusError, FinalAttempt: 1, Error: fail}); err != nil || !ended {
 				t.Fatalf("EndDelivery = %v, %v", ended, err)
 			}
 			oldExpiry := b.clock.Now().Add(retention)
@@ -100,7 +100,7 @@ func testRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T, e *env) {
 			if err := s.FinishAttempt(b.ctx, retry, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 204}); err != nil {
 				t.Fatalf("FinishAttempt of the retry: %v", err)
 			}
-			if ended, err := s.EndDelivery(b.ctx, id, pulsetype.StatusSuccess, n, nil); err != nil || !ended {
+			if ended, err := s.EndDelivery(b.ctx, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusSuccess, FinalAttempt: n}); err != nil || !ended {
 				t.Fatalf("EndDelivery of the retry = %v, %v", ended, err)
 			}
 			b.clock.Advance(retention - time.Millisecond)
@@ -128,7 +128,7 @@ func testRetryAfterTheHistoryExpiredIsNotFound(t *testing.T, e *env) {
 	if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500, Error: fail, Terminal: true}); err != nil {
 		t.Fatalf("FinishAttempt: %v", err)
 	}
-	if ended, err := s.EndDelivery(b.ctx, id, pulsetype.StatusError, 1, fail); err != nil || !ended {
+	if ended, err := s.EndDelivery(b.ctx, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusError, FinalAttempt: 1, Error: fail}); err != nil || !ended {
 		t.Fatalf("EndDelivery = %v, %v", ended, err)
 	}
 	b.clock.Advance(time.Minute)

@@ -31,7 +31,7 @@ func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
 		}
 	}}
 	client := b.srv.Connect(options.Client().SetMonitor(monitor))
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Second})
 	caps, err := s.EnsureSchema(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -14,25 +14,34 @@ import (
 	"time"
 )
 
-// Delivery modes of an endpoint (docs/delivery.md, "Guarantees").
+// DeliveryMode is an endpoint's delivery guarantee: AtLeastOnce or AtMostOnce (docs/delivery.md, "Guarantees").
+type DeliveryMode string
+
+// Delivery modes of an endpoint.
 const (
-	AtLeastOnce = "at-least-once"
-	AtMostOnce  = "at-most-once"
+	AtLeastOnce DeliveryMode = "at-least-once"
+	AtMostOnce  DeliveryMode = "at-most-once"
 )
+
+// WebhookFormat is the shape of an endpoint's webhook request: FormatEnvelope or FormatCloudEvents.
+type WebhookFormat string
 
 // Formats of the webhook request of an endpoint.
 const (
 	// FormatEnvelope is the default: the body is Event.Envelope, Content-Type application/json.
-	FormatEnvelope = "envelope"
+	FormatEnvelope WebhookFormat = "envelope"
 	// FormatCloudEvents is a CloudEvents 1.0 binary-mode request: ce-* headers and the data as the body (see
 	// Event.CloudEvent).
-	FormatCloudEvents = "cloudevents"
+	FormatCloudEvents WebhookFormat = "cloudevents"
 )
 
-// Offset resets: which events a newly registered consumer group receives.
+// OffsetReset is which events a newly registered consumer group receives: OffsetLatest or OffsetEarliest.
+type OffsetReset string
+
+// Offset resets of a consumer group.
 const (
-	OffsetLatest   = "latest"   // events published after registration
-	OffsetEarliest = "earliest" // every event still retained
+	OffsetLatest   OffsetReset = "latest"   // events published after registration
+	OffsetEarliest OffsetReset = "earliest" // every event still retained
 )
 
 // Endpoint defaults, as documented in the README's API section.
@@ -51,8 +60,6 @@ const MaxTopicsPerEndpoint = 100
 var (
 	topicPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
 	groupPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
-	// headerNamePattern is an RFC 9110 token.
-	headerNamePattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 )
 
 // ValidTopic reports whether s matches ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$ (the contract's topic rule).
@@ -90,14 +97,14 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // Endpoint is a consumer group's webhook registration: where its events go and how they are retried.
 // Pointer fields are optional in the API body; Normalize fills their defaults.
 type Endpoint struct {
-	ConsumerGroup string   `json:"consumerGroup"`
-	URL           string   `json:"url"`
-	Topics        []string `json:"topics"`
-	Delivery      string   `json:"delivery"`
-	Ordered       bool     `json:"ordered"`
+	ConsumerGroup string       `json:"consumerGroup"`
+	URL           string       `json:"url"`
+	Topics        []string     `json:"topics"`
+	Delivery      DeliveryMode `json:"delivery"`
+	Ordered       bool         `json:"ordered"`
 	// Format is FormatEnvelope (the default) or FormatCloudEvents.
-	Format                 string            `json:"format"`
-	OffsetReset            string            `json:"offsetReset"`
+	Format                 WebhookFormat     `json:"format"`
+	OffsetReset            OffsetReset       `json:"offsetReset"`
 	MaxRetries             *int              `json:"maxRetries,omitempty"`
 	RetryDelay             *Duration         `json:"retryDelay,omitempty"`
 	RetryBackoffMultiplier *float64          `json:"retryBackoffMultiplier,omitempty"`
@@ -174,7 +181,7 @@ func (e *Endpoint) Normalize() error {
 		}
 		seen[t] = true
 	}
-	e.Delivery = strings.ToLower(e.Delivery)
+	e.Delivery = DeliveryMode(strings.ToLower(string(e.Delivery)))
 	switch e.Delivery {
 	case "":
 		e.Delivery = AtLeastOnce
@@ -299,7 +306,7 @@ func checkHeaders(h map[string]string) error {
 	names := slices.Sorted(maps.Keys(h)) // deterministic: the same body always names the same pair
 	byFold := make(map[string]string, len(h))
 	for _, k := range names {
-		if !headerNamePattern.MatchString(k) {
+		if len(k) > maxHeaderName || !ValidHeaderName(k) {
 			return &FieldError{"headers", fmt.Sprintf("%q is not a valid header name (RFC 9110 token)", k)}
 		}
 		if strings.Contains(k, ".") || strings.HasPrefix(k, "$") {
@@ -310,16 +317,45 @@ func checkHeaders(h map[string]string) error {
 		}
 		byFold[strings.ToLower(k)] = k
 		v := h[k]
-		for _, r := range v {
-			if (r < 0x20 && r != '\t') || r == 0x7f {
-				return &FieldError{"headers", fmt.Sprintf("value of %q contains a control character", k)}
-			}
+		if !ValidHeaderValue(v) {
+			return &FieldError{"headers", fmt.Sprintf("value of %q contains a control character", k)}
 		}
 		if v == RedactedHeaderValue {
 			return &FieldError{"headers", fmt.Sprintf("value of %q is the placeholder %s that reads return; send the real value", k, RedactedHeaderValue)}
 		}
 	}
 	return nil
+}
+
+// maxHeaderName is the longest endpoint header name, in bytes.
+const maxHeaderName = 256
+
+// ValidHeaderName reports whether name is an RFC 9110 token, as an HTTP header name must be.
+func ValidHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// ValidHeaderValue reports whether v holds no control character other than horizontal tab, as Go's HTTP
+// transport requires of a header value.
+func ValidHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func fillDuration(p **Duration, def time.Duration, field string, min, max time.Duration) error {

@@ -32,7 +32,7 @@ func TestEndpointNormalizeFillsDefaults(t *testing.T) {
 	tests := []struct {
 		name           string
 		mod            func(e *pulsetype.Endpoint)
-		wantDelivery   string
+		wantDelivery   pulsetype.DeliveryMode
 		wantMaxRetries int
 	}{
 		{name: "at-least-once by default", wantDelivery: pulsetype.AtLeastOnce, wantMaxRetries: pulsetype.DefaultMaxRetries},
@@ -263,6 +263,25 @@ func TestEndpointHeaderNamesThatCannotBeStored(t *testing.T) {
 		var fe *pulsetype.FieldError
 		if err := e.Normalize(); !errors.As(err, &fe) || fe.Field != "headers" || !strings.Contains(fe.Message, name) {
 			t.Errorf("Normalize with header %q = %v, want a headers error naming it", name, err)
+		}
+	}
+}
+
+// One validator serves the endpoint's PUT (Normalize) and the webhook request (webhook.Send).
+func TestValidHeaderNameAndValue(t *testing.T) {
+	t.Parallel()
+	names := map[string]bool{"X-Api-Key": true, "a!#$%&'*+-.^_`|~z09": true, "": false, "X Key": false, "X:Key": false,
+		"Ключ": false, "X\tKey": false, "(x)": false}
+	for name, want := range names {
+		if got := pulsetype.ValidHeaderName(name); got != want {
+			t.Errorf("ValidHeaderName(%q) = %v, want %v", name, got, want)
+		}
+	}
+	values := map[string]bool{"": true, "Bearer abc": true, "tab\there": true, "ünïcode": true, "a\nb": false,
+		"a\rb": false, "nul\x00": false, "del\x7f": false}
+	for v, want := range values {
+		if got := pulsetype.ValidHeaderValue(v); got != want {
+			t.Errorf("ValidHeaderValue(%q) = %v, want %v", v, got, want)
 		}
 	}
 }

@@ -23,8 +23,8 @@ const Jitter = 0.2
 // It returns retry=false when the failure is terminal: a terminal response, at-most-once, event_expired,
 // endpoint_deleted, unsubscribed, or retries used up. The delay is the exponential backoff of cenkalti/backoff with ±20% jitter, capped by
 // MaxDelay, then raised (never lowered) to retryAfter, and capped by MaxDelay again.
-func (p RetryPolicy) Next(number int, code string, terminal bool, retryAfter time.Duration) (retry bool, delay time.Duration) {
-	if terminal || p.AtMostOnce || Ended(code) || number > p.MaxRetries {
+func (p RetryPolicy) Next(number int, code ErrorCode, terminal bool, retryAfter time.Duration) (retry bool, delay time.Duration) {
+	if terminal || p.AtMostOnce || code.Ended() || number > p.MaxRetries {
 		return false, 0
 	}
 	b := backoff.NewExponentialBackOff(

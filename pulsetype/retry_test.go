@@ -27,7 +27,7 @@ func TestRetryPolicyNextStops(t *testing.T) {
 		name      string
 		policy    pulsetype.RetryPolicy
 		number    int
-		code      string
+		code      pulsetype.ErrorCode
 		terminal  bool
 		wantRetry bool
 	}{

@@ -26,7 +26,7 @@ const (
 
 // CodeEndpointGone is the error of an attempt answered with 410 Gone: it disabled its endpoint, and its
 // delivery waits for POST .../resume without the attempt counting against maxRetries.
-const CodeEndpointGone = "endpoint_gone"
+const CodeEndpointGone ErrorCode = "endpoint_gone"
 
 // MaxDisableAfter bounds an endpoint's disableAfter.
 const MaxDisableAfter = 30 * 24 * time.Hour

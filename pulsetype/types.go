@@ -24,32 +24,38 @@ func (s Status) Terminal() bool {
 	return s == StatusSuccess || s == StatusError || s == StatusCancelled
 }
 
-// Error codes written to an attempt's history (docs/delivery.md, "Retries").
+// ErrorCode says why an attempt or a delivery failed: one of the Code constants (docs/delivery.md, "Retries").
+type ErrorCode string
+
+// Error codes written to an attempt's history.
 const (
-	CodeHandlerError = "handler_error" // the webhook answered with a failure, or could not be reached
-	CodeWorkerLost   = "worker_lost"   // the attempt's lease expired before it completed
-	CodeEventExpired = "event_expired" // retention removed the event before the attempt ran
+	CodeHandlerError ErrorCode = "handler_error" // the webhook answered with a failure, or could not be reached
+	CodeWorkerLost   ErrorCode = "worker_lost"   // the attempt's lease expired before it completed
+	CodeEventExpired ErrorCode = "event_expired" // retention removed the event before the attempt ran
 	// CodeEndpointDeleted ends the pending deliveries of a deleted consumer group (and any attempt of an
 	// earlier registration of a group registered again): a normal outcome, not a failure of the receiver.
-	CodeEndpointDeleted = "endpoint_deleted"
+	CodeEndpointDeleted ErrorCode = "endpoint_deleted"
 	// CodeUnsubscribed ends the pending deliveries of a topic that a PUT removed from the consumer group.
-	CodeUnsubscribed = "unsubscribed"
+	CodeUnsubscribed ErrorCode = "unsubscribed"
 	// CodeCancelled is the error of a delivery cancelled through the API (status StatusCancelled) and of the
 	// attempt that the cancel ended or kept from running.
-	CodeCancelled = "cancelled"
+	CodeCancelled ErrorCode = "cancelled"
 )
 
 // Ended reports whether code ends a delivery whatever retries remain: the event is gone, the consumer group
 // no longer wants it, or the delivery was cancelled.
-func Ended(code string) bool {
-	return code == CodeEventExpired || code == CodeEndpointDeleted || code == CodeUnsubscribed || code == CodeCancelled
+func (c ErrorCode) Ended() bool {
+	return c == CodeEventExpired || c == CodeEndpointDeleted || c == CodeUnsubscribed || c == CodeCancelled
 }
 
-// Lock states of a pending attempt, as shown by the inspection API.
+// LeaseState is the lease state of a pending attempt, as the inspection API shows it (field lockState).
+type LeaseState string
+
+// Lease states of a pending attempt.
 const (
-	LockQueued  = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
-	LockActive  = "active"  // leased and the lease has not expired: a worker is running it
-	LockExpired = "expired" // leased but the lease expired: the worker stopped renewing
+	LeaseQueued  LeaseState = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
+	LeaseActive  LeaseState = "active"  // leased and the lease has not expired: a worker is running it
+	LeaseExpired LeaseState = "expired" // leased but the lease expired: the worker stopped renewing
 )
 
 // Event is one published event. Data holds the JSON exactly as the application sent it (compacted), so the
@@ -79,48 +85,40 @@ func (e *Event) ExpiredAt(now time.Time) bool { return e.ExpiresAt != nil && !no
 // MaxOrderingKey is the longest ordering key an event may carry, in characters (Unicode code points).
 const MaxOrderingKey = 200
 
-// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}, followed by
-// "orderingKey" when the event has one, createdAt in
-// TimeLayout (milliseconds, as stored, so the in-memory event of the first attempt and the stored one of a
-// retry give the same bytes). It is the same
-// bytes on every attempt because every field comes from the stored event, and data is copied verbatim (no
-// re-encoding, no HTML escaping).
+// envelope is the webhook body; encoding/json writes its fields in this order.
+type envelope struct {
+	ID          string            `json:"id"`
+	Topic       string            `json:"topic"`
+	CreatedAt   string            `json:"createdAt"`
+	Data        json.RawMessage   `json:"data"`
+	Headers     map[string]string `json:"headers"`
+	OrderingKey string            `json:"orderingKey,omitempty"`
+}
+
+// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"} and
+// "orderingKey" when set, createdAt in TimeLayout, data verbatim (null when empty), headers sorted by name,
+// no HTML escaping. Every field comes from the stored event, so every attempt sends the same bytes
+// (testdata/envelope.golden).
 func (e *Event) Envelope() []byte {
-	str := func(s string) []byte {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(s)
-		return bytes.TrimRight(b.Bytes(), "\n")
+	body := envelope{ID: e.ID, Topic: e.Topic, CreatedAt: FormatTime(e.CreatedAt), Data: e.Data, Headers: e.Headers,
+		OrderingKey: e.OrderingKey}
+	if len(body.Data) == 0 {
+		body.Data = json.RawMessage("null")
 	}
-	headers := []byte("{}")
-	if len(e.Headers) > 0 {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(e.Headers) // map keys are sorted: stable bytes
-		headers = bytes.TrimRight(b.Bytes(), "\n")
+	if body.Headers == nil {
+		body.Headers = map[string]string{}
 	}
-	data := e.Data
-	if len(data) == 0 {
-		data = json.RawMessage("null")
+	var b bytes.Buffer
+	b.Grow(len(body.Data) + 256)
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(body); err != nil {
+		// Only data that is not JSON fails, and publish stores compacted, valid JSON.
+		body.Data = json.RawMessage("null")
+		b.Reset()
+		_ = enc.Encode(body)
 	}
-	out := make([]byte, 0, len(data)+len(headers)+128)
-	out = append(out, `{"id":`...)
-	out = append(out, str(e.ID)...)
-	out = append(out, `,"topic":`...)
-	out = append(out, str(e.Topic)...)
-	out = append(out, `,"createdAt":`...)
-	out = append(out, str(FormatTime(e.CreatedAt))...)
-	out = append(out, `,"data":`...)
-	out = append(out, data...)
-	out = append(out, `,"headers":`...)
-	out = append(out, headers...)
-	if e.OrderingKey != "" {
-		out = append(out, `,"orderingKey":`...)
-		out = append(out, str(e.OrderingKey)...)
-	}
-	return append(out, '}')
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // CloudEventSource is the ce-source of an event published without one (not as a CloudEvent).
@@ -160,8 +158,8 @@ func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
 
 // ErrorInfo is the code and human message of a failed attempt or terminal delivery.
 type ErrorInfo struct {
-	Code    string `json:"code" bson:"code"`
-	Message string `json:"message" bson:"message"`
+	Code    ErrorCode `json:"code" bson:"code"`
+	Message string    `json:"message" bson:"message"`
 }
 
 // Delivery is the durable record of one event for one consumer group.
@@ -218,7 +216,7 @@ type Attempt struct {
 	Topic         string     `json:"-"`
 	Number        int        `json:"attempt"`
 	Status        Status     `json:"status"`
-	LockState     string     `json:"lockState,omitempty"`
+	LeaseState    LeaseState `json:"lockState,omitempty"`
 	HTTPStatus    int        `json:"httpStatus,omitempty"`
 	DurationMs    int64      `json:"durationMs,omitempty"`
 	Error         *ErrorInfo `json:"error,omitempty"`
@@ -227,9 +225,9 @@ type Attempt struct {
 	NextAttemptAt time.Time  `json:"nextAttemptAt"`
 	StartedAt     *time.Time `json:"startedAt,omitempty"`
 	EndedAt       *time.Time `json:"endedAt,omitempty"`
-	LockOwner     string     `json:"-"`
-	LockToken     string     `json:"-"`
-	LockedUntil   *time.Time `json:"-"`
+	LeaseOwner    string     `json:"-"`
+	FencingToken  string     `json:"-"`
+	LeasedUntil   *time.Time `json:"-"`
 	// Terminal is true when the failure ended the delivery regardless of retries left (a terminal HTTP status).
 	Terminal bool `json:"-"`
 	// Incarnation is the registration of the consumer group the attempt's delivery was created for; an
@@ -243,17 +241,17 @@ type Attempt struct {
 	Uncounted int `json:"-"`
 }
 
-// LockStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
-func (a *Attempt) LockStateAt(now time.Time) string {
+// LeaseStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
+func (a *Attempt) LeaseStateAt(now time.Time) LeaseState {
 	switch {
 	case a.Status != StatusPending:
 		return ""
-	case a.LockedUntil == nil:
-		return LockQueued
-	case a.LockedUntil.After(now):
-		return LockActive
+	case a.LeasedUntil == nil:
+		return LeaseQueued
+	case a.LeasedUntil.After(now):
+		return LeaseActive
 	default:
-		return LockExpired
+		return LeaseExpired
 	}
 }
 
@@ -303,8 +301,8 @@ type LeaseKey struct {
 	Token     string
 }
 
-// Key returns the attempt's lease key (its id and lock token).
-func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.LockToken} }
+// Key returns the attempt's lease key (its id and fencing token).
+func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.FencingToken} }
 
 // NextStep is what follows an ended attempt, by the lifecycle of docs/delivery.md: either attempt Number+1 is created,
 // due after Delay, or the delivery ends with EndStatus and EndError.
@@ -320,13 +318,13 @@ type NextStep struct {
 
 // Completion is a leased attempt's result together with what follows it.
 type Completion struct {
-	Attempt *Attempt // as leased: ID and LockToken fence the write
+	Attempt *Attempt // as leased: ID and FencingToken fence the write
 	Result  AttemptResult
 	Next    NextStep
 }
 
 // CodeOrEmpty returns e's code, or "" for a nil e (no error).
-func (e *ErrorInfo) CodeOrEmpty() string {
+func (e *ErrorInfo) CodeOrEmpty() ErrorCode {
 	if e == nil {
 		return ""
 	}

@@ -79,25 +79,25 @@ func TestEventEnvelope(t *testing.T) {
 	}
 }
 
-func TestAttemptLockStateAt(t *testing.T) {
+func TestAttemptLeaseStateAt(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	later, earlier := now.Add(time.Second), now.Add(-time.Second)
 	tests := []struct {
 		name    string
 		attempt pulsetype.Attempt
-		want    string
+		want    pulsetype.LeaseState
 	}{
-		{"pending without lease", pulsetype.Attempt{Status: pulsetype.StatusPending}, pulsetype.LockQueued},
-		{"pending with a live lease", pulsetype.Attempt{Status: pulsetype.StatusPending, LockedUntil: &later}, pulsetype.LockActive},
-		{"pending with a lease ending now", pulsetype.Attempt{Status: pulsetype.StatusPending, LockedUntil: &now}, pulsetype.LockExpired},
-		{"pending with an expired lease", pulsetype.Attempt{Status: pulsetype.StatusPending, LockedUntil: &earlier}, pulsetype.LockExpired},
-		{"success", pulsetype.Attempt{Status: pulsetype.StatusSuccess, LockedUntil: &later}, ""},
+		{"pending without lease", pulsetype.Attempt{Status: pulsetype.StatusPending}, pulsetype.LeaseQueued},
+		{"pending with a live lease", pulsetype.Attempt{Status: pulsetype.StatusPending, LeasedUntil: &later}, pulsetype.LeaseActive},
+		{"pending with a lease ending now", pulsetype.Attempt{Status: pulsetype.StatusPending, LeasedUntil: &now}, pulsetype.LeaseExpired},
+		{"pending with an expired lease", pulsetype.Attempt{Status: pulsetype.StatusPending, LeasedUntil: &earlier}, pulsetype.LeaseExpired},
+		{"success", pulsetype.Attempt{Status: pulsetype.StatusSuccess, LeasedUntil: &later}, ""},
 		{"error", pulsetype.Attempt{Status: pulsetype.StatusError}, ""},
 	}
 	for _, tt := range tests {
-		if got := tt.attempt.LockStateAt(now); got != tt.want {
-			t.Errorf("%s: LockStateAt = %q, want %q", tt.name, got, tt.want)
+		if got := tt.attempt.LeaseStateAt(now); got != tt.want {
+			t.Errorf("%s: LeaseStateAt = %q, want %q", tt.name, got, tt.want)
 		}
 	}
 }

@@ -11,7 +11,7 @@ import (
 // FollowUpStore is the storage FollowUp needs.
 type FollowUpStore interface {
 	CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n int, delay time.Duration) (bool, error)
-	EndDelivery(ctx context.Context, deliveryID string, status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo) (bool, error)
+	EndDelivery(ctx context.Context, p pulsetype.EndDeliveryParams) (bool, error)
 }
 
 // Step is what FollowUp did after an attempt ended.
@@ -33,6 +33,7 @@ func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, re
 		}
 		return Step{Retry: true, Delay: next.Delay, Created: created}, nil
 	}
-	ended, err := store.EndDelivery(ctx, a.DeliveryID, next.EndStatus, a.Number, next.EndError)
+	ended, err := store.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: next.EndStatus,
+		FinalAttempt: a.Number, Error: next.EndError})
 	return Step{Ended: true, Created: ended}, err
 }

@@ -22,7 +22,7 @@ type Store interface {
 	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
 	Backfill(ctx context.Context, owner string, batch int) (int, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
-	EndPending(ctx context.Context, group string, topics []string, code, msg string) error
+	EndPending(ctx context.Context, p pulsetype.EndPendingParams) error
 }
 
 // Observer is told about each recovery; metrics and tests hook in here. Nil methods are fine to skip.
@@ -47,20 +47,20 @@ const BatchSize = 100
 // Reconciler reaps expired leases and repairs partial states. It is safe for concurrent use; each method
 // does a bounded amount of work and returns.
 type Reconciler struct {
-	store       Store
-	owner       string
-	lockTimeout time.Duration
-	observer    Observer
-	log         zerolog.Logger
+	store        Store
+	owner        string
+	leaseTimeout time.Duration
+	observer     Observer
+	log          zerolog.Logger
 
 	mu     sync.Mutex
 	cursor string // last delivery id examined by the repair scan; wraps to "" at the end
 }
 
-// New returns a Reconciler. owner is this process's lock owner id (for discovery leases); lockTimeout is also
+// New returns a Reconciler. owner is this process's lease owner id (for discovery leases); leaseTimeout is also
 // the age after which a still-marked event counts as an interrupted fan-out. observer may be nil.
-func New(store Store, owner string, lockTimeout time.Duration, observer Observer, log zerolog.Logger) *Reconciler {
-	return &Reconciler{store: store, owner: owner, lockTimeout: lockTimeout, observer: observer, log: log.With().Str("component", "reconciler").Logger()}
+func New(store Store, owner string, leaseTimeout time.Duration, observer Observer, log zerolog.Logger) *Reconciler {
+	return &Reconciler{store: store, owner: owner, leaseTimeout: leaseTimeout, observer: observer, log: log.With().Str("component", "reconciler").Logger()}
 }
 
 // policy returns the consumer group's retry policy; a group without endpoint gets no retries.
@@ -95,13 +95,13 @@ func (r *Reconciler) Reap(ctx context.Context) (bool, error) {
 		r.observer.WorkerLost(a.ConsumerGroup)
 	}
 	r.log.Error().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).Str("delivery_id", a.DeliveryID).
-		Int("attempt", a.Number).Str("error_code", pulsetype.CodeWorkerLost).Str("lock_owner", a.LockOwner).
+		Int("attempt", a.Number).Str("error_code", string(pulsetype.CodeWorkerLost)).Str("lease_owner", a.LeaseOwner).
 		Bool("retry", step.Retry).Msg("lease expired: attempt recorded as worker_lost")
 	return true, nil
 }
 
 // Repair examines the next BatchSize pending deliveries and repairs each partial state it finds, fans out
-// events whose fan-out was interrupted more than one lock timeout ago, and advances the backfill of an
+// events whose fan-out was interrupted more than one lease timeout ago, and advances the backfill of an
 // earliest-offset consumer group. It returns how many repairs and backfilled deliveries it made. Repeated
 // calls walk all pending deliveries and start over.
 //
@@ -109,7 +109,7 @@ func (r *Reconciler) Reap(ctx context.Context) (bool, error) {
 // keep the others from running; their errors are joined.
 func (r *Reconciler) Repair(ctx context.Context) (int, error) {
 	repaired, errRepair := r.repairDeliveries(ctx)
-	n, err := r.store.FanOutStale(ctx, r.lockTimeout, BatchSize)
+	n, err := r.store.FanOutStale(ctx, r.leaseTimeout, BatchSize)
 	var errFanOut error
 	if err != nil {
 		errFanOut = fmt.Errorf("fan out stale events: %w", err)
@@ -159,7 +159,8 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 			policies[d.ConsumerGroup] = ep.Policy()
 		}
 		if gone[d.ConsumerGroup] {
-			if err := r.store.EndPending(ctx, d.ConsumerGroup, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted"); err != nil {
+			if err := r.store.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: d.ConsumerGroup,
+				Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}); err != nil {
 				return 0, err
 			}
 			r.report(KindDeletedGroup, d, 1)
