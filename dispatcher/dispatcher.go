@@ -117,7 +117,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 	d.endpoints = newEndpointCache(store, max(opts.PollInterval, endpointCacheTTL))
 	slots := newSlots(opts.Workers, d.endpoints.limit, func() { signal(kick) })
 	d.completer = newCompleter(store, opts.Observer, d.Wake, d.endpoints, log)
-	d.exec = &executor{store: store, sender: sender, endpoints: d.endpoints, keeper: keeper, completer: d.completer,
+	d.exec = &executor{store: store, sender: sender, endpoints: d.endpoints, gate: newStateGate(store), keeper: keeper, completer: d.completer,
 		slots: slots, tracer: opts.Tracer, now: opts.Now, observer: opts.Observer, log: log,
 		ended: func(group string) {
 			moved.add(group) // an ordered group's next head may be claimable now

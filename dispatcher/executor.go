@@ -33,6 +33,7 @@ type executor struct {
 	store     eventStore
 	sender    Sender
 	endpoints *endpointCache
+	gate      *stateGate // nil: the cached state alone counts (unit tests)
 	keeper    *lease.Keeper
 	completer *completer
 	slots     *slots
@@ -128,8 +129,8 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		e.abandon(postCtx, a, log, err)
 		return pulsetype.Completion{}, false
 	}
-	if ep != nil && !ep.Active() && unsubscribed(ep, a) == nil {
-		// Paused or disabled since the claim's check: given back unstarted, not consumed.
+	if unsubscribed(ep, a) == nil && !e.active(postCtx, ep, a.ConsumerGroup) {
+		// Paused or disabled: given back unstarted, not consumed.
 		e.endpoints.stopped(a.ConsumerGroup)
 		if err := e.store.ReleaseAttempt(postCtx, a); err != nil {
 			log.Warn().Err(err).Msg("giving back an attempt of a paused or disabled endpoint failed: left to lease expiry")

@@ -222,7 +222,7 @@ func (l *loop) claimReady(ctx context.Context) {
 		for i, a := range leased {
 			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: true, token: tokens[a.ID]}
 		}
-		l.launchAll(ctx, l.gate(ctx, jobs))
+		l.launchAll(ctx, jobs)
 	}
 }
 
@@ -287,7 +287,7 @@ func (l *loop) claimDue(ctx context.Context, ordered []string) {
 		}
 		// Groups found ordered only now stay out of this turn's claims: their attempts were given back and
 		// would be claimed again at once.
-		ordered = append(ordered, l.launchAll(ctx, l.gate(ctx, jobs))...)
+		ordered = append(ordered, l.launchAll(ctx, jobs)...)
 	}
 }
 
@@ -311,42 +311,6 @@ func (l *loop) launchAll(ctx context.Context, jobs []job) (released []string) {
 		l.exec.launch(j)
 	}
 	return released
-}
-
-// gate returns the leased jobs whose consumer group is active, read with one query that starts after their
-// leases were taken, and gives the others back unstarted (not consumed): so no attempt leased after a pause
-// answered, on any replica, is POSTed. When the read fails the jobs run; the executor checks the state it
-// has cached (at most endpointCacheTTL old).
-func (l *loop) gate(ctx context.Context, jobs []job) []job {
-	if len(jobs) == 0 {
-		return nil
-	}
-	var groups []string
-	for _, j := range jobs {
-		if !slices.Contains(groups, j.a.ConsumerGroup) {
-			groups = append(groups, j.a.ConsumerGroup)
-		}
-	}
-	off, err := l.store.InactiveGroups(ctx, groups)
-	if err != nil {
-		l.logErr(ctx, err, "read endpoint states")
-		return jobs
-	}
-	if len(off) == 0 {
-		return jobs
-	}
-	run := jobs[:0:0]
-	for _, j := range jobs {
-		if !off[j.a.ConsumerGroup] {
-			run = append(run, j)
-			continue
-		}
-		l.endpoints.stopped(j.a.ConsumerGroup)
-		if err := l.store.ReleaseAttempt(ctx, j.a); err != nil {
-			l.logErr(ctx, err, "release attempt of a paused or disabled endpoint")
-		}
-	}
-	return run
 }
 
 func (l *loop) logErr(ctx context.Context, err error, step string) {

@@ -111,12 +111,10 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 			defer func() { <-sem }()
 			a, wait, err := l.store.ClaimHead(ctx, l.owner, line)
 			if a != nil {
-				for _, j := range l.gate(ctx, []job{{a: a}}) {
-					if l.limits.take(group) {
-						l.exec.launch(j)
-					} else if err := l.store.ReleaseAttempt(ctx, j.a); err != nil { // its token went to another line
-						l.logErr(ctx, err, "release head of a rate-limited line")
-					}
+				if l.limits.take(group) {
+					l.exec.launch(job{a: a})
+				} else if err := l.store.ReleaseAttempt(ctx, a); err != nil { // its token went to another line
+					l.logErr(ctx, err, "release head of a rate-limited line")
 				}
 			}
 			mu.Lock()
