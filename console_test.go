@@ -167,9 +167,7 @@ func TestConsoleAsksForTheToken(t *testing.T) {
 	path := browserPath(t)
 	b := setup(t)
 	const token = "tok-console-8c2e5a"
-	env := b.fastEnv()
-	env["PULSE_API_TOKEN"] = token
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_API_TOKEN": token}))
 	body, _ := json.Marshal(map[string]any{"url": "http://127.0.0.1:9/hook", "topics": []string{"t"}})
 	req, _ := http.NewRequest(http.MethodPut, s.URL+"/v1/endpoints/billing", bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)

@@ -15,9 +15,9 @@ import (
 // and long before the poll interval: a publish to this process wakes its dispatcher.
 func TestPublishDeliversOnceWithIdempotencyKey(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_POLL_INTERVAL"] = "1m" // delivery must not wait for a poll
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{
+		"PULSE_POLL_INTERVAL": "1m", // delivery must not wait for a poll
+	}))
 	rcv := newReceiver(t, 200)
 	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL + "/hook", "topics": []string{"payment.captured"}})
 
@@ -114,9 +114,7 @@ func TestTerminalStatusEndsDelivery(t *testing.T) {
 	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].HTTPStatus != 422 {
 		t.Fatalf("delivery = %+v", d)
 	}
-	if n := len(rcv.received()); n != 1 {
-		t.Fatalf("receiver got %d POSTs, want 1", n)
-	}
+	rcv.wantPOSTs(t, 1, "")
 	if n := b.count("history", bson.M{"deliveryId": d.ID}); n != 1 {
 		t.Fatalf("%d attempts stored, want 1", n)
 	}
@@ -189,9 +187,7 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 	if e := d.Attempts[0].Error; e == nil || !strings.Contains(e.Message, "not followed") || d.Attempts[0].HTTPStatus != 301 {
 		t.Fatalf("attempt 1 = %+v", d.Attempts[0])
 	}
-	if n := len(target.received()); n != 0 {
-		t.Fatalf("redirect target got %d requests", n)
-	}
+	target.wantPOSTs(t, 0, "at the redirect target")
 }
 
 // 429 with Retry-After (seconds, or an HTTP date) delays the next attempt at least that long, not the 10ms

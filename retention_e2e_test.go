@@ -13,9 +13,7 @@ import (
 // delivery ends error. The delivery and its history outlive the event (history retention is the default).
 func TestRetentionEndsALaterAttemptEventExpired(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_EVENT_RETENTION"] = "5s"
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_EVENT_RETENTION": "5s"}))
 	rcv := newReceiver(t, 500)
 	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "3s", "retryBackoffMultiplier": 1})
 	var ev struct {

@@ -107,9 +107,7 @@ func wantSigners(t *testing.T, what string, r received, all []string, signers ..
 // setting another secret ends it. Neither secret is stored in clear or shown by a read.
 func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_ENCRYPTION_KEY"] = keyB64(5)
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_ENCRYPTION_KEY": keyB64(5)}))
 	rcv := newReceiver(t, 200)
 	endpoint := func(secret string) map[string]any {
 		return map[string]any{"url": rcv.URL, "topics": []string{"t"}, "secret": secret}

@@ -78,11 +78,11 @@ func auditLines(logs string) []map[string]any {
 // administrative action logs one audit line with who, what and which fields, and never a secret value.
 func TestProbeListenerTokensAndAudit(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_PROBE_LISTEN"] = "127.0.0.1:0"
-	env["PULSE_API_TOKEN"] = "tok-new-1a2b, tok-old-3c4d"
-	env["PULSE_API_READ_TOKEN"] = "tok-view-5e6f"
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{
+		"PULSE_PROBE_LISTEN":   "127.0.0.1:0",
+		"PULSE_API_TOKEN":      "tok-new-1a2b, tok-old-3c4d",
+		"PULSE_API_READ_TOKEN": "tok-view-5e6f",
+	}))
 	waitFor(t, 5*time.Second, "the listening line in the logs", func() bool { return strings.Contains(s.logs.String(), `"probe_addr"`) })
 	probe := "http://" + probeAddr(t, s.logs.String())
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {

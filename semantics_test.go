@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -17,14 +18,10 @@ import (
 // POST of event 1 fails, and the receiver sees 1, 1, 2, 3, 4, 5: never 2 before 1's success.
 func TestOrderedConsumerBlocksBehindAFailingHead(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	s1 := b.start(env)
-	slow := map[string]string{}
-	for k, v := range env {
-		slow[k] = v
-	}
-	slow["PULSE_POLL_INTERVAL"] = "1m" // this replica does not re-list endpoints before the publishes below
-	s2 := b.start(slow)                // a second replica must not break the order either, even right after registration
+	s1 := b.start(b.fastEnv())
+	// A second replica must not break the order either, even right after registration; it does not re-list
+	// endpoints before the publishes below.
+	s2 := b.start(b.fastEnv(map[string]string{"PULSE_POLL_INTERVAL": "1m"}))
 	rcv := newReceiver(t, 500, 200)
 	s1.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true, "retryDelay": "200ms"})
 	var ids []string
@@ -83,9 +80,7 @@ func TestAtMostOnceNeverRetries(t *testing.T) {
 	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].Error == nil || d.Attempts[0].Error.Code != "worker_lost" {
 		t.Fatalf("delivery = %+v, want error with one worker_lost attempt", d)
 	}
-	if n := len(rcv.received()); n != 1 {
-		t.Fatalf("receiver got %d POSTs, want 1 (the first delivery's)", n)
-	}
+	rcv.wantPOSTs(t, 1, "(the first delivery's)")
 }
 
 // offsetReset latest: a new consumer group gets only events published after it registered; earliest gets
@@ -153,27 +148,8 @@ func TestPolicyChangeAppliesToLaterAttempts(t *testing.T) {
 // POSTs at once, the fast group's deliveries keep arriving while the slow ones hang.
 func TestSlowEndpointDoesNotStarveAnother(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_WORKERS"] = "4"
-	s := b.start(env)
-	release := make(chan struct{})
-	slow := newReceiver(t, 200)
-	var mu sync.Mutex
-	inFlight, most := 0, 0
-	slow.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		inFlight++
-		most = max(most, inFlight)
-		mu.Unlock()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		mu.Lock()
-		inFlight--
-		mu.Unlock()
-	})
-	defer close(release)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_WORKERS": "4"}))
+	slow := newHoldingReceiver(t, 200)
 	fast := newReceiver(t, 200)
 	s.registerEndpoint(t, "slow", map[string]any{"url": slow.URL, "topics": []string{"s"}, "maxConcurrency": 2, "timeout": "20s"})
 	s.registerEndpoint(t, "fast", map[string]any{"url": fast.URL, "topics": []string{"f"}})
@@ -189,9 +165,7 @@ func TestSlowEndpointDoesNotStarveAnother(t *testing.T) {
 			t.Fatalf("fast delivery = %+v", d)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if most > 2 {
+	if _, most := slow.held(); most > 2 {
 		t.Fatalf("slow endpoint had %d POSTs in flight, its maxConcurrency is 2", most)
 	}
 }
@@ -218,6 +192,45 @@ func TestBlockedDestinationIsRecorded(t *testing.T) {
 	d := s.waitDelivery(t, s.publish(t, "t", 1), "g", 20*time.Second)
 	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].Error == nil || !strings.Contains(d.Attempts[0].Error.Message, "blocked") {
 		t.Fatalf("delivery = %+v, want one attempt refused as blocked", d)
+	}
+}
+
+// With PULSE_OUTBOUND_PROXY=env, webhooks go through HTTP_PROXY (a forward proxy on loopback here: the
+// TEST-NET destination is not reachable directly), the proxy's own loopback address is not refused by a deny
+// list that covers it, and a destination the guard refuses never reaches the proxy.
+func TestOutboundProxy(t *testing.T) {
+	b := setup(t)
+	var mu sync.Mutex
+	var seen []string
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.String()+" "+r.Header.Get("Pulse-Consumer-Group"))
+		mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(proxy.Close)
+	s := b.start(b.fastEnv(map[string]string{
+		"PULSE_OUTBOUND_PROXY": "env",
+		"HTTP_PROXY":           proxy.URL,
+		"PULSE_DENY_CIDRS":     "127.0.0.0/8",
+	}))
+	s.registerEndpoint(t, "far", map[string]any{"url": "http://192.0.2.10/hook", "topics": []string{"t"}, "timeout": "5s"})
+	s.registerEndpoint(t, "metadata", map[string]any{"url": "http://169.254.169.254/latest/meta-data", "topics": []string{"t"}})
+	id := s.publish(t, "t", 1)
+	if d := s.waitDelivery(t, id, "far", 30*time.Second); d.Status != "success" {
+		t.Fatalf("delivery through the proxy = %+v, want success", d)
+	}
+	d := s.waitDelivery(t, id, "metadata", 30*time.Second)
+	if d.Status != "error" || d.Attempts[0].Error == nil || !strings.Contains(d.Attempts[0].Error.Message, "169.254.169.254") {
+		t.Fatalf("delivery to the metadata address = %+v, want error blocked", d)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || seen[0] != "POST http://192.0.2.10/hook far" {
+		t.Fatalf("the proxy saw %q, want one POST for http://192.0.2.10/hook of group far", seen)
+	}
+	if n := b.count("deliveries", bson.M{"status": "success"}); n != 1 {
+		t.Fatalf("%d successful deliveries, want 1", n)
 	}
 }
 

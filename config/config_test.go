@@ -15,16 +15,30 @@ func getenv(vars map[string]string) func(string) string {
 	return func(k string) string { return vars[k] }
 }
 
+// field is one field of a loaded Config: the value Load gave and the one the test wants.
+type field struct {
+	name      string
+	got, want any
+}
+
+// checkFields reports every field whose value is not the one wanted, with both types: a value of the wrong
+// type (an int for a time.Duration) is never equal.
+func checkFields(t *testing.T, fields []field) {
+	t.Helper()
+	for _, f := range fields {
+		if f.got != f.want {
+			t.Errorf("%s = %v (%T), want %v (%T)", f.name, f.got, f.got, f.want, f.want)
+		}
+	}
+}
+
 func TestLoadDefaults(t *testing.T) {
 	t.Parallel()
 	cfg, err := config.Load(getenv(nil))
 	if err != nil {
 		t.Fatalf("Load(empty environment) = %v, want nil", err)
 	}
-	checks := []struct {
-		name      string
-		got, want any
-	}{
+	checkFields(t, []field{
 		{"MongoDBURI", cfg.MongoDBURI, ""},
 		{"CollectionPrefix", cfg.CollectionPrefix, config.DefaultCollectionPrefix},
 		{"DataDir", cfg.DataDir, config.DefaultDataDir},
@@ -45,12 +59,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"Workers", cfg.Workers, config.DefaultWorkers},
 		{"DenyCIDRs", cfg.DenyCIDRs, ""},
 		{"AllowCIDRs", cfg.AllowCIDRs, ""},
-	}
-	for _, c := range checks {
-		if c.got != c.want {
-			t.Errorf("default %s = %v (%T), want %v (%T)", c.name, c.got, c.got, c.want, c.want)
-		}
-	}
+	})
 }
 
 func TestLoadReadsValues(t *testing.T) {
@@ -75,10 +84,7 @@ func TestLoadReadsValues(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load = %v, want nil", err)
 	}
-	checks := []struct {
-		name      string
-		got, want any
-	}{
+	checkFields(t, []field{
 		{"MongoDBURI", cfg.MongoDBURI, "mongodb://db:27017/events"},
 		{"Database", cfg.Database, "events"},
 		{"CollectionPrefix", cfg.CollectionPrefix, "px"},
@@ -92,12 +98,7 @@ func TestLoadReadsValues(t *testing.T) {
 		{"LogLevel", cfg.LogLevel, "debug"},
 		{"Workers", cfg.Workers, 8},
 		{"MaxBodyBytes", cfg.MaxBodyBytes, int64(2048)},
-	}
-	for _, c := range checks {
-		if c.got != c.want {
-			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
-		}
-	}
+	})
 	deny, err := webhook.ParseCIDRs(cfg.DenyCIDRs)
 	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
 	if err != nil || len(deny) != 2 || deny[0] != want[0] || deny[1] != want[1] {

@@ -154,6 +154,14 @@ func (b *bundle) claim(s *Store, owner string) *pulsetype.Attempt {
 	return a
 }
 
+// endDelivery ends a delivery through s and fails the test unless this call ended it.
+func (b *bundle) endDelivery(s *Store, p pulsetype.EndDeliveryParams) {
+	b.t.Helper()
+	if ended, err := s.EndDelivery(b.ctx, p); err != nil || !ended {
+		b.t.Fatalf("EndDelivery(%s, %s) = %v, %v; want ended", p.DeliveryID, p.Status, ended, err)
+	}
+}
+
 // historyDoc reads one attempt document by id.
 func (b *bundle) historyDoc(id string) attemptDoc {
 	b.t.Helper()
@@ -686,9 +694,7 @@ func testExpiredDocumentsAreInvisibleAndSwept(t *testing.T, e *env) {
 	if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 204}); err != nil {
 		t.Fatalf("FinishAttempt: %v", err)
 	}
-	if ended, err := s.EndDelivery(b.ctx, pulsetype.EndDeliveryParams{DeliveryID: deliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1}); err != nil || !ended {
-		t.Fatalf("EndDelivery = %v, %v", ended, err)
-	}
+	b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: deliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1})
 	b.clock.Advance(30 * time.Second)
 	if _, err := s.Publish(b.ctx, []*pulsetype.Event{event("evt-young", "other", `2`)}); err != nil {
 		t.Fatalf("Publish: %v", err)
@@ -774,11 +780,7 @@ func TestDeliveryIDIsDeterministic(t *testing.T) {
 // events and never answer a conflict: every call succeeds and all events end committed.
 func testConcurrentIdenticalArrayPublishes(t *testing.T, e *env) {
 	b := e.setup(t)
-	client, dbName := b.client, b.dbName
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Second})
-	if _, err := s.EnsureSchema(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	s := b.store(nil, nil)
 	for round := range 10 {
 		var wg sync.WaitGroup
 		errs := make([]error, 3)
@@ -811,12 +813,8 @@ func testConcurrentIdenticalArrayPublishes(t *testing.T, e *env) {
 // even though reopened deliveries could match the filter again.
 func testReplayVisitsEachDeliveryOnce(t *testing.T, e *env) {
 	b := e.setup(t)
-	client, dbName := b.client, b.dbName
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Second})
-	ctx := context.Background()
-	if _, err := s.EnsureSchema(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := b.store(nil, nil)
+	ctx := b.ctx
 	if _, _, err := s.PutEndpoint(ctx, b.endpoint("g", "t")); err != nil {
 		t.Fatal(err)
 	}

@@ -27,14 +27,14 @@ func eachSerialization(t *testing.T, f func(t *testing.T, s testdb.Serialization
 	}
 }
 
-// database returns testdb.Database with its serialization set to s ("": the server's own).
-func database(t *testing.T, s testdb.Serialization) (*mongo.Client, string) {
+// collection returns the collection name of a testdb.Database whose serialization is s ("": the server's own).
+func collection(t *testing.T, s testdb.Serialization, name string) *mongo.Collection {
 	t.Helper()
 	client, dbName := testdb.Database(t)
 	if s != "" {
 		testdb.Serialize(t, client, dbName, s)
 	}
-	return client, dbName
+	return client.Database(dbName).Collection(name)
 }
 
 // TestProxyMakesClaimsAtomic races 16 claimers over 300 pending documents with findOneAndUpdate.
@@ -48,8 +48,7 @@ func TestProxyMakesClaimsAtomic(t *testing.T) {
 func testClaimsAtomic(t *testing.T, s testdb.Serialization) {
 	const docs, claimers = 300, 16
 	ctx := t.Context()
-	client, dbName := database(t, s)
-	coll := client.Database(dbName).Collection("claims")
+	coll := collection(t, s, "claims")
 
 	pending := make([]any, docs)
 	for i := range pending {
@@ -121,8 +120,7 @@ func TestProxyMakesFencedUpdatesAtomic(t *testing.T) {
 func testFencedUpdatesAtomic(t *testing.T, s testdb.Serialization) {
 	const rounds, writers = 20, 8
 	ctx := t.Context()
-	client, dbName := database(t, s)
-	coll := client.Database(dbName).Collection("fence")
+	coll := collection(t, s, "fence")
 	if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "lease"}, {Key: "tok", Value: 0}}); err != nil {
 		t.Fatalf("InsertOne: %v", err)
 	}
