@@ -296,7 +296,9 @@ func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
 // failed POST is recorded, no further attempt is created or POSTed, and the delivery ends endpoint_deleted.
 func TestNoAttemptAfterTheDelete(t *testing.T) {
 	b := setup(t)
-	s1, s2 := b.start(b.fastEnv()), b.start(b.fastEnv())
+	// A lease of 3 s, so that a loaded machine missing heartbeats does not reap the attempt in flight.
+	slowLease := map[string]string{"PULSE_LOCK_TIMEOUT": "3s"}
+	s1, s2 := b.start(b.fastEnv(slowLease)), b.start(b.fastEnv(slowLease))
 	rcv := newHoldingReceiver(t, 500)
 	s1.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
 	id := s1.publish(t, "t", 1)

@@ -148,7 +148,9 @@ func TestPolicyChangeAppliesToLaterAttempts(t *testing.T) {
 // POSTs at once, the fast group's deliveries keep arriving while the slow ones hang.
 func TestSlowEndpointDoesNotStarveAnother(t *testing.T) {
 	b := setup(t)
-	s := b.start(b.fastEnv(map[string]string{"PULSE_WORKERS": "4"}))
+	// A lease of 3 s: with 600 ms, a heavily loaded machine can miss heartbeats, and a reaped attempt's
+	// retry reaches the receiver before it notices the abandoned connection (not what this test is about).
+	s := b.start(b.fastEnv(map[string]string{"PULSE_WORKERS": "4", "PULSE_LOCK_TIMEOUT": "3s"}))
 	slow := newHoldingReceiver(t, 200)
 	fast := newReceiver(t, 200)
 	s.registerEndpoint(t, "slow", map[string]any{"url": slow.URL, "topics": []string{"s"}, "maxConcurrency": 2, "timeout": "20s"})
