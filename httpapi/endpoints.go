@@ -32,6 +32,7 @@ func DecodeEndpoint(consumerGroup string, body []byte) (*pulsetype.Endpoint, err
 		return nil, &pulsetype.FieldError{Field: "consumerGroup", Message: fmt.Sprintf("%q differs from the path's %q", ep.ConsumerGroup, consumerGroup)}
 	}
 	ep.ConsumerGroup = consumerGroup
+	ep.State, ep.StateReason, ep.StateSince = "", "", nil // read-only, like createdAt: a PUT keeps the state
 	if err := ep.Normalize(); err != nil {
 		return nil, err
 	}
@@ -79,15 +80,23 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
 func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := chi.URLParam(r, "consumerGroup")
 	ep, err := s.store.GetEndpoint(r.Context(), group)
+	if s.endpointFound(w, r, group, err) {
+		writeJSON(w, http.StatusOK, ep.Redacted())
+	}
+}
+
+// endpointFound reports whether err (of reading or changing group's endpoint) is nil; otherwise it answers
+// 404 endpoint_not_found for pulsetype.ErrNotFound and 500 (or 503) for any other error.
+func (s *Server) endpointFound(w http.ResponseWriter, r *http.Request, group string, err error) bool {
 	if errors.Is(err, pulsetype.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
+		return false
 	}
 	if err != nil {
 		s.internalError(w, r, err)
-		return
+		return false
 	}
-	writeJSON(w, http.StatusOK, ep.Redacted())
+	return true
 }
 
 func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {

@@ -79,7 +79,8 @@ func (e Endpoint) MarshalJSON() ([]byte, error) {
 		CreatedAt               Timestamp  `json:"createdAt"`
 		UpdatedAt               Timestamp  `json:"updatedAt"`
 		PreviousSecretExpiresAt *Timestamp `json:"previousSecretExpiresAt,omitempty"`
-	}{plain(e), Timestamp(e.CreatedAt), Timestamp(e.UpdatedAt), TimestampPtr(e.PreviousSecretExpiresAt)})
+		StateSince              *Timestamp `json:"stateSince,omitempty"`
+	}{plain(e), Timestamp(e.CreatedAt), Timestamp(e.UpdatedAt), TimestampPtr(e.PreviousSecretExpiresAt), TimestampPtr(e.StateSince)})
 }
 
 // marshalPlain is json.Marshal without HTML escaping, as the API writes its answers ("<redacted>", URLs with
