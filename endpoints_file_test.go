@@ -147,6 +147,8 @@ func TestEndpointsFileEntries(t *testing.T) {
   headers: {X-Key: "k&v"}
   secret: whsec_cHVsc2UtZGVtby1zaWduaW5nLWtleS1ub3Qtc2VjcmV0
   insecureSkipVerify: true
+  rateLimit: 2.5
+  disableAfter: 1h
   createdAt: 2020-01-01T00:00:00Z
   previousSecretExpiresAt: 2031-05-06T07:08:09.123Z
 - {"consumerGroup": "audit", "url": "http://127.0.0.1:9/", "topics": ["t"], "delivery": "at-most-once"}
@@ -164,7 +166,8 @@ func TestEndpointsFileEntries(t *testing.T) {
 			Delivery: pulsetype.AtLeastOnce, Ordered: true, Format: pulsetype.FormatCloudEvents, OffsetReset: pulsetype.OffsetEarliest,
 			MaxRetries: new(3), RetryDelay: d(1500 * time.Millisecond), RetryBackoffMultiplier: new(1.5), MaxRetryDelay: d(2 * time.Minute),
 			Timeout: d(5 * time.Second), MaxConcurrency: new(2), Headers: map[string]string{"X-Key": "k&v"},
-			Secret: "whsec_cHVsc2UtZGVtby1zaWduaW5nLWtleS1ub3Qtc2VjcmV0", InsecureSkipVerify: true, CreatedAt: created,
+			Secret: "whsec_cHVsc2UtZGVtby1zaWduaW5nLWtleS1ub3Qtc2VjcmV0", InsecureSkipVerify: true, RateLimit: 2.5,
+			DisableAfter: pulsetype.Duration(time.Hour), CreatedAt: created,
 			PreviousSecretExpiresAt: &expires},
 		{ConsumerGroup: "audit", URL: "http://127.0.0.1:9/", Topics: []string{"t"}, Delivery: pulsetype.AtMostOnce,
 			Format: pulsetype.FormatEnvelope, OffsetReset: pulsetype.OffsetLatest, MaxRetries: new(0), RetryDelay: d(time.Second),

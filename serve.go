@@ -175,6 +175,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	keeper := lease.NewKeeper(store.Renew, cfg.LeaseTimeout, local, log)
 	metrics := httpapi.NewMetrics()
 	metrics.CountPendingWith(store.PendingByGroup, pendingCountMaxAge, log)
+	metrics.ReadStatesWith(store.EndpointStates)
 	recon := reconciler.New(store, owner, cfg.LeaseTimeout, metrics, log)
 	tp, err := tracing.NewProvider(startCtx, cfg.OTLPEndpoint)
 	if err != nil {

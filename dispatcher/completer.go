@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ const writeTimeout = 10 * time.Second
 type completionStore interface {
 	FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error)
 	FollowUps(ctx context.Context, cs []pulsetype.Completion) error
+	RecordHealth(ctx context.Context, failed map[string]time.Duration, succeeded []string) ([]string, error)
 }
 
 // completer records the results of attempts group-commit style: every result that arrived while the
@@ -27,6 +29,9 @@ type completer struct {
 	store    completionStore
 	observer Observer // may be nil
 	retryDue func()   // called when a retry the completer scheduled comes due
+	// endpoints gives each group's disableAfter and is told of the groups the failing streak disabled.
+	endpoints *endpointCache
+	log       zerolog.Logger
 
 	more chan struct{} // the queue grew
 
@@ -43,8 +48,8 @@ type completion struct {
 	done chan struct{}
 }
 
-func newCompleter(store completionStore, observer Observer, retryDue func()) *completer {
-	return &completer{store: store, observer: observer, retryDue: retryDue, more: make(chan struct{}, 1)}
+func newCompleter(store completionStore, observer Observer, retryDue func(), endpoints *endpointCache, log zerolog.Logger) *completer {
+	return &completer{store: store, observer: observer, retryDue: retryDue, endpoints: endpoints, log: log, more: make(chan struct{}, 1)}
 }
 
 // Start runs the completer in a goroutine and returns at once; it returns startstop.ErrStarted while the
@@ -181,5 +186,48 @@ func (c *completer) record(base context.Context, batch []*completion) {
 		if c.observer != nil {
 			c.observer.AttemptDone(done.Attempt.ConsumerGroup, outcome, done.Result.Duration)
 		}
+	}
+	c.recordHealth(ctx, ok)
+}
+
+// recordHealth keeps the failing streaks of the groups with a disableAfter (see Store.RecordHealth): a POST
+// that failed (handler_error) extends its group's streak, a success ends it; a group whose streak lasted its
+// disableAfter is disabled (reason failing). A failed write is logged; the next batch tries again.
+func (c *completer) recordHealth(ctx context.Context, done []pulsetype.Completion) {
+	if c.endpoints == nil {
+		return
+	}
+	failed := map[string]time.Duration{}
+	var succeeded []string
+	for _, d := range done {
+		g := d.Attempt.ConsumerGroup
+		after := c.endpoints.disableAfter(g)
+		switch {
+		case after <= 0:
+		case d.Result.Status == pulsetype.StatusSuccess:
+			if !slices.Contains(succeeded, g) {
+				succeeded = append(succeeded, g)
+			}
+		case d.Result.Error.CodeOrEmpty() == pulsetype.CodeHandlerError:
+			failed[g] = after
+		}
+	}
+	for _, g := range succeeded {
+		delete(failed, g)
+	}
+	if len(failed) == 0 && len(succeeded) == 0 {
+		return
+	}
+	disabled, err := c.store.RecordHealth(ctx, failed, succeeded)
+	if err != nil {
+		c.log.Warn().Err(err).Msg("recording endpoint failing streaks failed")
+	}
+	for _, g := range disabled {
+		c.endpoints.stopped(g)
+		if c.observer != nil {
+			c.observer.EndpointDisabled(g, pulsetype.ReasonFailing)
+		}
+		c.log.Warn().Str("consumer_group", g).Str("reason", string(pulsetype.ReasonFailing)).Dur("disable_after", failed[g]).
+			Msg("endpoint disabled: every attempt failed for its disableAfter; POST .../resume re-enables it")
 	}
 }

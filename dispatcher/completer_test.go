@@ -29,6 +29,8 @@ func (o *observer) AttemptDone(_ string, outcome string, _ time.Duration) {
 	o.outcomes[outcome]++
 }
 
+func (o *observer) EndpointDisabled(string, pulsetype.StateReason) {}
+
 func (o *observer) LeaseLost(string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -109,7 +111,7 @@ func TestCompleterGroupCommit(t *testing.T) {
 	store.finishing, store.finishGate = make(chan int, 10), make(chan struct{})
 	cs := leased(t, store, 6)
 	obs := &observer{}
-	c := newCompleter(store, obs, func() {})
+	c := newCompleter(store, obs, func() {}, nil, zerolog.Nop())
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +156,7 @@ func TestCompleterStopFlushes(t *testing.T) {
 	store := newMemStore(endpoint(t, "g", []string{"t"}))
 	store.finishing, store.finishGate = make(chan int, 10), make(chan struct{}, 10)
 	cs := leased(t, store, 4)
-	c := newCompleter(store, nil, func() {})
+	c := newCompleter(store, nil, func() {}, nil, zerolog.Nop())
 	c.Stop() // before Start
 	if c.complete(cs[0], zerolog.Nop()) {
 		t.Fatal("complete before Start reported the result as recorded")
@@ -209,7 +211,7 @@ func TestCompleterLeaseLostAndRetry(t *testing.T) {
 	cs[1].Next = pulsetype.NextStep{Retry: true, Delay: time.Millisecond}
 	obs := &observer{}
 	woken := make(chan struct{}, 1)
-	c := newCompleter(store, obs, func() { signal(woken) })
+	c := newCompleter(store, obs, func() { signal(woken) }, nil, zerolog.Nop())
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,9 @@ type Store interface {
 	GetEvents(ctx context.Context, ids []string) (map[string]*pulsetype.Event, error)
 	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
+	InactiveGroups(ctx context.Context, groups []string) (map[string]bool, error)
+	DisableEndpoint(ctx context.Context, group string, reason pulsetype.StateReason, failingBefore time.Time) (bool, error)
+	RecordHealth(ctx context.Context, failed map[string]time.Duration, succeeded []string) ([]string, error)
 }
 
 // Sender POSTs one attempt to a webhook; *webhook.Client implements it.
@@ -48,6 +51,7 @@ type Reconciler interface {
 type Observer interface {
 	AttemptDone(group string, outcome string, d time.Duration) // outcome: success, retry, error
 	LeaseLost(group string)
+	EndpointDisabled(group string, reason pulsetype.StateReason) // by this process: 410 Gone or disableAfter
 }
 
 // Options configure a Dispatcher.
@@ -112,15 +116,16 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 	moved := &moved{}
 	d.endpoints = newEndpointCache(store, max(opts.PollInterval, endpointCacheTTL))
 	slots := newSlots(opts.Workers, d.endpoints.limit, func() { signal(kick) })
-	d.completer = newCompleter(store, opts.Observer, d.Wake)
-	d.exec = &executor{store: store, sender: sender, endpoints: d.endpoints, keeper: keeper, completer: d.completer,
+	d.completer = newCompleter(store, opts.Observer, d.Wake, d.endpoints, log)
+	d.exec = &executor{store: store, sender: sender, endpoints: d.endpoints, gate: newStateGate(store), keeper: keeper, completer: d.completer,
 		slots: slots, tracer: opts.Tracer, now: opts.Now, observer: opts.Observer, log: log,
 		ended: func(group string) {
 			moved.add(group) // an ordered group's next head may be claimable now
 			signal(kick)     // a slot is free
 		}}
 	d.loop = &loop{store: store, rec: rec, owner: opts.Owner, opts: opts, endpoints: d.endpoints, slots: slots,
-		ready: newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LeaseTimeout / 4},
+		limits: newRateLimits(d.endpoints.rateLimit, d.Wake),
+		ready:  newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LeaseTimeout / 4},
 		moved: moved, exec: d.exec, wake: d.wake, kick: kick, log: log,
 		reap: chore{period: reapInterval(opts)}, repair: chore{period: opts.RepairInterval}}
 	return d

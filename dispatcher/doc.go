@@ -5,7 +5,10 @@
 //     fan-out created and the due attempts found by polling, and hands each to the executor;
 //   - the ready queue (ready.go) holds the attempts the fan-out created, with their events, until claimed;
 //   - the slots (slots.go) count the POSTs in flight and admit new ones by the fairness rules;
-//   - the endpoint cache (endpoints.go) holds each consumer group's endpoint and the ordered groups;
+//   - the endpoint cache (endpoints.go) holds each consumer group's endpoint, the ordered groups and the
+//     groups last read paused or disabled (left out of the claims);
+//   - the state gate (gate.go) reads, right before each POST, whether its group is paused or disabled;
+//   - the rate limits (ratelimit.go) admit a rate-limited group's attempts to a claim only with a token;
 //   - the executor (executor.go) POSTs one leased attempt and decides what follows with the group's retry
 //     policy (pulsetype.RetryPolicy.Decide);
 //   - the completer (completer.go) records results group-commit style.

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -31,6 +32,7 @@ type endpointCache struct {
 
 	mu       sync.Mutex
 	eps      map[string]cachedEndpoint
+	off      map[string]bool     // groups last read paused or disabled: no claims until read active
 	ordered  map[string][]string // ordered consumer groups and their topics
 	listNext time.Time           // when the endpoints are listed again
 }
@@ -42,7 +44,8 @@ type cachedEndpoint struct {
 }
 
 func newEndpointCache(store endpointStore, listEvery time.Duration) *endpointCache {
-	return &endpointCache{store: store, ttl: endpointCacheTTL, listEvery: listEvery, now: time.Now, eps: map[string]cachedEndpoint{}}
+	return &endpointCache{store: store, ttl: endpointCacheTTL, listEvery: listEvery, now: time.Now, eps: map[string]cachedEndpoint{},
+		off: map[string]bool{}}
 }
 
 // get returns the consumer group's endpoint (nil when it has none), cached for ttl unless fresh is set.
@@ -74,6 +77,47 @@ func (c *endpointCache) putLocked(group string, ep *pulsetype.Endpoint, readStar
 		return
 	}
 	c.eps[group] = cachedEndpoint{ep: ep, fetched: readStart}
+	if ep != nil && !ep.Active() {
+		c.off[group] = true
+	} else {
+		delete(c.off, group)
+	}
+}
+
+// inactive returns the groups last read paused or disabled (or so noted by stopped): the claims skip them.
+func (c *endpointCache) inactive() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Collect(maps.Keys(c.off))
+}
+
+// isInactive reports whether the group was last read paused or disabled.
+func (c *endpointCache) isInactive(group string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.off[group]
+}
+
+// stopped notes that the group was found paused or disabled (after a lease, or disabled here) until a read
+// finds it active, and drops its entry so that the next get reads it again.
+func (c *endpointCache) stopped(group string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.off[group] = true
+	if e, ok := c.eps[group]; ok {
+		e.fetched = time.Time{}
+		c.eps[group] = e
+	}
+}
+
+// disableAfter returns the group's disableAfter as cached (0: never, or unknown).
+func (c *endpointCache) disableAfter(group string) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.eps[group]; ok && e.ep != nil {
+		return time.Duration(e.ep.DisableAfter)
+	}
+	return 0
 }
 
 // known reports whether the group has an entry, fresh or not.
@@ -100,6 +144,16 @@ func (c *endpointCache) limit(group string) int {
 		return *e.ep.MaxConcurrency
 	}
 	return pulsetype.DefaultMaxConcurrency
+}
+
+// rateLimit returns a consumer group's rateLimit as cached (0: none, or unknown).
+func (c *endpointCache) rateLimit(group string) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.eps[group]; ok && e.ep != nil {
+		return e.ep.RateLimit
+	}
+	return 0
 }
 
 // groups returns the consumer groups with an entry.

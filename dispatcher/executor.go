@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"time"
 
@@ -17,9 +18,12 @@ import (
 	"github.com/pulse-sidecar/pulse/webhook"
 )
 
-// eventStore is the part of Store the executor reads.
+// eventStore is the part of Store the executor reads and writes (besides results, which go through the
+// completer).
 type eventStore interface {
 	GetEvent(ctx context.Context, id string) (*pulsetype.Event, error)
+	ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error
+	DisableEndpoint(ctx context.Context, group string, reason pulsetype.StateReason, failingBefore time.Time) (bool, error)
 }
 
 // executor runs leased attempts, one goroutine each: it checks the subscription and the event's expiresAt,
@@ -29,6 +33,7 @@ type executor struct {
 	store     eventStore
 	sender    Sender
 	endpoints *endpointCache
+	gate      *stateGate // nil: the cached state alone counts (unit tests)
 	keeper    *lease.Keeper
 	completer *completer
 	slots     *slots
@@ -124,6 +129,14 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		e.abandon(postCtx, a, log, err)
 		return pulsetype.Completion{}, false
 	}
+	if unsubscribed(ep, a) == nil && !e.active(postCtx, ep, a.ConsumerGroup) {
+		// Paused or disabled: given back unstarted, not consumed.
+		e.endpoints.stopped(a.ConsumerGroup)
+		if err := e.store.ReleaseAttempt(postCtx, a); err != nil {
+			log.Warn().Err(err).Msg("giving back an attempt of a paused or disabled endpoint failed: left to lease expiry")
+		}
+		return pulsetype.Completion{}, false
+	}
 	var res pulsetype.AttemptResult
 	policy := pulsetype.RetryPolicy{}
 	// The subscription decides whether the attempt may run at all: a deleted group, a group deleted and
@@ -155,7 +168,10 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		e.abandon(postCtx, a, log, cause)
 		return pulsetype.Completion{}, false
 	}
-	next := policy.Decide(a.Number, res)
+	if res.Error.CodeOrEmpty() == pulsetype.CodeEndpointGone {
+		e.disable(postCtx, a.ConsumerGroup, log) // before the retry exists, so that no replica POSTs it
+	}
+	next := policy.Decide(a.Counted(), res)
 	if next.Retry {
 		// Before scheduling another attempt, make sure the group still wants the delivery: a delete or a PUT
 		// dropping the topic while this POST ran ends the delivery now, not when the retry comes due.
@@ -169,6 +185,25 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		}
 	}
 	return pulsetype.Completion{Attempt: a, Result: res, Next: next}, true
+}
+
+// disable disables the consumer group's endpoint after a 410 Gone (reason gone) and notes it in the cache;
+// a failed write is logged: the retry then runs when due and may disable it again.
+func (e *executor) disable(ctx context.Context, group string, log zerolog.Logger) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	ok, err := e.store.DisableEndpoint(ctx, group, pulsetype.ReasonGone, time.Time{})
+	if err != nil {
+		log.Error().Err(err).Msg("disabling the endpoint after 410 Gone failed")
+		return
+	}
+	e.endpoints.stopped(group)
+	if ok {
+		if e.observer != nil {
+			e.observer.EndpointDisabled(group, pulsetype.ReasonGone)
+		}
+		log.Warn().Str("reason", string(pulsetype.ReasonGone)).Msg("endpoint disabled: the receiver answered 410 Gone; POST .../resume re-enables it")
+	}
 }
 
 // abandon leaves an attempt to lease expiry: shutdown aborted it, its lease was lost, or the database failed.
@@ -224,6 +259,11 @@ func (e *executor) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsetype
 	res.Status = pulsetype.StatusError
 	res.Terminal = r.Outcome == webhook.OutcomeTerminal
 	res.Error = &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: r.Message}
+	if r.HTTPStatus == http.StatusGone {
+		// The receiver is gone: the endpoint is disabled and the delivery waits for its resume.
+		res.Terminal = false
+		res.Error = &pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointGone, Message: r.Message + ": the endpoint is disabled until POST .../resume"}
+	}
 	return res
 }
 

@@ -24,7 +24,7 @@ func newTestExecutor(t *testing.T, store *memStore, snd *sender) *executorBundle
 	t.Helper()
 	b := &executorBundle{store: store, snd: snd, obs: &observer{}, ended: make(chan string, 100)}
 	endpoints := newEndpointCache(store, time.Second)
-	c := newCompleter(store, b.obs, func() {})
+	c := newCompleter(store, b.obs, func() {}, nil, zerolog.Nop())
 	if err := c.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestExecutorDecides(t *testing.T) {
 			wantPOST: true, wantRetry: true},
 		{name: "Retry-After sets the delay", answer: handler(webhook.Result{Outcome: webhook.OutcomeRetry, HTTPStatus: 429, RetryAfter: 30 * time.Second}),
 			wantPOST: true, wantRetry: true, wantDelay: 30 * time.Second},
-		{name: "a terminal answer ends the delivery", answer: handler(webhook.Result{Outcome: webhook.OutcomeTerminal, HTTPStatus: 410}),
+		{name: "a terminal answer ends the delivery", answer: handler(webhook.Result{Outcome: webhook.OutcomeTerminal, HTTPStatus: 404}),
 			wantPOST: true, wantEnd: pulsetype.StatusError, wantCode: pulsetype.CodeHandlerError},
 		{name: "no retries left", endpoint: func(ep *pulsetype.Endpoint) { ep.MaxRetries = new(0) },
 			answer: handler(webhook.Result{Outcome: webhook.OutcomeRetry, HTTPStatus: 500}), wantPOST: true,
@@ -134,6 +134,57 @@ func TestExecutorDecides(t *testing.T) {
 				t.Fatalf("%d GetEvent, want 1", store.count("GetEvent"))
 			}
 		})
+	}
+}
+
+// A 410 Gone disables the endpoint before the delivery moves on, and the delivery waits: its next attempt
+// follows at once without counting against maxRetries (with at-most-once the delivery ends instead). An
+// attempt of a paused endpoint is given back unstarted, without a POST.
+func TestExecutorGoneAndPaused(t *testing.T) {
+	t.Parallel()
+	gone := func(webhook.Request) webhook.Result {
+		return webhook.Result{Outcome: webhook.OutcomeTerminal, HTTPStatus: 410, Message: "HTTP 410 Gone"}
+	}
+	for _, atMostOnce := range []bool{false, true} {
+		store := newMemStore(endpoint(t, "g", []string{"t"}, func(ep *pulsetype.Endpoint) {
+			ep.MaxRetries = new(0)
+			if atMostOnce {
+				ep.Delivery = pulsetype.AtMostOnce
+			}
+		}))
+		b := newTestExecutor(t, store, &sender{answer: gone})
+		ev := pulsetype.Event{ID: "e1", Topic: "t", Data: []byte(`1`)}
+		a := b.claim(t, &ev)
+		c, ok := b.exec.run(t.Context(), job{a: a, ev: &ev, evKnown: true}, zerolog.Nop())
+		if !ok || c.Result.HTTPStatus != 410 || c.Result.Error.CodeOrEmpty() != pulsetype.CodeEndpointGone || c.Result.Terminal {
+			t.Fatalf("at-most-once %v: result %+v (ok %v), want HTTP 410 recorded as endpoint_gone", atMostOnce, c.Result, ok)
+		}
+		if want := !atMostOnce; c.Next.Retry != want || c.Next.Uncounted != want || c.Next.Delay != 0 {
+			t.Fatalf("at-most-once %v: next %+v, want retry %v at once, uncounted", atMostOnce, c.Next, want)
+		}
+		if ep, _ := store.GetEndpoint(t.Context(), "g"); ep.State != pulsetype.EndpointDisabled || ep.StateReason != pulsetype.ReasonGone {
+			t.Fatalf("at-most-once %v: endpoint %s/%s, want disabled/gone", atMostOnce, ep.State, ep.StateReason)
+		}
+		if ref := pulsetype.NextRef(a, c.Next); !atMostOnce && ref.Uncounted != 1 {
+			t.Fatalf("the next attempt carries uncounted %d, want 1", ref.Uncounted)
+		}
+	}
+
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	snd := &sender{}
+	b := newTestExecutor(t, store, snd)
+	ev := pulsetype.Event{ID: "e2", Topic: "t", Data: []byte(`1`)}
+	a := b.claim(t, &ev)
+	store.setState("g", pulsetype.EndpointPaused, pulsetype.ReasonPaused)
+	a.Number = 2 // a retry reads its endpoint fresh
+	if _, ok := b.exec.run(t.Context(), job{a: a, ev: &ev, evKnown: true}, zerolog.Nop()); ok {
+		t.Fatal("an attempt of a paused endpoint was run")
+	}
+	if started, _ := snd.posts(); started != 0 || store.count("ReleaseAttempt") != 1 {
+		t.Fatalf("%d POSTs and %d releases, want none and one", started, store.count("ReleaseAttempt"))
+	}
+	if !b.exec.endpoints.isInactive("g") {
+		t.Fatal("the cache does not hold the group as paused")
 	}
 }
 

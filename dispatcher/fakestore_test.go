@@ -340,6 +340,45 @@ func (s *memStore) GetEndpoint(_ context.Context, group string) (*pulsetype.Endp
 	return lookup(s, "GetEndpoint", s.endpoints, group)
 }
 
+func (s *memStore) InactiveGroups(_ context.Context, groups []string) (map[string]bool, error) {
+	s.called("InactiveGroups")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]bool{}
+	for _, g := range groups {
+		if ep, ok := s.endpoints[g]; ok && !ep.Active() {
+			out[g] = true
+		}
+	}
+	return out, nil
+}
+
+// setState replaces group's endpoint by a copy in state (the cache may hold the old one).
+func (s *memStore) setState(group string, state pulsetype.EndpointState, reason pulsetype.StateReason) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := *s.endpoints[group]
+	c.State, c.StateReason = state, reason
+	s.endpoints[group] = &c
+}
+
+func (s *memStore) DisableEndpoint(_ context.Context, group string, reason pulsetype.StateReason, _ time.Time) (bool, error) {
+	s.called("DisableEndpoint")
+	s.mu.Lock()
+	ep, ok := s.endpoints[group]
+	s.mu.Unlock()
+	if !ok || !ep.Active() {
+		return false, nil
+	}
+	s.setState(group, pulsetype.EndpointDisabled, reason)
+	return true, nil
+}
+
+func (s *memStore) RecordHealth(_ context.Context, failed map[string]time.Duration, _ []string) ([]string, error) {
+	s.called("RecordHealth")
+	return nil, nil
+}
+
 // delivery returns the status of a delivery and how many attempts it has.
 func (s *memStore) delivery(id string) (pulsetype.Status, int) {
 	s.mu.Lock()

@@ -23,6 +23,7 @@ type loop struct {
 	opts      Options
 	endpoints *endpointCache
 	slots     *slots
+	limits    *rateLimits
 	ready     *readyQueue
 	marks     *fanOutMarks
 	moved     *moved
@@ -169,6 +170,9 @@ func (l *loop) fanOut(ctx context.Context) {
 	}
 	l.marks.add(ids, time.Now())
 	for _, a := range attempts {
+		if l.endpoints.isInactive(a.ConsumerGroup) {
+			continue // paused or disabled: polling finds it after the resume
+		}
 		if l.endpoints.isOrdered(a.ConsumerGroup) {
 			l.moved.add(a.ConsumerGroup) // only the head-of-line claim may take it
 			continue
@@ -202,9 +206,11 @@ func (l *loop) claimReady(ctx context.Context) {
 		}
 		attempts := make([]*pulsetype.Attempt, len(batch))
 		events := make(map[string]*pulsetype.Event, len(batch))
+		tokens := map[string]bool{}
 		for i, j := range batch {
 			attempts[i] = j.a
 			events[j.a.EventID] = j.ev
+			tokens[j.a.ID] = j.token
 		}
 		leased, err := l.store.ClaimAttempts(ctx, l.owner, attempts)
 		if err != nil {
@@ -214,27 +220,46 @@ func (l *loop) claimReady(ctx context.Context) {
 		}
 		jobs := make([]job, len(leased))
 		for i, a := range leased {
-			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: true}
+			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: true, token: tokens[a.ID]}
 		}
 		l.launchAll(ctx, jobs)
 	}
 }
 
 // takeReady removes from the ready queue up to maxReadyClaim attempts that the free capacity admits: the
-// worker slots left, each consumer group's maxConcurrency and the reserve (see slots.admit).
+// worker slots left, each consumer group's maxConcurrency and the reserve (see slots.admit), and the tokens
+// of rate-limited groups.
 func (l *loop) takeReady() []job {
 	if l.slots.free() <= 0 || l.ready.len() == 0 {
 		return nil
 	}
-	return l.ready.take(maxReadyClaim, l.slots.admit)
+	jobs := l.ready.take(maxReadyClaim, func(group string, takenGroup, takenAll int) bool {
+		return l.slots.admit(group, takenGroup, takenAll) && l.limits.allows(group, takenGroup)
+	})
+	// The tokens are taken now, so that the claim's round trips overlap the next token's wait (the
+	// rate reached is then not cut by them); a job that is not claimed after all leaves its token unused.
+	for i := range jobs {
+		jobs[i].token = l.limits.take(jobs[i].a.ConsumerGroup)
+	}
+	return jobs
 }
 
 // claimDue leases due attempts found by polling the database, a batch per round trip while capacity lasts,
 // and reads their events with one query per batch. ordered groups are left to the head-of-line claim.
 func (l *loop) claimDue(ctx context.Context, ordered []string) {
 	for ctx.Err() == nil {
-		exclude, free := l.slots.capacity(l.endpoints.groups())
-		exclude = append(exclude, ordered...)
+		known := l.endpoints.groups()
+		exclude, free := l.slots.capacity(known)
+		exclude = append(append(exclude, ordered...), l.endpoints.inactive()...)
+		// A rate-limited group takes part while it has tokens, and a batch never takes more of its attempts
+		// than it has tokens (as with maxConcurrency).
+		for _, g := range l.limits.limited(known) {
+			if n := l.limits.available(g); n == 0 {
+				exclude = append(exclude, g)
+			} else if !slices.Contains(exclude, g) {
+				free = min(free, n)
+			}
+		}
 		if free == 0 {
 			l.backlog = true
 			return
@@ -268,14 +293,14 @@ func (l *loop) claimDue(ctx context.Context, ordered []string) {
 
 // launchAll hands leased attempts to the executor, except those of a group this process did not know as
 // ordered yet (registered or changed through another replica), given back for the head-of-line claim, and
-// those beyond their group's maxConcurrency (claimed before the limit was known), given back for a later
-// claim; their groups are returned.
+// those beyond their group's maxConcurrency or rate limit (claimed before the limit was known), given back
+// for a later claim; their groups are returned.
 func (l *loop) launchAll(ctx context.Context, jobs []job) (released []string) {
 	for _, j := range jobs {
 		ep, err := l.endpoints.get(ctx, j.a.ConsumerGroup, false)
-		if err == nil && ep != nil && ep.Ordered || l.slots.full(j.a.ConsumerGroup) {
+		if err == nil && ep != nil && ep.Ordered || l.slots.full(j.a.ConsumerGroup) || !j.token && !l.limits.take(j.a.ConsumerGroup) {
 			if err := l.store.ReleaseAttempt(ctx, j.a); err != nil {
-				l.logErr(ctx, err, "release attempt of an ordered group")
+				l.logErr(ctx, err, "release attempt of an ordered, full or rate-limited group")
 			}
 			l.endpoints.relist()
 			if !slices.Contains(released, j.a.ConsumerGroup) {

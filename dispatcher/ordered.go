@@ -51,7 +51,7 @@ func (l *loop) claimOrdered(ctx context.Context, poll bool) []string {
 	groups := make([]string, 0, len(ordered))
 	for group, topics := range ordered {
 		groups = append(groups, group)
-		if !poll && !kicked[group] {
+		if !poll && !kicked[group] || l.endpoints.isInactive(group) {
 			continue
 		}
 		for _, topic := range topics {
@@ -89,7 +89,7 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 		sem <- struct{}{}
 		for {
 			mu.Lock()
-			admit := l.slots.admit(group, claiming, claiming)
+			admit := l.slots.admit(group, claiming, claiming) && l.limits.allows(group, claiming)
 			if admit {
 				claiming++
 			}
@@ -111,7 +111,11 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 			defer func() { <-sem }()
 			a, wait, err := l.store.ClaimHead(ctx, l.owner, line)
 			if a != nil {
-				l.exec.launch(job{a: a})
+				if l.limits.take(group) {
+					l.exec.launch(job{a: a})
+				} else if err := l.store.ReleaseAttempt(ctx, a); err != nil { // its token went to another line
+					l.logErr(ctx, err, "release head of a rate-limited line")
+				}
 			}
 			mu.Lock()
 			claiming--

@@ -12,6 +12,7 @@ type job struct {
 	a       *pulsetype.Attempt
 	ev      *pulsetype.Event
 	evKnown bool
+	token   bool // the group's rate limit token was taken when the job was admitted
 }
 
 // readyQueue holds the first attempts this process's fan-out created, with their events, until the loop

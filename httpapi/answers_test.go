@@ -90,7 +90,9 @@ func fixEndpoint() *pulsetype.Endpoint {
 		MaxRetries: &maxRetries, RetryDelay: &delay, RetryBackoffMultiplier: &mult, MaxRetryDelay: &maxDelay, Timeout: &timeout,
 		MaxConcurrency: &conc, Headers: map[string]string{"Authorization": "Bearer s3cr3t", "X-Tenant": "t-1"},
 		Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", PreviousSecret: "whsec_b2xkLXNlY3JldC1iZWZvcmUtcm90YXRpb24=",
-		PreviousSecretExpiresAt: &expires, InsecureSkipVerify: true, CreatedAt: fixAt, UpdatedAt: fixLater, Incarnation: "inc-1"}
+		PreviousSecretExpiresAt: &expires, InsecureSkipVerify: true, RateLimit: 2.5, DisableAfter: pulsetype.Duration(90 * time.Minute),
+		State: pulsetype.EndpointDisabled, StateReason: pulsetype.ReasonGone, StateSince: &fixLater, CreatedAt: fixAt, UpdatedAt: fixLater,
+		Incarnation: "inc-1"}
 }
 
 func fixMinimal() *pulsetype.Endpoint {
@@ -99,7 +101,7 @@ func fixMinimal() *pulsetype.Endpoint {
 	if err := e.Normalize(); err != nil {
 		panic(err)
 	}
-	e.CreatedAt, e.UpdatedAt = fixAt, fixAt
+	e.CreatedAt, e.UpdatedAt, e.State = fixAt, fixAt, pulsetype.EndpointActive
 	return e
 }
 
@@ -141,6 +143,18 @@ func (answerStore) RotateSecret(_ context.Context, group, secret string, overlap
 	if overlap > 0 {
 		until := fixLater.Add(overlap)
 		e.PreviousSecretExpiresAt = &until
+	}
+	return e, nil
+}
+
+func (s answerStore) SetEndpointState(_ context.Context, group string, state pulsetype.EndpointState) (*pulsetype.Endpoint, error) {
+	e, err := s.endpoint(group)
+	if err != nil {
+		return nil, err
+	}
+	e.State, e.StateReason, e.StateSince = state, "", nil
+	if state == pulsetype.EndpointPaused {
+		e.StateReason, e.StateSince = pulsetype.ReasonPaused, &fixOverlap
 	}
 	return e, nil
 }
@@ -324,6 +338,13 @@ var answerCases = []answerCase{
 	{name: "rotate-bad-overlap", method: "POST", path: "/v1/endpoints/billing/rotate-secret", body: `{"overlap":"forever"}`},
 	{name: "rotate-long-overlap", method: "POST", path: "/v1/endpoints/billing/rotate-secret", body: `{"overlap":"800h"}`},
 	{name: "rotate-not-found", method: "POST", path: "/v1/endpoints/nope/rotate-secret", body: `{"secret":"whsec_bmV3LXNlY3JldC1vZi10aGUtcm90YXRpb24="}`},
+	{name: "pause", method: "POST", path: "/v1/endpoints/audit/pause"},
+	{name: "resume", method: "POST", path: "/v1/endpoints/billing/resume"},
+	{name: "pause-not-found", method: "POST", path: "/v1/endpoints/nope/pause"},
+	{name: "put-endpoint-state", method: "PUT", path: "/v1/endpoints/fresh",
+		body: `{"url":"https://h.example/","topics":["t"],"rateLimit":0.5,"disableAfter":"10m","state":"paused","stateReason":"gone","stateSince":"2025-01-01T00:00:00Z"}`},
+	{name: "put-endpoint-bad-rate", method: "PUT", path: "/v1/endpoints/fresh", body: `{"url":"https://h.example/","topics":["t"],"rateLimit":-1}`},
+	{name: "put-endpoint-bad-disable-after", method: "PUT", path: "/v1/endpoints/fresh", body: `{"url":"https://h.example/","topics":["t"],"disableAfter":"1ms"}`},
 	{name: "stats", method: "GET", path: "/v1/stats"},
 	{name: "stats-one", method: "GET", path: "/v1/stats?consumerGroup=billing"},
 	{name: "stats-not-found", method: "GET", path: "/v1/stats?consumerGroup=nope"},

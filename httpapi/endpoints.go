@@ -37,10 +37,17 @@ type Endpoint struct {
 	Headers                map[string]string       `json:"headers,omitempty"`
 	Secret                 string                  `json:"secret,omitempty"`
 	InsecureSkipVerify     bool                    `json:"insecureSkipVerify,omitempty"`
-	CreatedAt              Timestamp               `json:"createdAt"`
-	UpdatedAt              Timestamp               `json:"updatedAt"`
+	// RateLimit is in POSTs per second per replica; it and DisableAfter are left out when 0.
+	RateLimit    float64  `json:"rateLimit,omitempty"`
+	DisableAfter Duration `json:"disableAfter,omitempty"`
+	// State, StateReason and StateSince are read-only: a PUT ignores them.
+	State       pulsetype.EndpointState `json:"state"`
+	StateReason pulsetype.StateReason   `json:"stateReason,omitempty"`
+	CreatedAt   Timestamp               `json:"createdAt"`
+	UpdatedAt   Timestamp               `json:"updatedAt"`
 	// PreviousSecretExpiresAt ends the overlap of a secret rotation (the previous secret is never shown).
 	PreviousSecretExpiresAt *Timestamp `json:"previousSecretExpiresAt,omitempty"`
+	StateSince              *Timestamp `json:"stateSince,omitempty"`
 }
 
 // EndpointOf returns e's JSON shape. It writes what it is given: pass e.Redacted() for reads and logs.
@@ -49,7 +56,9 @@ func EndpointOf(e *pulsetype.Endpoint) Endpoint {
 		Format: e.Format, OffsetReset: e.OffsetReset, MaxRetries: e.MaxRetries, RetryDelay: durationPtr(e.RetryDelay),
 		RetryBackoffMultiplier: e.RetryBackoffMultiplier, MaxRetryDelay: durationPtr(e.MaxRetryDelay), Timeout: durationPtr(e.Timeout),
 		MaxConcurrency: e.MaxConcurrency, Headers: e.Headers, Secret: e.Secret, InsecureSkipVerify: e.InsecureSkipVerify,
-		CreatedAt: Timestamp(e.CreatedAt), UpdatedAt: Timestamp(e.UpdatedAt), PreviousSecretExpiresAt: timestampPtr(e.PreviousSecretExpiresAt)}
+		RateLimit: e.RateLimit, DisableAfter: Duration(e.DisableAfter), State: e.State, StateReason: e.StateReason,
+		CreatedAt: Timestamp(e.CreatedAt), UpdatedAt: Timestamp(e.UpdatedAt), PreviousSecretExpiresAt: timestampPtr(e.PreviousSecretExpiresAt),
+		StateSince: timestampPtr(e.StateSince)}
 }
 
 // redacted returns e's JSON shape for a read (pulsetype.Endpoint.Redacted).
@@ -64,7 +73,9 @@ func (b *Endpoint) endpoint() *pulsetype.Endpoint {
 		Format: b.Format, OffsetReset: b.OffsetReset, MaxRetries: b.MaxRetries, RetryDelay: domainDuration(b.RetryDelay),
 		RetryBackoffMultiplier: b.RetryBackoffMultiplier, MaxRetryDelay: domainDuration(b.MaxRetryDelay), Timeout: domainDuration(b.Timeout),
 		MaxConcurrency: b.MaxConcurrency, Headers: b.Headers, Secret: b.Secret, InsecureSkipVerify: b.InsecureSkipVerify,
-		CreatedAt: time.Time(b.CreatedAt), UpdatedAt: time.Time(b.UpdatedAt), PreviousSecretExpiresAt: timePtr(b.PreviousSecretExpiresAt)}
+		RateLimit: b.RateLimit, DisableAfter: pulsetype.Duration(b.DisableAfter), State: b.State, StateReason: b.StateReason,
+		CreatedAt: time.Time(b.CreatedAt), UpdatedAt: time.Time(b.UpdatedAt), PreviousSecretExpiresAt: timePtr(b.PreviousSecretExpiresAt),
+		StateSince: timePtr(b.StateSince)}
 }
 
 // errTrailingData is DecodeEndpoint's error for a body holding more than one JSON value.
@@ -102,6 +113,7 @@ func decodePut(consumerGroup string, body []byte) (*pulsetype.Endpoint, error) {
 		return nil, &pulsetype.FieldError{Field: "consumerGroup", Message: fmt.Sprintf("%q differs from the path's %q", ep.ConsumerGroup, consumerGroup)}
 	}
 	ep.ConsumerGroup = consumerGroup
+	ep.State, ep.StateReason, ep.StateSince = "", "", nil // read-only, like createdAt: a PUT keeps the state
 	if err := ep.Normalize(); err != nil {
 		return nil, err
 	}
@@ -149,15 +161,23 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
 func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := chi.URLParam(r, "consumerGroup")
 	ep, err := s.store.GetEndpoint(r.Context(), group)
+	if s.endpointFound(w, r, group, err) {
+		writeJSON(w, http.StatusOK, redacted(ep))
+	}
+}
+
+// endpointFound reports whether err (of reading or changing group's endpoint) is nil; otherwise it answers
+// 404 endpoint_not_found for pulsetype.ErrNotFound and 500 (or 503) for any other error.
+func (s *Server) endpointFound(w http.ResponseWriter, r *http.Request, group string, err error) bool {
 	if errors.Is(err, pulsetype.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
+		return false
 	}
 	if err != nil {
 		s.internalError(w, r, err)
-		return
+		return false
 	}
-	writeJSON(w, http.StatusOK, redacted(ep))
+	return true
 }
 
 func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {

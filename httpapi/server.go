@@ -37,6 +37,7 @@ type Store interface {
 	ReplayDeliveries(ctx context.Context, p pulsetype.ReplayParams) (int, error)
 	CancelDelivery(ctx context.Context, id string) (pulsetype.CancelResult, error)
 	RotateSecret(ctx context.Context, group, secret string, overlap time.Duration) (*pulsetype.Endpoint, error)
+	SetEndpointState(ctx context.Context, group string, state pulsetype.EndpointState) (*pulsetype.Endpoint, error)
 	Stats(ctx context.Context, groups []string) ([]*pulsetype.GroupStats, error)
 }
 
@@ -100,6 +101,8 @@ func (s *Server) Handler() http.Handler {
 		r.Post("/deliveries/{id}/cancel", s.cancelDelivery)
 		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
 		r.Post("/endpoints/{consumerGroup}/rotate-secret", s.rotateSecret)
+		r.Post("/endpoints/{consumerGroup}/pause", s.pauseEndpoint)
+		r.Post("/endpoints/{consumerGroup}/resume", s.resumeEndpoint)
 		r.Get("/stats", s.stats)
 		r.Get("/endpoints", s.listEndpoints)
 		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)

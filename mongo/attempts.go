@@ -20,6 +20,7 @@ func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *att
 	return &attemptDoc{
 		ID: uuid.Must(uuid.NewV7()).String(), DeliveryID: ref.DeliveryID, EventID: ref.EventID, ConsumerGroup: ref.ConsumerGroup,
 		Topic: ref.Topic, Incarnation: ref.Incarnation, Attempt: n, Status: pulsetype.StatusPending, CreatedAt: now, NextAttemptAt: nextAt,
+		Uncounted: ref.Uncounted,
 	}
 }
 
@@ -143,7 +144,7 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	}
 	var sub subscriptionDoc
 	err = s.subscriptions.FindOne(ctx, bson.M{"_id": group},
-		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1})).Decode(&sub)
+		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1, "state": 1})).Decode(&sub)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, 0, nil // deleted: its pending deliveries are being ended
 	}
@@ -163,6 +164,9 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 		// A delivery of an earlier registration of the group (deleted and registered again while its POST
 		// ran): it must not hold up the new registration's line, whenever its retry would come due.
 		return nil, time.Millisecond, s.endStaleHead(ctx, &head, &at)
+	}
+	if sub.State != "" && sub.State != pulsetype.EndpointActive {
+		return nil, 0, nil // paused or disabled: the line waits for resume
 	}
 	if settled := head.EventCreatedAt.Add(OrderSettle); s.now().Before(settled) {
 		return nil, settled.Sub(s.now()), nil
@@ -466,7 +470,7 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 		a := c.Attempt
 		switch {
 		case c.Next.Retry:
-			retries = append(retries, newAttemptDoc(a.Ref(), a.Number+1, now, now.Add(c.Next.Delay)))
+			retries = append(retries, newAttemptDoc(pulsetype.NextRef(a, c.Next), a.Number+1, now, now.Add(c.Next.Delay)))
 		case c.Next.EndStatus == pulsetype.StatusSuccess:
 			succeeded[a.Number] = append(succeeded[a.Number], a.DeliveryID)
 		default:

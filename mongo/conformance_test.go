@@ -289,6 +289,8 @@ var conformanceCases = []conformanceCase{
 	// stats_test.go
 	{name: "GroupStatsCountsTheLastHour", run: testGroupStatsCountsTheLastHour},
 	{name: "ConsoleReadsWith10000Deliveries", run: testConsoleReadsWith10000Deliveries},
+	// state_test.go
+	{name: "EndpointStateAndFailingStreak", run: testEndpointStateAndFailingStreak},
 	// watch_test.go
 	{name: "WatchEventsSendsChangeStreamAndReopens", run: testWatchEventsSendsChangeStreamAndReopens},
 }

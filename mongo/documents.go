@@ -68,8 +68,17 @@ type subscriptionDoc struct {
 	PreviousSecretSealed    *sealing.Sealed `bson:"previousSecretSealed,omitempty"`
 	PreviousSecretExpiresAt *time.Time      `bson:"previousSecretExpiresAt,omitempty"`
 	InsecureSkipVerify      bool            `bson:"insecureSkipVerify,omitempty"`
-	CreatedAt               time.Time       `bson:"createdAt"`
-	UpdatedAt               time.Time       `bson:"updatedAt"`
+	RateLimit               float64         `bson:"rateLimit,omitempty"`      // POSTs per second per replica; 0: none
+	DisableAfterMs          int64           `bson:"disableAfterMs,omitempty"` // 0: never
+	// State, StateReason and StateSince are absent while the endpoint is active (see state.go);
+	// FailingSince is the end of the first failed attempt since the last success, kept only for endpoints
+	// with a disableAfter.
+	State        pulsetype.EndpointState `bson:"state,omitempty"`
+	StateReason  pulsetype.StateReason   `bson:"stateReason,omitempty"`
+	StateSince   *time.Time              `bson:"stateSince,omitempty"`
+	FailingSince *time.Time              `bson:"failingSince,omitempty"`
+	CreatedAt    time.Time               `bson:"createdAt"`
+	UpdatedAt    time.Time               `bson:"updatedAt"`
 	// Incarnation is set once, when the group is created; see pulsetype.Endpoint.Incarnation.
 	Incarnation string `bson:"incarnation,omitempty"`
 	// Backfill is set while an earliest-offset group still has to receive the events retained before it was
@@ -104,6 +113,8 @@ func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, 
 		MaxConcurrency: &conc, Headers: d.Headers, Secret: d.Secret, InsecureSkipVerify: d.InsecureSkipVerify,
 		PreviousSecret: d.PreviousSecret, PreviousSecretExpiresAt: d.PreviousSecretExpiresAt,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, Incarnation: d.Incarnation,
+		RateLimit: d.RateLimit, DisableAfter: pulsetype.Duration(time.Duration(d.DisableAfterMs) * time.Millisecond),
+		State: cmp.Or(d.State, pulsetype.EndpointActive), StateReason: d.StateReason, StateSince: d.StateSince,
 	}
 	if err := d.openSecrets(ep, keys); err != nil {
 		return nil, err
@@ -169,6 +180,7 @@ type attemptDoc struct {
 	ExpiresAt     *time.Time           `bson:"expiresAt,omitempty"`
 	Incarnation   string               `bson:"incarnation,omitempty"`
 	RetryAfterMs  int64                `bson:"retryAfterMs,omitempty"` // the receiver's Retry-After, in ms
+	Uncounted     int                  `bson:"uncounted,omitempty"`    // see pulsetype.Attempt.Uncounted
 }
 
 func (d *attemptDoc) attempt() *pulsetype.Attempt {
@@ -178,6 +190,6 @@ func (d *attemptDoc) attempt() *pulsetype.Attempt {
 		ResponseBody: d.ResponseBody, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
 		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LeaseOwner: d.LeaseOwner, FencingToken: d.FencingToken,
 		LeasedUntil: d.LeasedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
-		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond,
+		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond, Uncounted: d.Uncounted,
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -21,7 +22,8 @@ import (
 // those topics as error/unsubscribed (see EndPending); one that changes only the URL, headers or policy
 // keeps pending work, which the next attempts deliver with the new settings. A rotation's previous secret
 // (RotateSecret) stays, with the end of its overlap, only when e keeps the current secret; any other PUT
-// ends the overlap. e's own previous-secret fields are ignored.
+// ends the overlap. e's own previous-secret fields are ignored, and so are its state fields: a replaced
+// endpoint keeps its state (see SetEndpointState).
 func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored *pulsetype.Endpoint, created bool, err error) {
 	now := s.now()
 	// The previous registration is read without decrypting it: a PUT replaces values that no configured key
@@ -36,7 +38,8 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		"offsetReset": e.OffsetReset, "maxRetries": *e.MaxRetries, "retryDelayMs": ms(e.RetryDelay),
 		"retryBackoffMultiplier": *e.RetryBackoffMultiplier, "maxRetryDelayMs": ms(e.MaxRetryDelay),
 		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency,
-		"insecureSkipVerify": e.InsecureSkipVerify, "updatedAt": now,
+		"insecureSkipVerify": e.InsecureSkipVerify, "rateLimit": e.RateLimit,
+		"disableAfterMs": time.Duration(e.DisableAfter).Milliseconds(), "updatedAt": now,
 	}
 	secretSet, secretUnset, err := s.secretFields(e)
 	if err != nil {

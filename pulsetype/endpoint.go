@@ -97,8 +97,20 @@ type Endpoint struct {
 	// ignored in a PUT body (like createdAt).
 	PreviousSecretExpiresAt *time.Time
 	InsecureSkipVerify      bool
-	CreatedAt               time.Time
-	UpdatedAt               time.Time
+	// RateLimit is the most POSTs per second this endpoint gets from each replica (decimals allowed); 0 has
+	// no limit and is left out of reads.
+	RateLimit float64
+	// DisableAfter disables the endpoint (reason failing) once its attempts have all failed for this long;
+	// 0 never does and is left out of reads.
+	DisableAfter Duration
+	// State, StateReason and StateSince say whether the endpoint is POSTed to, why not and since when; reads
+	// show StateReason and StateSince only when it is not active. Only pause, resume and the sidecar (410
+	// Gone, disableAfter) change them: a PUT body's values are ignored and a PUT keeps the state.
+	State       EndpointState
+	StateReason StateReason
+	StateSince  *time.Time
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
 	// Incarnation is a UUIDv7 given when the consumer group is created (not when it is replaced): a group
 	// deleted and registered again is a new subscription, and nothing pending from the earlier one reaches it.
 	// Empty for groups registered before incarnations existed.
@@ -203,6 +215,12 @@ func (e *Endpoint) Normalize() error {
 	}
 	if *e.MaxConcurrency < 1 || *e.MaxConcurrency > 1000 {
 		return &FieldError{"maxConcurrency", "must be between 1 and 1000"}
+	}
+	if e.RateLimit < 0 || e.RateLimit > MaxRateLimit {
+		return &FieldError{"rateLimit", fmt.Sprintf("must be between 0 (no limit) and %d POSTs per second", MaxRateLimit)}
+	}
+	if d := time.Duration(e.DisableAfter); d != 0 && (d < time.Second || d > MaxDisableAfter) {
+		return &FieldError{"disableAfter", fmt.Sprintf("must be 0 (never) or between 1s and %s", MaxDisableAfter)}
 	}
 	if err := checkHeaders(e.Headers); err != nil {
 		return err

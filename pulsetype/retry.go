@@ -41,8 +41,11 @@ func (p RetryPolicy) Next(number int, code ErrorCode, terminal bool, retryAfter 
 	return true, delay
 }
 
-// Decide returns what follows attempt number (1-based) that ended with res (docs/delivery.md, "Lifecycle"):
-// success ends the delivery; an attempt ended by a cancel (code cancelled) ends it as cancelled; another
+// Decide returns what follows attempt number (1-based; Attempt.Counted, so that attempts that disabled their
+// endpoint do not count) that ended with res (docs/delivery.md, "Lifecycle"): success ends the delivery; an
+// attempt ended by a cancel (code cancelled) ends it as cancelled; an attempt answered 410 Gone (code
+// endpoint_gone, which disabled the endpoint) gets attempt number+1 at once, Uncounted (it waits for the
+// endpoint's resume), except with at-most-once, where it ends the delivery; another
 // error gets attempt number+1 while Next allows it (res.Terminal, res.Error's code and res.RetryAfter
 // count), and otherwise ends the delivery with res.Error. It reads nothing and writes nothing.
 func (p RetryPolicy) Decide(number int, res AttemptResult) NextStep {
@@ -51,6 +54,9 @@ func (p RetryPolicy) Decide(number int, res AttemptResult) NextStep {
 	}
 	if res.Error.CodeOrEmpty() == CodeCancelled { // a cancel that stopped before ending its delivery
 		return NextStep{EndStatus: StatusCancelled, EndError: res.Error}
+	}
+	if res.Error.CodeOrEmpty() == CodeEndpointGone && !p.AtMostOnce {
+		return NextStep{Retry: true, Uncounted: true}
 	}
 	if retry, delay := p.Next(number, res.Error.CodeOrEmpty(), res.Terminal, res.RetryAfter); retry {
 		return NextStep{Retry: true, Delay: delay}

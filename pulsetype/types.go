@@ -155,6 +155,8 @@ type Line struct {
 // and the registration (incarnation) of the group it was created for.
 type DeliveryRef struct {
 	DeliveryID, EventID, ConsumerGroup, Topic, Incarnation string
+	// Uncounted is what the next attempt carries as Attempt.Uncounted.
+	Uncounted int
 }
 
 // Ref returns the delivery's reference.
@@ -164,7 +166,8 @@ func (d *Delivery) Ref() DeliveryRef {
 
 // Ref returns the reference of the attempt's delivery.
 func (a *Attempt) Ref() DeliveryRef {
-	return DeliveryRef{DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic, Incarnation: a.Incarnation}
+	return DeliveryRef{DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic, Incarnation: a.Incarnation,
+		Uncounted: a.Uncounted}
 }
 
 // Attempt is one history document: one try of a delivery. Lease fields are set while a worker holds it.
@@ -196,6 +199,9 @@ type Attempt struct {
 	// RetryAfter is the receiver's Retry-After on this failed attempt (0 when none), kept so that a retry
 	// the reconciler creates after a crash waits as long as the one the worker would have created.
 	RetryAfter time.Duration
+	// Uncounted is how many earlier attempts of its delivery do not count against maxRetries: those answered
+	// 410 Gone (CodeEndpointGone), which disabled the endpoint instead of using up the delivery's retries.
+	Uncounted int
 }
 
 // LeaseStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
@@ -264,8 +270,11 @@ func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.Fen
 // NextStep is what follows an ended attempt, by the lifecycle of docs/delivery.md: either attempt Number+1 is created,
 // due after Delay, or the delivery ends with EndStatus and EndError.
 type NextStep struct {
-	Retry     bool
-	Delay     time.Duration
+	Retry bool
+	Delay time.Duration
+	// Uncounted is set when the ended attempt does not count against maxRetries (CodeEndpointGone): attempt
+	// Number+1 carries Attempt.Uncounted+1.
+	Uncounted bool
 	EndStatus Status     // when !Retry: StatusSuccess, StatusError, or StatusCancelled (an attempt ended by a cancel)
 	EndError  *ErrorInfo // when !Retry and EndStatus is StatusError or StatusCancelled
 }

@@ -25,9 +25,9 @@ type Step struct {
 // FollowUp moves a delivery on after its attempt a ended with res, as policy.Decide says, with one write.
 // It is idempotent: called twice, or by several replicas at once, it changes the database once.
 func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, res pulsetype.AttemptResult, policy pulsetype.RetryPolicy) (Step, error) {
-	next := policy.Decide(a.Number, res)
+	next := policy.Decide(a.Counted(), res)
 	if next.Retry {
-		created, err := store.CreateAttempt(ctx, a.Ref(), a.Number+1, next.Delay)
+		created, err := store.CreateAttempt(ctx, pulsetype.NextRef(a, next), a.Number+1, next.Delay)
 		if err != nil {
 			return Step{}, fmt.Errorf("create attempt %d: %w", a.Number+1, err)
 		}
