@@ -40,7 +40,7 @@ type Endpoint struct {
 	// RateLimit is in POSTs per second per replica; it and DisableAfter are left out when 0.
 	RateLimit    float64  `json:"rateLimit,omitempty"`
 	DisableAfter Duration `json:"disableAfter,omitempty"`
-	// State, StateReason and StateSince are read-only: a PUT ignores them.
+	// State, StateReason and StateSince are read-only: a PUT or the endpoints file does not change them.
 	State       pulsetype.EndpointState `json:"state"`
 	StateReason pulsetype.StateReason   `json:"stateReason,omitempty"`
 	CreatedAt   Timestamp               `json:"createdAt"`
