@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/pulse-sidecar/pulse/internal/cli"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
@@ -19,7 +22,7 @@ func TestBenchPrintsFigures(t *testing.T) {
 	if err := run(t.Context(), args, func(k string) string { return env[k] }, &out); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
-	line := regexp.MustCompile(`(?m)^bench: deliveries=20 duplicates=0 seconds=[0-9.]+ deliveries_per_s=[0-9.]+ p50_ms=[0-9.]+ p99_ms=[0-9.]+ db_commands_per_delivery=([0-9.]+) raw_db_ops_per_s=[0-9.]+ efficiency=[0-9.]+ sidecar_cpu_us_per_delivery=[0-9]+ peak_rss_mib=[0-9.]+$`)
+	line := regexp.MustCompile(`(?m)^bench: deliveries=20 duplicates=0 seconds=[0-9.]+ deliveries_per_s=[0-9.]+ p50_ms=[0-9.]+ p99_ms=[0-9.]+ db_commands_per_delivery=([0-9.]+) raw_db_ops_per_s=[0-9.]+ efficiency=[0-9.]+ sidecar_cpu_us_per_delivery=[0-9]+ peak_rss_mib=[0-9.]+ publish_p50_ms=[0-9.]+ publish_p99_ms=[0-9.]+ deliveries_per_raw_op=[0-9.]+ log_warnings=\d+ log_errors=\d+$`)
 	m := line.FindStringSubmatch(out.String())
 	if m == nil {
 		t.Fatalf("no machine line with 20 deliveries and 0 duplicates in:\n%s", out.String())
@@ -29,5 +32,55 @@ func TestBenchPrintsFigures(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^\s+db insert\s+\d+ \(`).MatchString(out.String()) {
 		t.Errorf("the table lists no commands by name:\n%s", out.String())
+	}
+}
+
+// --history delivers its events first and leaves them out of the figures; --rate publishes on a schedule, so
+// the measured run lasts about events ÷ rate; the machine line carries the publish latencies and deliveries
+// per raw update.
+func TestBenchHistoryAndRate(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	env := map[string]string{"PULSE_MONGODB_URI": testdb.URI(t)}
+	args := []string{"bench", "--events", "6", "--rate", "10", "--history", "150", "--groups", "2", "--concurrency", "2"}
+	if err := run(t.Context(), args, func(k string) string { return env[k] }, &out); err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	line := regexp.MustCompile(`(?m)^bench: deliveries=12 duplicates=0 seconds=([0-9.]+) .* publish_p50_ms=([0-9.]+) publish_p99_ms=([0-9.]+) deliveries_per_raw_op=([0-9.]+) `)
+	m := line.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no machine line with 12 measured deliveries (the 300 of the history left out) in:\n%s", out.String())
+	}
+	// Six publishes at 10/s are due over 0.5 s: the run cannot end sooner.
+	if secs, _ := strconv.ParseFloat(m[1], 64); secs < 0.5 {
+		t.Errorf("seconds = %s, want at least 0.5 (the last publish is due 0.5 s after the first)", m[1])
+	}
+	p50, _ := strconv.ParseFloat(m[2], 64)
+	p99, _ := strconv.ParseFloat(m[3], 64)
+	if p50 <= 0 || p99 < p50 {
+		t.Errorf("publish_p50_ms = %s, publish_p99_ms = %s: want 0 < p50 ≤ p99", m[2], m[3])
+	}
+	if perOp, _ := strconv.ParseFloat(m[4], 64); perOp <= 0 {
+		t.Errorf("deliveries_per_raw_op = %s, want > 0", m[4])
+	}
+	if !strings.Contains(out.String(), "after 150 events delivered and retained, 10 publishes/s") {
+		t.Errorf("the table's heading does not name the history and the rate:\n%s", out.String())
+	}
+}
+
+// Negative --rate, --history or --idle are usage errors.
+func TestBenchRejectsNegativeFlags(t *testing.T) {
+	t.Parallel()
+	for _, flag := range []string{"--rate", "--history", "--idle"} {
+		value := "-1"
+		if flag == "--idle" {
+			value = "-1s"
+		}
+		var out bytes.Buffer
+		err := run(t.Context(), []string{"bench", flag, value}, func(string) string { return "" }, &out)
+		var usage *cli.UsageError
+		if !errors.As(err, &usage) {
+			t.Errorf("bench %s %s = %v, want a usage error", flag, value, err)
+		}
 	}
 }

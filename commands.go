@@ -27,8 +27,8 @@ func runDevDB(ctx context.Context, args []string, stdout io.Writer) error {
 
 // runBench runs `pulse bench` (package internal/bench) with its sidecars served in-process by serveWith.
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return bench.Run(ctx, args, getenv, stdout, func(ctx context.Context, getenv func(string) string, monitor *event.CommandMonitor, ready func(string)) error {
-		return serveWith(ctx, getenv, io.Discard, serveHooks{monitor: monitor, ready: ready})
+	return bench.Run(ctx, args, getenv, stdout, func(ctx context.Context, getenv func(string) string, monitor *event.CommandMonitor, logs io.Writer, ready func(string)) error {
+		return serveWith(ctx, getenv, logs, serveHooks{monitor: monitor, ready: ready})
 	})
 }
 

@@ -33,21 +33,28 @@ import (
 )
 
 // Sidecar runs one sidecar in-process with the configuration getenv until ctx is done, then returns nil
-// after a clean shutdown. It sends every database command of the sidecar to monitor and calls ready with
-// the API's address (host:port) once the API listens. It returns an error when the sidecar does not start.
-type Sidecar func(ctx context.Context, getenv func(string) string, monitor *event.CommandMonitor, ready func(addr string)) error
+// after a clean shutdown. It sends every database command of the sidecar to monitor, writes its log to
+// logs, and calls ready with the API's address (host:port) once the API listens. It returns an error when
+// the sidecar does not start.
+type Sidecar func(ctx context.Context, getenv func(string) string, monitor *event.CommandMonitor, logs io.Writer, ready func(addr string)) error
 
 // result holds the figures `pulse bench` prints.
 type result struct {
 	Deliveries, Duplicates int
 	Seconds                float64
 	PerSecond              float64
-	P50ms, P99ms           float64
+	P50ms, P99ms           float64 // publish → POST
+	PublishP50ms           float64 // publish request → 202
+	PublishP99ms           float64
 	CommandsPerDelivery    float64
 	RawOpsPerSecond        float64
 	Efficiency             float64
+	PerRawOp               float64 // deliveries/s ÷ raw updates/s
 	CPUusPerDelivery       float64
 	PeakRSSMiB             float64
+	Warnings, Errors       int                      // the sidecars' log records at warn and error level, during the run
+	LogKinds               []string                 // those records by level, component and message
+	IdleDBCPUPercent       float64                  // the database process's CPU while the sidecars idled (-1: not measured)
 	ByCommand              map[string]int64         // database commands by name, during the measured run
 	TimeByCommand          map[string]time.Duration // their summed round-trip times
 }
@@ -56,54 +63,80 @@ type result struct {
 const synopsis = `Usage: pulse bench [flags]
 
 Measures delivery throughput, latency and database commands per delivery against a fresh embedded
-development database (or --mongodb-uri), and prints a table and one machine-readable line starting "bench:".`
+development database (or --mongodb-uri), and prints a table and one machine-readable line starting "bench:".
+--history delivers events first (untimed, kept); --rate publishes at a fixed rate instead of as fast as
+--concurrency clients can; --idle then measures what idle sidecars cost the embedded database process.`
+
+// flags are the flags of `pulse bench`.
+type flags struct {
+	events, groups, replicas, concurrency, keys, history int
+	rate                                                 float64
+	uri                                                  string
+	timeout, delay, idle                                 time.Duration
+	ordered                                              bool
+}
 
 // Run is `pulse bench` with the command line args (the flags after "bench"). It starts the embedded
 // development database as a child process, `<this executable> devdb` (so the executable must be pulse),
 // unless PULSE_MONGODB_URI or --mongodb-uri names one; runs --replicas sidecars with sidecar; registers
-// --groups consumer groups on a local receiver; publishes --events events, one request per event, with
-// --concurrency concurrent clients spread over the replicas; waits for every delivery; then measures raw
-// single-document updates by _id on the same database at the same concurrency. It prints a table and one
-// machine-readable line starting with "bench:" on stdout, and blocks until done or --timeout. It returns a
-// *cli.UsageError for flags it does not accept and flag.ErrHelp after printing --help.
+// --groups consumer groups on a local receiver; publishes and delivers --history events first (untimed,
+// arrays of 100, kept as retained history); then publishes --events events, one request per event, with
+// --concurrency concurrent clients spread over the replicas (or, with --rate R, R requests per second
+// whatever the answers take); waits for every delivery; leaves the sidecars idle for --idle; then measures
+// raw single-document updates by _id on the same database at the same concurrency. It prints a table and
+// one machine-readable line starting with "bench:" on stdout, and blocks until done or --timeout. It
+// returns a *cli.UsageError for flags it does not accept and flag.ErrHelp after printing --help.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, sidecar Sidecar) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	events := fs.Int("events", 1000, "events to publish")
-	groups := fs.Int("groups", 2, "consumer groups subscribed to the topic")
-	replicas := fs.Int("replicas", 1, "sidecar replicas sharing the database")
-	concurrency := fs.Int("concurrency", 8, "concurrent publishing clients (and raw-update clients)")
-	uri := fs.String("mongodb-uri", getenv("PULSE_MONGODB_URI"), "database to use instead of a fresh embedded development database (default $PULSE_MONGODB_URI)")
-	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
-	ordered := fs.Bool("ordered", false, "register the consumer groups as ordered (one POST at a time per group, in order)")
-	keys := fs.Int("keys", 0, "give event i the ordering key k<i mod keys> (0: no keys); with --ordered, one line per key")
-	delay := fs.Duration("receiver-delay", 0, "how long the receiver takes to answer each POST")
+	var o flags
+	fs.IntVar(&o.events, "events", 1000, "events to publish in the measured run")
+	fs.IntVar(&o.groups, "groups", 2, "consumer groups subscribed to the topic")
+	fs.IntVar(&o.replicas, "replicas", 1, "sidecar replicas sharing the database")
+	fs.IntVar(&o.concurrency, "concurrency", 8, "concurrent publishing clients (and raw-update clients)")
+	fs.Float64Var(&o.rate, "rate", 0, "publish `R` events per second, open loop (each a one-event request, sent when due whatever earlier ones take); 0: as fast as --concurrency clients can")
+	fs.IntVar(&o.history, "history", 0, "publish and deliver `N` events first, untimed; they stay as retained history during the measured run")
+	fs.DurationVar(&o.idle, "idle", 0, "after the measured run, leave the sidecars idle this long and report the embedded database process's CPU meanwhile")
+	fs.StringVar(&o.uri, "mongodb-uri", getenv("PULSE_MONGODB_URI"), "database to use instead of a fresh embedded development database (default $PULSE_MONGODB_URI)")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
+	fs.BoolVar(&o.ordered, "ordered", false, "register the consumer groups as ordered (one POST at a time per group, in order)")
+	fs.IntVar(&o.keys, "keys", 0, "give event i the ordering key k<i mod keys> (0: no keys); with --ordered, one line per key")
+	fs.DurationVar(&o.delay, "receiver-delay", 0, "how long the receiver takes to answer each POST")
 	if err := cli.Parse(fs, args, synopsis, stdout); err != nil {
 		return err
 	}
-	if *keys < 0 || *delay < 0 {
-		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --keys and --receiver-delay must not be negative")
+	if o.keys < 0 || o.delay < 0 || o.history < 0 || o.rate < 0 || o.idle < 0 {
+		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --keys, --receiver-delay, --history, --rate and --idle must not be negative")
 	}
-	if *events < 1 || *groups < 1 || *concurrency < 1 || *replicas < 1 {
+	if o.events < 1 || o.groups < 1 || o.concurrency < 1 || o.replicas < 1 {
 		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --events, --groups, --replicas and --concurrency must be at least 1")
 	}
-	publishers := concurrency
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	if *uri == "" {
-		dbURI, stop, err := startDevDB(ctx)
+	dbPID := 0
+	if o.uri == "" {
+		dbURI, pid, stop, err := startDevDB(ctx)
 		if err != nil {
 			return err
 		}
 		defer stop()
-		*uri = dbURI
+		o.uri, dbPID = dbURI, pid
 	}
-	dbName := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-
-	rcv := newReceiver()
-	rcv.delay = *delay
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	r, err := run(ctx, o, dbPID, sidecar)
 	if err != nil {
 		return err
+	}
+	printResult(stdout, r, o)
+	return nil
+}
+
+// run runs the bench o describes; dbPID is the embedded database process (0: not ours).
+func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, error) {
+	dbName := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	rcv := newReceiver()
+	rcv.delay = o.delay
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return result{}, err
 	}
 	rsrv := &http.Server{Handler: rcv}
 	go func() { _ = rsrv.Serve(ln) }()
@@ -133,26 +166,26 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) { took(e.CommandName, e.Duration) },
 		Failed:    func(_ context.Context, e *event.CommandFailedEvent) { took(e.CommandName, e.Duration) },
 	}
+	logs := newLogCounter()
 	sidecarCtx, stopSidecar := context.WithCancel(ctx)
 	defer stopSidecar()
-	env := map[string]string{"PULSE_MONGODB_URI": *uri, "PULSE_DATABASE": dbName, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_LOG_LEVEL": "error"}
-	apis := make([]string, *replicas)
-	dones := make([]chan error, *replicas)
-	for r := range *replicas {
+	env := map[string]string{"PULSE_MONGODB_URI": o.uri, "PULSE_DATABASE": dbName, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_LOG_LEVEL": "warn"}
+	apis := make([]string, o.replicas)
+	dones := make([]chan error, o.replicas)
+	for r := range o.replicas {
 		addr := make(chan string, 1)
 		done := make(chan error, 1)
 		dones[r] = done
 		go func() {
-			done <- sidecar(sidecarCtx, func(k string) string { return env[k] }, monitor, func(a string) { addr <- a })
+			done <- sidecar(sidecarCtx, func(k string) string { return env[k] }, monitor, logs, func(a string) { addr <- a })
 		}()
 		select {
 		case a := <-addr:
 			apis[r] = "http://" + a
 		case err := <-done:
-			return fmt.Errorf("bench: sidecar replica %d did not start: %w", r+1, err)
+			return result{}, fmt.Errorf("bench: sidecar replica %d did not start: %w", r+1, err)
 		}
 	}
-	api := apis[0]
 	var stopOnce sync.Once
 	shutdown := func() {
 		stopOnce.Do(func() {
@@ -163,89 +196,133 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		})
 	}
 	defer shutdown()
-	for g := range *groups {
-		body := fmt.Sprintf(`{"url":"http://%s/g%d","topics":["bench"],"maxConcurrency":64,"ordered":%t}`, ln.Addr(), g, *ordered)
-		if err := request(ctx, "PUT", fmt.Sprintf("%s/v1/endpoints/bench-%d", api, g), body, http.StatusCreated); err != nil {
-			return err
+	for g := range o.groups {
+		body := fmt.Sprintf(`{"url":"http://%s/g%d","topics":["bench"],"maxConcurrency":64,"ordered":%t}`, ln.Addr(), g, o.ordered)
+		if err := request(ctx, "PUT", fmt.Sprintf("%s/v1/endpoints/bench-%d", apis[0], g), body, http.StatusCreated); err != nil {
+			return result{}, err
 		}
 	}
+	pub := &publisher{apis: apis, rcv: rcv, keys: o.keys}
+	if o.history > 0 {
+		if err := pub.history(ctx, o.history, o.concurrency); err != nil {
+			return result{}, err
+		}
+		if err := rcv.wait(ctx, o.history*o.groups); err != nil {
+			return result{}, fmt.Errorf("bench: history: %w (%d of %d deliveries arrived)", err, rcv.distinct(), o.history*o.groups)
+		}
+	}
+	before := rcv.distinct()
 
-	want := *events * *groups
+	want := o.events * o.groups
 	counting.Store(true)
+	logs.counting.Store(true)
 	cpu0, start, cmd0 := cpuTime(), time.Now(), commands.Load()
-	work := make(chan int)
-	var wg sync.WaitGroup
-	var pubErr atomic.Value
-	for range *publishers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				id := fmt.Sprintf("bench-%d", i)
-				rcv.published(id)
-				key := ""
-				if *keys > 0 {
-					key = fmt.Sprintf(`,"orderingKey":"k%d"`, i%*keys)
-				}
-				if err := request(ctx, "POST", apis[i%len(apis)]+"/v1/events", fmt.Sprintf(`{"id":%q,"topic":"bench","data":{"i":%d}%s}`, id, i, key), http.StatusAccepted); err != nil {
-					pubErr.Store(err)
-				}
-			}
-		}()
+	if o.rate > 0 {
+		pub.openLoop(ctx, o.events, o.rate)
+	} else {
+		pub.closedLoop(ctx, o.events, o.concurrency)
 	}
-	for i := range *events {
-		work <- i
+	if pub.err != nil {
+		return result{}, pub.err
 	}
-	close(work)
-	wg.Wait()
-	if err, _ := pubErr.Load().(error); err != nil {
-		return err
-	}
-	if err := rcv.wait(ctx, want); err != nil {
-		return fmt.Errorf("bench: %w (%d of %d deliveries arrived)", err, rcv.distinct(), want)
+	if err := rcv.wait(ctx, before+want); err != nil {
+		return result{}, fmt.Errorf("bench: %w (%d of %d deliveries arrived)", err, rcv.distinct()-before, want)
 	}
 	elapsed := time.Since(start)
 	cmds := commands.Load() - cmd0
 	counting.Store(false)
 	cpu := cpuTime() - cpu0
+	idle := -1.0
+	if o.idle > 0 {
+		if idle, err = idleCPU(ctx, dbPID, o.idle); err != nil {
+			return result{}, err
+		}
+	}
+	logs.counting.Store(false)
 	shutdown()
 
-	raw, err := rawUpdatesPerSecond(ctx, *uri, dbName, *publishers, 3*time.Second)
+	raw, err := rawUpdatesPerSecond(ctx, o.uri, dbName, o.concurrency, 3*time.Second)
 	if err != nil {
-		return err
+		return result{}, err
 	}
-	lat := rcv.latencies()
+	lat, publat := rcv.latencies(), pub.latencies()
 	r := result{
-		Deliveries: rcv.distinct(), Duplicates: rcv.total() - rcv.distinct(), Seconds: elapsed.Seconds(),
+		Deliveries: rcv.distinct() - before, Duplicates: rcv.total() - rcv.distinct(), Seconds: elapsed.Seconds(),
 		P50ms: percentile(lat, 0.50), P99ms: percentile(lat, 0.99),
+		PublishP50ms: percentile(publat, 0.50), PublishP99ms: percentile(publat, 0.99),
 		CommandsPerDelivery: float64(cmds) / float64(want), RawOpsPerSecond: raw,
 		CPUusPerDelivery: float64(cpu.Microseconds()) / float64(want), PeakRSSMiB: peakRSSMiB(),
+		IdleDBCPUPercent: idle,
 	}
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
 	r.Efficiency = r.PerSecond * r.CommandsPerDelivery / r.RawOpsPerSecond
+	r.PerRawOp = r.PerSecond / r.RawOpsPerSecond
+	r.Warnings, r.Errors, r.LogKinds = logs.counts()
 	byNameMu.Lock()
 	r.ByCommand = maps.Clone(byName)
 	r.TimeByCommand = maps.Clone(timeByName)
 	byNameMu.Unlock()
-	printResult(stdout, r, *events, *groups, *replicas)
-	return nil
+	return r, nil
+}
+
+// idleCPU waits d and returns the CPU the database process pid used meanwhile, in percent of one core; -1
+// when pid is 0 (the database is not the bench's child).
+func idleCPU(ctx context.Context, pid int, d time.Duration) (float64, error) {
+	var cpu0 time.Duration
+	if pid != 0 {
+		var err error
+		if cpu0, err = processCPU(pid); err != nil {
+			return 0, err
+		}
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(d):
+	}
+	if pid == 0 {
+		return -1, nil
+	}
+	cpu1, err := processCPU(pid)
+	if err != nil {
+		return 0, err
+	}
+	return 100 * float64(cpu1-cpu0) / float64(time.Since(start)), nil
 }
 
 // printResult writes the table and the machine line of r.
-func printResult(w io.Writer, r result, events, groups, replicas int) {
-	fmt.Fprintf(w, "events %d × consumer groups %d, %d sidecar replica(s)\n", events, groups, replicas)
-	for _, row := range []struct {
+func printResult(w io.Writer, r result, o flags) {
+	fmt.Fprintf(w, "events %d × consumer groups %d, %d sidecar replica(s)", o.events, o.groups, o.replicas)
+	if o.history > 0 {
+		fmt.Fprintf(w, ", after %d events delivered and retained", o.history)
+	}
+	if o.rate > 0 {
+		fmt.Fprintf(w, ", %g publishes/s", o.rate)
+	}
+	fmt.Fprintln(w)
+	rows := []struct {
 		k string
 		v string
 	}{
 		{"deliveries", fmt.Sprint(r.Deliveries)}, {"duplicates", fmt.Sprint(r.Duplicates)},
 		{"seconds", fmt.Sprintf("%.2f", r.Seconds)}, {"deliveries/s", fmt.Sprintf("%.1f", r.PerSecond)},
 		{"latency p50 (publish → POST)", fmt.Sprintf("%.1f ms", r.P50ms)}, {"latency p99", fmt.Sprintf("%.1f ms", r.P99ms)},
+		{"publish p50 (request → 202)", fmt.Sprintf("%.1f ms", r.PublishP50ms)}, {"publish p99", fmt.Sprintf("%.1f ms", r.PublishP99ms)},
 		{"db commands per delivery", fmt.Sprintf("%.2f", r.CommandsPerDelivery)},
 		{"raw db updates by _id/s", fmt.Sprintf("%.1f", r.RawOpsPerSecond)}, {"efficiency", fmt.Sprintf("%.2f", r.Efficiency)},
+		{"deliveries per raw update", fmt.Sprintf("%.3f", r.PerRawOp)},
 		{"sidecar CPU per delivery", fmt.Sprintf("%.0f µs", r.CPUusPerDelivery)}, {"peak RSS", fmt.Sprintf("%.1f MiB", r.PeakRSSMiB)},
-	} {
+		{"log warnings, errors", fmt.Sprintf("%d, %d", r.Warnings, r.Errors)},
+	}
+	if r.IdleDBCPUPercent >= 0 {
+		rows = append(rows, struct{ k, v string }{fmt.Sprintf("database CPU, idle %s", o.idle), fmt.Sprintf("%.1f%% of a core", r.IdleDBCPUPercent)})
+	}
+	for _, row := range rows {
 		fmt.Fprintf(w, "  %-30s %s\n", row.k, row.v)
+	}
+	for _, k := range r.LogKinds[:min(len(r.LogKinds), 10)] {
+		fmt.Fprintf(w, "    %s\n", k)
 	}
 	names := slices.SortedFunc(maps.Keys(r.ByCommand), func(a, b string) int { return cmp.Compare(r.ByCommand[b], r.ByCommand[a]) })
 	for _, name := range names {
@@ -253,40 +330,45 @@ func printResult(w io.Writer, r result, events, groups, replicas int) {
 		fmt.Fprintf(w, "  %-30s %d (%.2f per delivery, %.1f ms mean round trip)\n", "  db "+name, n,
 			float64(n)/float64(max(r.Deliveries, 1)), float64(r.TimeByCommand[name].Microseconds())/1000/float64(n))
 	}
-	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f\n",
-		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.PeakRSSMiB)
+	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f publish_p50_ms=%.1f publish_p99_ms=%.1f deliveries_per_raw_op=%.3f log_warnings=%d log_errors=%d",
+		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.PeakRSSMiB,
+		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors)
+	if r.IdleDBCPUPercent >= 0 {
+		fmt.Fprintf(w, " idle_db_cpu_pct=%.2f", r.IdleDBCPUPercent)
+	}
+	fmt.Fprintln(w)
 }
 
-// startDevDB runs `<this executable> devdb` on a temporary directory and returns its URI and a function that
-// kills it and removes the directory.
-func startDevDB(ctx context.Context) (string, func(), error) {
+// startDevDB runs `<this executable> devdb` on a temporary directory and returns its URI, its process id and
+// a function that kills it and removes the directory.
+func startDevDB(ctx context.Context) (string, int, func(), error) {
 	dir, err := os.MkdirTemp("", "pulse-bench-")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd := exec.Command(self, "devdb", "--listen", "127.0.0.1:0", "--data-dir", dir)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd.Stderr = io.Discard
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = os.RemoveAll(dir) }
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		if uri, ok := strings.CutPrefix(sc.Text(), "devdb: "); ok {
 			go func() { _, _ = io.Copy(io.Discard, out) }()
-			return uri, stop, nil
+			return uri, cmd.Process.Pid, stop, nil
 		}
 	}
 	stop()
-	return "", nil, errors.New("bench: the development database did not start")
+	return "", 0, nil, errors.New("bench: the development database did not start")
 }
 
 // request sends body with method to url and returns an error unless the answer has status want.

@@ -24,9 +24,10 @@ func newReceiver() *receiver {
 	return &receiver{sentAt: map[string]time.Time{}, seen: map[string]bool{}, notify: make(chan struct{}, 1)}
 }
 
-func (b *receiver) published(id string) {
+// published notes that event id was published at (or due at) t: its POSTs count from then.
+func (b *receiver) published(id string, t time.Time) {
 	b.mu.Lock()
-	b.sentAt[id] = time.Now()
+	b.sentAt[id] = t
 	b.mu.Unlock()
 }
 

@@ -1,11 +1,14 @@
 // Package devdb runs a development and test database: an embedded FerretDB (SQLite or PostgreSQL
 // handler) behind a linearizing proxy.
 //
-// Invariants: clients only ever reach FerretDB through the proxy, and the proxy runs the operations
-// on one database one at a time. FerretDB v1 runs a read-modify-write (findOneAndUpdate, a fenced
-// updateOne) as a separate read and write, so without the proxy two concurrent claims can both win;
-// with it every operation is atomic, as on MongoDB. A database set to Interleaved (tests only) runs
-// its reads together and its writes a document at a time; each document's write still runs alone.
+// Invariants: clients only ever reach FerretDB through the proxy, and the proxy runs each write on a
+// database alone (reads run beside other reads only). FerretDB v1 runs a read-modify-write
+// (findOneAndUpdate, a fenced updateOne) as a separate read and write, so without the proxy two
+// concurrent claims can both win; with it every operation is atomic, as on MongoDB. A database set to
+// Interleaved (tests only) also runs its writes a document at a time; each document's write still runs
+// alone. FerretDB reads a collection by index only for the filter {_id: x}: the proxy serves filters
+// anchored on _id (beside other conditions, or an $in of ids) one id at a time, so they cost what the ids
+// cost, not what the collection holds (pushdown.go).
 package devdb
 
 import (
@@ -145,7 +148,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(fmt.Errorf("devdb: ferretdb uri: %w", err))
 	}
 
-	s.proxy = NewProxy(ln, upstream.Host, logger.With("component", "devdb-proxy"))
+	s.proxy = newProxy(ln, upstream.Host, logger.With("component", "devdb-proxy"), true)
 	s.uri = (&url.URL{Scheme: "mongodb", Host: s.proxy.Addr().String(), Path: "/"}).String()
 
 	if err := waitReady(ctx, s.proxy.Addr().String()); err != nil {

@@ -26,12 +26,14 @@ const (
 )
 
 // Proxy is a linearizing TCP proxy for the MongoDB wire protocol. For every client connection it opens
-// one upstream connection; it forwards each request and reads its one reply while holding the mutex
-// of the request's database (the $db field of an OP_MSG; "" for messages without one), so operations
-// on one database run one at a time upstream. That restores the single-document atomicity MongoDB
-// guarantees and FerretDB v1 lacks; databases stay independent, so parallel tests on their own
-// databases do not wait for each other. A database set to Interleaved (see SerializationCommand) lets
-// its reads run together and its multi-document writes run a document at a time.
+// one upstream connection; it forwards each request and reads its one reply while holding the
+// reader-writer mutex of the request's database (the $db field of an OP_MSG; "" for messages without
+// one): reads (find, aggregate without $out or $merge, count, getMore, ...) share it, every other
+// operation holds it alone, so a write runs alone upstream and reads run beside reads only. That restores
+// the single-document atomicity MongoDB guarantees and FerretDB v1 lacks, and every operation still takes
+// effect at one instant between its request and its reply; databases stay independent, so parallel
+// tests on their own databases do not wait for each other. A database set to Interleaved (see
+// SerializationCommand) also runs its multi-document writes a document at a time.
 //
 // An OP_MSG request with the moreToCome flag gets no reply and none is awaited. Exhaust replies
 // (a reply with moreToCome) are not supported and close the connection. A Proxy is safe for
@@ -40,6 +42,7 @@ type Proxy struct {
 	ln       net.Listener
 	upstream string
 	logger   *slog.Logger
+	pushdown bool // serve filters anchored on _id one id at a time (see pushdown.go)
 
 	dbsMu sync.Mutex
 	dbs   map[string]*database // database name -> its state; entries are never removed
@@ -67,6 +70,12 @@ func ListenProxy(listen, upstream string, logger *slog.Logger) (*Proxy, error) {
 
 // NewProxy is ListenProxy on a listener the caller has bound; the proxy owns ln from then on.
 func NewProxy(ln net.Listener, upstream string, logger *slog.Logger) *Proxy {
+	return newProxy(ln, upstream, logger, false)
+}
+
+// newProxy is NewProxy; with pushdown, the proxy serves filters anchored on _id one id at a time (see
+// pushdown.go), which only FerretDB needs.
+func newProxy(ln net.Listener, upstream string, logger *slog.Logger, pushdown bool) *Proxy {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -74,6 +83,7 @@ func NewProxy(ln net.Listener, upstream string, logger *slog.Logger) *Proxy {
 		ln:       ln,
 		upstream: upstream,
 		logger:   logger,
+		pushdown: pushdown,
 		dbs:      make(map[string]*database),
 		conns:    make(map[net.Conn]struct{}),
 	}
@@ -216,7 +226,9 @@ func (p *Proxy) roundTrip(upstream net.Conn, req []byte, gone func() bool) ([]by
 			return nil, nil
 		})
 	case parsed && db.interleaved.Load():
-		return runInterleaved(db, upstream, req, m, gone)
+		return runInterleaved(db, upstream, req, m, gone, p.pushdown)
+	case parsed:
+		return db.run(m.isRead(), gone, func() ([]byte, error) { return forward(upstream, req, m, p.pushdown) })
 	default:
 		return db.run(false, gone, func() ([]byte, error) { return exchange(upstream, req) })
 	}

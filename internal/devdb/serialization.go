@@ -15,11 +15,12 @@ import (
 type Serialization string
 
 const (
-	// Linearized runs the operations on a database one at a time, each whole: a write to many documents
-	// is atomic, which is more than MongoDB promises. Every database starts Linearized.
+	// Linearized runs each write on a database alone and whole (a write to many documents is atomic,
+	// which is more than MongoDB promises); reads run beside other reads, never beside a write. Every
+	// database starts Linearized.
 	Linearized Serialization = "linearized"
 	// Interleaved runs what MongoDB lets run side by side without transactions. Reads of a database run
-	// together. An insert, update or delete command runs one document at a time: one command upstream per
+	// together, as Linearized. An insert, update or delete command runs one document at a time: one command upstream per
 	// document, each alone on its database, other clients' operations in between. A statement that updates
 	// or deletes many documents first reads the _id of the documents its filter matches, then writes each
 	// one whose document still matches; an upsert, or a statement with a collation, hint or sort, runs whole.
@@ -211,28 +212,47 @@ func (m *message) isRead() bool {
 var writeLists = map[string]string{"insert": "documents", "update": "updates", "delete": "deletes"}
 
 // runInterleaved runs req, an operation on db, as Interleaved says; gone is checked once, before its first
-// step.
-func runInterleaved(db *database, upstream net.Conn, req []byte, m *message, gone func() bool) ([]byte, error) {
+// step. With pushdown, each command sent upstream is served by pushdown when it allows it.
+func runInterleaved(db *database, upstream net.Conn, req []byte, m *message, gone func() bool, pushdown bool) ([]byte, error) {
 	if m.isRead() {
-		return db.run(true, gone, func() ([]byte, error) { return exchange(upstream, req) })
+		return db.run(true, gone, func() ([]byte, error) { return forward(upstream, req, m, pushdown) })
 	}
 	key, isWrite := writeLists[m.name()]
 	stmts, ok := m.list(key)
 	if !isWrite || !ok || len(stmts) == 0 || has(m.body, "autocommit") {
-		return db.run(false, gone, func() ([]byte, error) { return exchange(upstream, req) })
+		return db.run(false, gone, func() ([]byte, error) { return forward(upstream, req, m, pushdown) })
 	}
-	w := &splitWrite{db: db, upstream: upstream, m: m, key: key, gone: gone}
+	w := &splitWrite{upstream: upstream, m: m, key: key}
+	w.send = func(shared bool, cmd bson.D) (bson.Raw, []byte, error) {
+		req, err := requestMsg(m.requestID, cmd)
+		if err != nil {
+			return nil, nil, fmt.Errorf("interleave %s: %w", m.name(), err)
+		}
+		reply, err := db.run(shared, takeGone(&gone), func() ([]byte, error) {
+			sub, _ := parseMsg(req)
+			return forward(upstream, req, sub, pushdown)
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		body, ok := replyBody(reply)
+		if !ok {
+			return nil, reply, nil
+		}
+		return body, nil, nil
+	}
 	return w.run(stmts)
 }
 
 // splitWrite is an insert, update or delete command run one document at a time, and the sum of its
 // steps' replies.
 type splitWrite struct {
-	db       *database
 	upstream net.Conn
 	m        *message
 	key      string
-	gone     func() bool // checked before the first step only: a write begun is finished
+	// send sends one command upstream (a find holding the database's mutex shared, a step alone) and
+	// returns the body of its reply, or the reply as is when it is a command error (ok 0).
+	send func(shared bool, cmd bson.D) (body bson.Raw, failed []byte, err error)
 
 	n, nModified      int32
 	upserted          bson.A
@@ -256,6 +276,11 @@ func (w *splitWrite) run(stmts []bson.Raw) ([]byte, error) {
 			break
 		}
 	}
+	return w.reply()
+}
+
+// reply returns the reply of the whole command: the sum of the steps' replies.
+func (w *splitWrite) reply() ([]byte, error) {
 	reply := bson.D{{Key: "n", Value: w.n}}
 	if w.m.name() == "update" {
 		reply = append(reply, bson.E{Key: "nModified", Value: w.nModified})
@@ -396,29 +421,24 @@ func (w *splitWrite) step(i int32, stmt bson.Raw) (failed []byte, writeError boo
 	return nil, len(errs) > 0, nil
 }
 
-// send sends cmd upstream, holding the database's mutex shared or alone, and returns the body of its reply,
-// or the reply as is when it is a command error (ok 0).
-func (w *splitWrite) send(shared bool, cmd bson.D) (body bson.Raw, failed []byte, err error) {
-	req, err := requestMsg(w.m.requestID, cmd)
-	if err != nil {
-		return nil, nil, fmt.Errorf("interleave %s: %w", w.m.name(), err)
-	}
-	reply, err := w.db.run(shared, w.takeGone(), func() ([]byte, error) { return exchange(w.upstream, req) })
-	if err != nil {
-		return nil, nil, err
-	}
-	body, ok := replyBody(reply)
-	if !ok {
-		return nil, reply, nil
-	}
-	return body, nil, nil
+// takeGone returns *gone and sets it to nil: a client that left is checked before the first step of a
+// write only (a write begun is finished).
+func takeGone(gone *func() bool) func() bool {
+	g := *gone
+	*gone = nil
+	return g
 }
 
-// takeGone returns w.gone the first time and nil afterwards.
-func (w *splitWrite) takeGone() func() bool {
-	g := w.gone
-	w.gone = nil
-	return g
+// forward sends req (parsed as m; nil when it is not an OP_MSG the proxy parses) upstream and returns its
+// reply; with pushdown set, a command anchored on _id is served one id at a time (see pushdown). The caller
+// holds the database's mutex: shared for a read, alone otherwise.
+func forward(upstream net.Conn, req []byte, m *message, pushdownOn bool) ([]byte, error) {
+	if pushdownOn && m != nil {
+		if reply, served, err := pushdown(upstream, m); served || err != nil {
+			return reply, err
+		}
+	}
+	return exchange(upstream, req)
 }
 
 // exchange writes req upstream and reads its one reply; the caller holds the database's mutex.

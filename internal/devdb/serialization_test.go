@@ -12,7 +12,8 @@ import (
 )
 
 // commandUpstream answers commands as a server would, enough for the proxy's splits: a find returns the
-// documents {_id: 1}, {_id: 2} and {_id: 3}; an insert, update or delete reports one document written.
+// documents {_id: 1}, {_id: 2} and {_id: 3}; an insert, update or delete reports one document written; an
+// aggregate whose first stage is {$match: {_id: x}} returns {_id: x}.
 // With pairFinds a find waits, up to 10 seconds, until another find arrives. It records every command it got, as
 // extended JSON, and the most commands it ever held at once.
 type commandUpstream struct {
@@ -70,6 +71,11 @@ func (u *commandUpstream) serve(c net.Conn) {
 				{Key: "ok", Value: 1.0}}
 		case "insert", "update", "delete":
 			reply = bson.D{{Key: "n", Value: int32(1)}, {Key: "nModified", Value: int32(1)}, {Key: "ok", Value: 1.0}}
+		case "aggregate": // the document of the first stage's _id matches
+			stages, _ := m.body.Lookup("pipeline").Array().Values()
+			id := stages[0].Document().Lookup("$match", "_id")
+			reply = bson.D{{Key: "cursor", Value: bson.D{{Key: "id", Value: int64(0)}, {Key: "ns", Value: "x.c"},
+				{Key: "firstBatch", Value: bson.A{bson.D{{Key: "_id", Value: id}}}}}}, {Key: "ok", Value: 1.0}}
 		}
 		u.mu.Lock()
 		u.inFlight--
