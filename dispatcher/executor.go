@@ -223,7 +223,7 @@ func (e *executor) abandon(ctx context.Context, a *pulsetype.Attempt, log zerolo
 
 // post POSTs the event to the endpoint, with a deliver span, and returns the attempt's result.
 func (e *executor) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsetype.Endpoint, ev *pulsetype.Event) pulsetype.AttemptResult {
-	body, bodyHeaders := ev.Envelope(), map[string]string{}
+	body, bodyHeaders := webhook.Envelope(ev), map[string]string{}
 	if ep.Format == pulsetype.FormatCloudEvents {
 		bodyHeaders, body = ev.CloudEvent()
 	}

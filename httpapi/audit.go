@@ -64,7 +64,7 @@ func endpointFields(e *pulsetype.Endpoint) map[string]json.RawMessage {
 	if e == nil {
 		return out
 	}
-	b, err := json.Marshal(e)
+	b, err := json.Marshal(EndpointOf(e))
 	if err == nil {
 		_ = json.Unmarshal(b, &out)
 	}

@@ -193,9 +193,9 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 }
 
 type publishedBody struct {
-	ID        string              `json:"id"`
-	Topic     string              `json:"topic"`
-	CreatedAt pulsetype.Timestamp `json:"createdAt"`
+	ID        string    `json:"id"`
+	Topic     string    `json:"topic"`
+	CreatedAt Timestamp `json:"createdAt"`
 }
 
 func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
@@ -263,7 +263,7 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 	var fresh []*pulsetype.Event
 	out := make([]publishedBody, len(published))
 	for i, p := range published {
-		out[i] = publishedBody{ID: p.Event.ID, Topic: p.Event.Topic, CreatedAt: pulsetype.Timestamp(p.Event.CreatedAt)}
+		out[i] = publishedBody{ID: p.Event.ID, Topic: p.Event.Topic, CreatedAt: Timestamp(p.Event.CreatedAt)}
 		if !p.Existing {
 			status = http.StatusAccepted
 			fresh = append(fresh, p.Event)
@@ -283,11 +283,11 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 }
 
 type eventBody struct {
-	ID        string              `json:"id"`
-	Topic     string              `json:"topic"`
-	CreatedAt pulsetype.Timestamp `json:"createdAt"`
-	Data      json.RawMessage     `json:"data"`
-	Headers   map[string]string   `json:"headers"`
+	ID        string            `json:"id"`
+	Topic     string            `json:"topic"`
+	CreatedAt Timestamp         `json:"createdAt"`
+	Data      json.RawMessage   `json:"data"`
+	Headers   map[string]string `json:"headers"`
 	// OrderingKey is present when the event carries one.
 	OrderingKey string          `json:"orderingKey,omitempty"`
 	Deliveries  []eventDelivery `json:"deliveries"`
@@ -327,7 +327,7 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: pulsetype.Timestamp(ev.CreatedAt), Data: ev.Data, Headers: ev.Headers,
+	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: Timestamp(ev.CreatedAt), Data: ev.Data, Headers: ev.Headers,
 		OrderingKey: ev.OrderingKey, Deliveries: []eventDelivery{}}
 	if body.Headers == nil {
 		body.Headers = map[string]string{}
@@ -336,32 +336,6 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 		body.Deliveries = append(body.Deliveries, eventDelivery{ID: d.ID, ConsumerGroup: d.ConsumerGroup, Status: d.Status, Attempts: len(attempts[d.ID])})
 	}
 	writeJSON(w, http.StatusOK, body)
-}
-
-// deliveryBody is a delivery with "attempts": its attempts in order. It is written by hand because an
-// embedded *Delivery would promote Delivery.MarshalJSON and drop the attempts.
-type deliveryBody struct {
-	Delivery *pulsetype.Delivery
-	Attempts []*pulsetype.Attempt
-}
-
-func (b deliveryBody) MarshalJSON() ([]byte, error) {
-	out, err := b.Delivery.MarshalJSON()
-	if err != nil {
-		return nil, err
-	}
-	out = append(out[:len(out)-1], `,"attempts":[`...)
-	for i, a := range b.Attempts {
-		if i > 0 {
-			out = append(out, ',')
-		}
-		j, err := a.MarshalJSON()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, j...)
-	}
-	return append(out, "]}"...), nil
 }
 
 func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {
@@ -375,8 +349,9 @@ func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	if attempts == nil {
-		attempts = []*pulsetype.Attempt{}
+	body := deliveryBody{delivery: deliveryOf(d), Attempts: make([]attempt, len(attempts))}
+	for i, a := range attempts {
+		body.Attempts[i] = attemptOf(a)
 	}
-	writeJSON(w, http.StatusOK, deliveryBody{Delivery: d, Attempts: attempts})
+	writeJSON(w, http.StatusOK, body)
 }

@@ -38,10 +38,11 @@ func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	if list == nil {
-		list = []*pulsetype.Delivery{}
+	out := make([]delivery, len(list))
+	for i, d := range list {
+		out[i] = deliveryOf(d)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"deliveries": list, "next": next})
+	writeJSON(w, http.StatusOK, map[string]any{"deliveries": out, "next": next})
 }
 
 func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {

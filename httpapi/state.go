@@ -31,5 +31,5 @@ func (s *Server) setEndpointState(w http.ResponseWriter, r *http.Request, state 
 	// This process's dispatcher stops (or resumes) at once; the others check the state after each claim.
 	s.notify.EndpointChanged(group)
 	s.audit(r, action).Str("consumer_group", group).Msg(msg)
-	writeJSON(w, http.StatusOK, ep.Redacted())
+	writeJSON(w, http.StatusOK, redacted(ep))
 }

@@ -3,7 +3,6 @@ package pulsetype
 import (
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/url"
@@ -28,7 +27,7 @@ type WebhookFormat string
 
 // Formats of the webhook request of an endpoint.
 const (
-	// FormatEnvelope is the default: the body is Event.Envelope, Content-Type application/json.
+	// FormatEnvelope is the default: the body is webhook.Envelope, Content-Type application/json.
 	FormatEnvelope WebhookFormat = "envelope"
 	// FormatCloudEvents is a CloudEvents 1.0 binary-mode request: ce-* headers and the data as the body (see
 	// Event.CloudEvent).
@@ -69,75 +68,53 @@ func ValidTopic(s string) bool { return topicPattern.MatchString(s) }
 // [A-Za-z0-9._-], starting with a letter or digit.
 func ValidConsumerGroup(s string) bool { return groupPattern.MatchString(s) }
 
-// Duration is a time.Duration that reads and writes JSON as a Go duration string ("1s", "1h30m").
+// Duration is an endpoint setting's duration (the API writes it as a Go duration string, "1m30s").
 type Duration time.Duration
 
-// MarshalJSON writes the duration as a string such as "1s".
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
-
-// UnmarshalJSON reads a Go duration string; a bare number is taken as milliseconds.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		var ms float64
-		if err2 := json.Unmarshal(b, &ms); err2 != nil {
-			return fmt.Errorf("want a duration such as \"1s\"")
-		}
-		*d = Duration(time.Duration(ms * float64(time.Millisecond)))
-		return nil
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("want a duration such as \"1s\", got %q", s)
-	}
-	*d = Duration(v)
-	return nil
-}
-
 // Endpoint is a consumer group's webhook registration: where its events go and how they are retried.
-// Pointer fields are optional in the API body; Normalize fills their defaults.
+// Pointer fields are optional; Normalize fills their defaults.
 type Endpoint struct {
-	ConsumerGroup string       `json:"consumerGroup"`
-	URL           string       `json:"url"`
-	Topics        []string     `json:"topics"`
-	Delivery      DeliveryMode `json:"delivery"`
-	Ordered       bool         `json:"ordered"`
+	ConsumerGroup string
+	URL           string
+	Topics        []string
+	Delivery      DeliveryMode
+	Ordered       bool
 	// Format is FormatEnvelope (the default) or FormatCloudEvents.
-	Format                 WebhookFormat     `json:"format"`
-	OffsetReset            OffsetReset       `json:"offsetReset"`
-	MaxRetries             *int              `json:"maxRetries,omitempty"`
-	RetryDelay             *Duration         `json:"retryDelay,omitempty"`
-	RetryBackoffMultiplier *float64          `json:"retryBackoffMultiplier,omitempty"`
-	MaxRetryDelay          *Duration         `json:"maxRetryDelay,omitempty"`
-	Timeout                *Duration         `json:"timeout,omitempty"`
-	MaxConcurrency         *int              `json:"maxConcurrency,omitempty"`
-	Headers                map[string]string `json:"headers,omitempty"`
-	Secret                 string            `json:"secret,omitempty"`
+	Format                 WebhookFormat
+	OffsetReset            OffsetReset
+	MaxRetries             *int
+	RetryDelay             *Duration
+	RetryBackoffMultiplier *float64
+	MaxRetryDelay          *Duration
+	Timeout                *Duration
+	MaxConcurrency         *int
+	Headers                map[string]string
+	Secret                 string
 	// PreviousSecret is the secret a rotation replaced (POST .../rotate-secret): POSTs are signed with it too, after
 	// Secret, until PreviousSecretExpiresAt. Reads never show it; a PUT body cannot set it.
-	PreviousSecret string `json:"-"`
+	PreviousSecret string
 	// PreviousSecretExpiresAt ends the overlap of a rotation: from then on only Secret signs. Shown in reads,
 	// ignored in a PUT body (like createdAt).
-	PreviousSecretExpiresAt *time.Time `json:"previousSecretExpiresAt,omitempty"`
-	InsecureSkipVerify      bool       `json:"insecureSkipVerify,omitempty"`
+	PreviousSecretExpiresAt *time.Time
+	InsecureSkipVerify      bool
 	// RateLimit is the most POSTs per second this endpoint gets from each replica (decimals allowed); 0 has
 	// no limit and is left out of reads.
-	RateLimit float64 `json:"rateLimit,omitempty"`
+	RateLimit float64
 	// DisableAfter disables the endpoint (reason failing) once its attempts have all failed for this long;
 	// 0 never does and is left out of reads.
-	DisableAfter Duration `json:"disableAfter,omitempty"`
+	DisableAfter Duration
 	// State, StateReason and StateSince say whether the endpoint is POSTed to, why not and since when; reads
 	// show StateReason and StateSince only when it is not active. Only pause, resume and the sidecar (410
 	// Gone, disableAfter) change them: a PUT body's values are ignored and a PUT keeps the state.
-	State       EndpointState `json:"state"`
-	StateReason StateReason   `json:"stateReason,omitempty"`
-	StateSince  *time.Time    `json:"stateSince,omitempty"`
-	CreatedAt   time.Time     `json:"createdAt"`
-	UpdatedAt   time.Time     `json:"updatedAt"`
+	State       EndpointState
+	StateReason StateReason
+	StateSince  *time.Time
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
 	// Incarnation is a UUIDv7 given when the consumer group is created (not when it is replaced): a group
 	// deleted and registered again is a new subscription, and nothing pending from the earlier one reaches it.
 	// Empty for groups registered before incarnations existed.
-	Incarnation string `json:"-"`
+	Incarnation string
 }
 
 // FieldError names the field of an endpoint or event that is invalid and why.

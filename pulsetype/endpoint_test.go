@@ -1,7 +1,6 @@
 package pulsetype_test
 
 import (
-	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -212,36 +211,6 @@ func TestEndpointHeaderNamesDifferingInCase(t *testing.T) {
 	}
 	if want := `"X-Tenant" and "x-tenant" differ only in case`; !strings.Contains(fe.Message, want) {
 		t.Errorf("message %q lacks %q", fe.Message, want)
-	}
-}
-
-func TestDurationJSON(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		in      string
-		want    time.Duration
-		wantErr bool
-	}{
-		{in: `"1s"`, want: time.Second},
-		{in: `"1h30m"`, want: 90 * time.Minute},
-		{in: `1500`, want: 1500 * time.Millisecond},
-		{in: `"soon"`, wantErr: true},
-		{in: `true`, wantErr: true},
-	}
-	for _, tt := range tests {
-		var d pulsetype.Duration
-		err := json.Unmarshal([]byte(tt.in), &d)
-		if (err != nil) != tt.wantErr {
-			t.Errorf("Unmarshal(%s) error = %v, wantErr %v", tt.in, err, tt.wantErr)
-			continue
-		}
-		if !tt.wantErr && time.Duration(d) != tt.want {
-			t.Errorf("Unmarshal(%s) = %s, want %s", tt.in, time.Duration(d), tt.want)
-		}
-	}
-	b, err := json.Marshal(pulsetype.Duration(90 * time.Second))
-	if err != nil || string(b) != `"1m30s"` {
-		t.Errorf("Marshal(90s) = %s, %v; want \"1m30s\"", b, err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package pulsetype
 
 import (
-	"bytes"
 	"encoding/json"
 	"strings"
 	"time"
@@ -61,22 +60,22 @@ const (
 // Event is one published event. Data holds the JSON exactly as the application sent it (compacted), so the
 // webhook body carries it byte-equal.
 type Event struct {
-	ID      string            `json:"id"`
-	Topic   string            `json:"topic"`
-	Data    json.RawMessage   `json:"data"`
-	Headers map[string]string `json:"headers,omitempty"`
+	ID      string
+	Topic   string
+	Data    json.RawMessage
+	Headers map[string]string
 	// OrderingKey, when set (1 to MaxOrderingKey characters), puts the event in its own line of an ordered
 	// consumer group: such a group delivers in order per (topic, orderingKey), and events without a key form
 	// one line per topic.
-	OrderingKey string    `json:"orderingKey,omitempty"`
-	CreatedAt   time.Time `json:"createdAt"`
+	OrderingKey string
+	CreatedAt   time.Time
 	// TraceParent and TraceState are the W3C trace context of the publish span; each webhook attempt is a
 	// child span of it. They are not part of the event's content (a re-publish may carry another).
-	TraceParent string `json:"-"`
-	TraceState  string `json:"-"`
+	TraceParent string
+	TraceState  string
 	// ExpiresAt is when retention removes the event (createdAt + PULSE_EVENT_RETENTION); nil keeps it
 	// forever. No attempt may start at or after it: such an attempt ends as event_expired.
-	ExpiresAt *time.Time `json:"-"`
+	ExpiresAt *time.Time
 }
 
 // ExpiredAt reports whether retention has removed the event by time now.
@@ -84,42 +83,6 @@ func (e *Event) ExpiredAt(now time.Time) bool { return e.ExpiresAt != nil && !no
 
 // MaxOrderingKey is the longest ordering key an event may carry, in characters (Unicode code points).
 const MaxOrderingKey = 200
-
-// envelope is the webhook body; encoding/json writes its fields in this order.
-type envelope struct {
-	ID          string            `json:"id"`
-	Topic       string            `json:"topic"`
-	CreatedAt   string            `json:"createdAt"`
-	Data        json.RawMessage   `json:"data"`
-	Headers     map[string]string `json:"headers"`
-	OrderingKey string            `json:"orderingKey,omitempty"`
-}
-
-// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"} and
-// "orderingKey" when set, createdAt in TimeLayout, data verbatim (null when empty), headers sorted by name,
-// no HTML escaping. Every field comes from the stored event, so every attempt sends the same bytes
-// (testdata/envelope.golden).
-func (e *Event) Envelope() []byte {
-	body := envelope{ID: e.ID, Topic: e.Topic, CreatedAt: FormatTime(e.CreatedAt), Data: e.Data, Headers: e.Headers,
-		OrderingKey: e.OrderingKey}
-	if len(body.Data) == 0 {
-		body.Data = json.RawMessage("null")
-	}
-	if body.Headers == nil {
-		body.Headers = map[string]string{}
-	}
-	var b bytes.Buffer
-	b.Grow(len(body.Data) + 256)
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(body); err != nil {
-		// Only data that is not JSON fails, and publish stores compacted, valid JSON.
-		body.Data = json.RawMessage("null")
-		b.Reset()
-		_ = enc.Encode(body)
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
-}
 
 // CloudEventSource is the ce-source of an event published without one (not as a CloudEvent).
 const CloudEventSource = "/pulse-sidecar"
@@ -158,28 +121,28 @@ func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
 
 // ErrorInfo is the code and human message of a failed attempt or terminal delivery.
 type ErrorInfo struct {
-	Code    ErrorCode `json:"code" bson:"code"`
-	Message string    `json:"message" bson:"message"`
+	Code    ErrorCode `bson:"code"`
+	Message string    `bson:"message"`
 }
 
 // Delivery is the durable record of one event for one consumer group.
 type Delivery struct {
-	ID             string     `json:"id"`
-	EventID        string     `json:"eventId"`
-	ConsumerGroup  string     `json:"consumerGroup"`
-	Topic          string     `json:"topic"`
-	OrderingKey    string     `json:"orderingKey,omitempty"`
-	Status         Status     `json:"status"`
-	EventCreatedAt time.Time  `json:"eventCreatedAt"`
-	CreatedAt      time.Time  `json:"createdAt"`
-	UpdatedAt      time.Time  `json:"updatedAt"`
-	EndedAt        *time.Time `json:"endedAt,omitempty"`
-	FinalAttempt   int        `json:"finalAttempt,omitempty"`
-	Error          *ErrorInfo `json:"error,omitempty"`
+	ID             string
+	EventID        string
+	ConsumerGroup  string
+	Topic          string
+	OrderingKey    string
+	Status         Status
+	EventCreatedAt time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	EndedAt        *time.Time
+	FinalAttempt   int
+	Error          *ErrorInfo
 	// ReopenedAttempt is the attempt number a manual retry or replay asked for (0 if none).
-	ReopenedAttempt int `json:"-"`
+	ReopenedAttempt int
 	// Incarnation is the registration of the consumer group this delivery belongs to (Endpoint.Incarnation).
-	Incarnation string `json:"-"`
+	Incarnation string
 }
 
 // Line is one line of an ordered consumer group: its deliveries of one topic and one ordering key (""
@@ -209,36 +172,36 @@ func (a *Attempt) Ref() DeliveryRef {
 
 // Attempt is one history document: one try of a delivery. Lease fields are set while a worker holds it.
 type Attempt struct {
-	ID            string     `json:"-"`
-	DeliveryID    string     `json:"-"`
-	EventID       string     `json:"-"`
-	ConsumerGroup string     `json:"-"`
-	Topic         string     `json:"-"`
-	Number        int        `json:"attempt"`
-	Status        Status     `json:"status"`
-	LeaseState    LeaseState `json:"lockState,omitempty"`
-	HTTPStatus    int        `json:"httpStatus,omitempty"`
-	DurationMs    int64      `json:"durationMs,omitempty"`
-	Error         *ErrorInfo `json:"error,omitempty"`
-	ResponseBody  string     `json:"responseBody,omitempty"`
-	CreatedAt     time.Time  `json:"createdAt"`
-	NextAttemptAt time.Time  `json:"nextAttemptAt"`
-	StartedAt     *time.Time `json:"startedAt,omitempty"`
-	EndedAt       *time.Time `json:"endedAt,omitempty"`
-	LeaseOwner    string     `json:"-"`
-	FencingToken  string     `json:"-"`
-	LeasedUntil   *time.Time `json:"-"`
+	ID            string
+	DeliveryID    string
+	EventID       string
+	ConsumerGroup string
+	Topic         string
+	Number        int
+	Status        Status
+	LeaseState    LeaseState
+	HTTPStatus    int
+	DurationMs    int64
+	Error         *ErrorInfo
+	ResponseBody  string
+	CreatedAt     time.Time
+	NextAttemptAt time.Time
+	StartedAt     *time.Time
+	EndedAt       *time.Time
+	LeaseOwner    string
+	FencingToken  string
+	LeasedUntil   *time.Time
 	// Terminal is true when the failure ended the delivery regardless of retries left (a terminal HTTP status).
-	Terminal bool `json:"-"`
+	Terminal bool
 	// Incarnation is the registration of the consumer group the attempt's delivery was created for; an
 	// attempt runs only while it equals the group's current Endpoint.Incarnation.
-	Incarnation string `json:"-"`
+	Incarnation string
 	// RetryAfter is the receiver's Retry-After on this failed attempt (0 when none), kept so that a retry
 	// the reconciler creates after a crash waits as long as the one the worker would have created.
-	RetryAfter time.Duration `json:"-"`
+	RetryAfter time.Duration
 	// Uncounted is how many earlier attempts of its delivery do not count against maxRetries: those answered
 	// 410 Gone (CodeEndpointGone), which disabled the endpoint instead of using up the delivery's retries.
-	Uncounted int `json:"-"`
+	Uncounted int
 }
 
 // LeaseStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
