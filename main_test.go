@@ -194,28 +194,38 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 // backoff.
 func TestRetryAfterIsHonoured(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		value func() string
-		least time.Duration
+		name string
+		// value gives the header; earliest, given when the first POST arrived, when the second may arrive.
+		value    func() (header string, earliest func(first time.Time) time.Time)
+		schedule time.Duration // the least delay between attempt 1's end and attempt 2's due time, less 1 s
 	}{
-		{"seconds", func() string { return "2" }, 2 * time.Second},
-		{"http-date", func() string { return time.Now().Add(3 * time.Second).UTC().Format(http.TimeFormat) }, 2 * time.Second},
+		{"seconds", func() (string, func(time.Time) time.Time) {
+			return "2", func(first time.Time) time.Time { return first.Add(2 * time.Second) }
+		}, 2 * time.Second},
+		{"http-date", func() (string, func(time.Time) time.Time) {
+			// An HTTP date has whole seconds: the second POST is due at the date itself, which is 2-3 s
+			// after now, not necessarily 2 s after the first POST (which comes some time after now).
+			at := time.Now().Add(3 * time.Second).UTC().Truncate(time.Second)
+			return at.Format(http.TimeFormat), func(time.Time) time.Time { return at }
+		}, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := setup(t)
 			s := b.start(b.fastEnv())
 			rcv := newReceiver(t, 429, 200)
-			rcv.headers = map[string]string{"Retry-After": tc.value()}
+			header, earliest := tc.value()
+			rcv.headers = map[string]string{"Retry-After": header}
 			s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
 			d := s.waitDelivery(t, s.publish(t, "t", "x"), "g", 30*time.Second)
 			got := rcv.received()
 			if d.Status != "success" || len(got) != 2 {
 				t.Fatalf("delivery = %+v, %d POSTs", d, len(got))
 			}
-			if gap := got[1].At.Sub(got[0].At); gap < tc.least-50*time.Millisecond {
-				t.Fatalf("second POST came %s after the first, want ≥ %s", gap, tc.least)
+			if want := earliest(got[0].At); got[1].At.Before(want.Add(-50 * time.Millisecond)) {
+				t.Fatalf("second POST came at %s, %s after the first; Retry-After %q allows it from %s", got[1].At.Format(time.RFC3339Nano),
+					got[1].At.Sub(got[0].At), header, want.Format(time.RFC3339Nano))
 			}
-			if next := d.Attempts[1].NextAttemptAt.Sub(*d.Attempts[0].EndedAt); next < tc.least-time.Second {
+			if next := d.Attempts[1].NextAttemptAt.Sub(*d.Attempts[0].EndedAt); next < tc.schedule-time.Second {
 				t.Fatalf("attempt 2 scheduled %s after attempt 1 ended", next)
 			}
 		})
