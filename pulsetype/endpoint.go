@@ -142,6 +142,9 @@ func (e *Endpoint) Normalize() error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || u.User != nil || badPort {
 		return &FieldError{"url", fmt.Sprintf("must be an absolute http or https URL with a host and no credentials, got %q", redactURL(e.URL))}
 	}
+	if i := strings.IndexFunc(e.URL, notInURI); i >= 0 {
+		return &FieldError{"url", fmt.Sprintf("must not contain %q unescaped (RFC 3986: percent-encode it)", e.URL[i:i+1])}
+	}
 	if len(e.Topics) == 0 {
 		return &FieldError{"topics", "must list at least one topic"}
 	}
@@ -396,4 +399,11 @@ func redactURL(raw string) string {
 		u.User = url.User("…")
 	}
 	return u.String()
+}
+
+// notInURI reports whether r may not stand unescaped in a URI (RFC 3986 section 2): controls, space, non-ASCII
+// and the characters the RFC excludes, " < > \ ^ ` { | }. Go's url.Parse accepts some of them, and the
+// request line would then carry them as they are.
+func notInURI(r rune) bool {
+	return r <= ' ' || r >= 0x7f || strings.ContainsRune("\"<>\\^`{|}", r)
 }
