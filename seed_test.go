@@ -178,7 +178,7 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 	}
 	for k, p := range posts {
 		if len(p) > 1 && !strings.HasPrefix(k, "torn-") {
-			t.Errorf("event %s was POSTed %d times", k, len(p))
+			t.Errorf("event %s was POSTed %d times (attempts %v)", k, len(p), p)
 		}
 	}
 }
