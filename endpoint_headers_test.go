@@ -24,10 +24,7 @@ func TestEndpointHeaderValuesAreRedacted(t *testing.T) {
 	if code := do(t, "PUT", s.URL+"/v1/endpoints/g", body, &put); code != 201 {
 		t.Fatalf("PUT = %d %v", code, put)
 	}
-	var one map[string]any
-	if code := do(t, "GET", s.URL+"/v1/endpoints/g", nil, &one); code != 200 {
-		t.Fatalf("GET = %d", code)
-	}
+	one := get[map[string]any](t, s.URL+"/v1/endpoints/g")
 	var list struct{ Endpoints []map[string]any }
 	if code := do(t, "GET", s.URL+"/v1/endpoints", nil, &list); code != 200 || len(list.Endpoints) != 1 {
 		t.Fatalf("list = %d %v", code, list)

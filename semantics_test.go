@@ -32,11 +32,7 @@ func TestOrderedConsumerBlocksBehindAFailingHead(t *testing.T) {
 		}
 		ids = append(ids, via.publish(t, "t", i))
 	}
-	for _, id := range ids {
-		if d := s1.waitDelivery(t, id, "ledger", 30*time.Second); d.Status != "success" {
-			t.Fatalf("delivery %s = %+v", id, d)
-		}
-	}
+	s1.wantSuccess(t, "ledger", 30*time.Second, ids...)
 	var order []string
 	for _, r := range rcv.received() {
 		for i, id := range ids {
@@ -135,13 +131,7 @@ func TestPolicyChangeAppliesToLaterAttempts(t *testing.T) {
 	id := s.publish(t, "t", 1)
 	waitFor(t, 20*time.Second, "the first POST", func() bool { return len(rcv.received()) >= 1 })
 	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 1, "retryDelay": "1s"})
-	d := s.waitDelivery(t, id, "g", 30*time.Second)
-	if d.Status != "error" || len(d.Attempts) != 2 {
-		t.Fatalf("delivery = %+v, want error after 2 attempts (maxRetries lowered to 1)", d)
-	}
-	if e := d.Attempts[1].Error; e == nil || !strings.Contains(e.Message, "503") {
-		t.Fatalf("last attempt error = %+v", e)
-	}
+	wantErrorAfter(t, s.waitDelivery(t, id, "g", 30*time.Second), 2, 2, "503") // maxRetries lowered to 1
 }
 
 // One slow endpoint never starves another: with 4 workers in the process and the slow group limited to 2
@@ -162,11 +152,7 @@ func TestSlowEndpointDoesNotStarveAnother(t *testing.T) {
 	for range 10 {
 		ids = append(ids, s.publish(t, "f", "fast"))
 	}
-	for _, id := range ids {
-		if d := s.waitDelivery(t, id, "fast", 20*time.Second); d.Status != "success" {
-			t.Fatalf("fast delivery = %+v", d)
-		}
-	}
+	s.wantSuccess(t, "fast", 20*time.Second, ids...)
 	if _, most := slow.held(); most > 2 {
 		t.Fatalf("slow endpoint had %d POSTs in flight, its maxConcurrency is 2", most)
 	}
