@@ -178,11 +178,7 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	out := make([]Endpoint, len(eps))
-	for i, ep := range eps {
-		out[i] = redacted(ep)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"endpoints": out})
+	writeJSON(w, http.StatusOK, map[string]any{"endpoints": each(eps, redacted)})
 }
 
 func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) {

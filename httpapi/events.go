@@ -311,10 +311,7 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	ids := make([]string, len(deliveries))
-	for i, d := range deliveries {
-		ids[i] = d.ID
-	}
+	ids := each(deliveries, func(d *pulsetype.Delivery) string { return d.ID })
 	attempts := map[string][]*pulsetype.Attempt{}
 	if len(ids) > 0 {
 		if attempts, err = s.store.AttemptsOf(r.Context(), ids); err != nil {
@@ -339,9 +336,5 @@ func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {
 	if !s.deliveryFound(w, r, id, err) {
 		return
 	}
-	body := deliveryBody{delivery: deliveryOf(d), Attempts: make([]attempt, len(attempts))}
-	for i, a := range attempts {
-		body.Attempts[i] = attemptOf(a)
-	}
-	writeJSON(w, http.StatusOK, body)
+	writeJSON(w, http.StatusOK, deliveryBody{delivery: deliveryOf(d), Attempts: each(attempts, attemptOf)})
 }

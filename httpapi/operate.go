@@ -38,11 +38,7 @@ func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	out := make([]delivery, len(list))
-	for i, d := range list {
-		out[i] = deliveryOf(d)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"deliveries": out, "next": next})
+	writeJSON(w, http.StatusOK, map[string]any{"deliveries": each(list, deliveryOf), "next": next})
 }
 
 func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
