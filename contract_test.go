@@ -106,11 +106,7 @@ func lastAttempt(t *testing.T, d deliveryView) attemptView {
 // getDelivery reads one delivery by id.
 func (s *sidecar) getDelivery(t *testing.T, id string) deliveryView {
 	t.Helper()
-	var d deliveryView
-	if code := do(t, "GET", s.URL+"/v1/deliveries/"+id, nil, &d); code != 200 {
-		t.Fatalf("GET delivery %s answered %d", id, code)
-	}
-	return d
+	return get[deliveryView](t, s.URL+"/v1/deliveries/"+id)
 }
 
 // deliveryOf returns the id of the event's delivery to group, waiting until it exists.

@@ -30,11 +30,7 @@ func (s *sidecar) control(t *testing.T, group, action string) (int, endpointView
 // getEndpoint reads group's endpoint.
 func (s *sidecar) getEndpoint(t *testing.T, group string) endpointView {
 	t.Helper()
-	var out endpointView
-	if code := do(t, "GET", s.URL+"/v1/endpoints/"+group, nil, &out); code != 200 {
-		t.Fatalf("GET endpoint %s answered %d", group, code)
-	}
-	return out
+	return get[endpointView](t, s.URL+"/v1/endpoints/"+group)
 }
 
 // postsTo returns the POSTs rcv got for group, in arrival order.

@@ -121,6 +121,16 @@ func (b *bundle) startWith(env map[string]string, serve func(ctx context.Context
 	return nil
 }
 
+// get decodes the JSON answer of GET url into a T; it fails t unless the answer is 200.
+func get[T any](t *testing.T, url string) T {
+	t.Helper()
+	var out T
+	if code := do(t, "GET", url, nil, &out); code != 200 {
+		t.Fatalf("GET %s answered %d", url, code)
+	}
+	return out
+}
+
 // do sends a JSON request and decodes a JSON answer into out (when non-nil); it returns the status.
 func do(t *testing.T, method, url string, body any, out any) int {
 	t.Helper()
@@ -362,6 +372,28 @@ func (s *sidecar) waitDelivery(t *testing.T, eventID, group string, timeout time
 		return false
 	})
 	return d
+}
+
+// wantSuccess waits for the delivery of each event to group and fails t unless every one ends in success.
+func (s *sidecar) wantSuccess(t *testing.T, group string, timeout time.Duration, eventIDs ...string) {
+	t.Helper()
+	for _, id := range eventIDs {
+		if d := s.waitDelivery(t, id, group, timeout); d.Status != "success" {
+			t.Fatalf("delivery of %s to %s = %+v, want success", id, group, d)
+		}
+	}
+}
+
+// wantErrorAfter fails t unless d ended in error after n attempts and attempt i (from 1) failed with an error
+// whose message contains msg.
+func wantErrorAfter(t *testing.T, d deliveryView, n, i int, msg string) {
+	t.Helper()
+	if d.Status != "error" || len(d.Attempts) != n {
+		t.Fatalf("delivery = %+v, want error after %d attempts", d, n)
+	}
+	if e := d.Attempts[i-1].Error; e == nil || !strings.Contains(e.Message, msg) {
+		t.Fatalf("attempt %d error = %+v, want one saying %q", i, e, msg)
+	}
 }
 
 // count returns the number of documents in <prefix>.<coll> of the test database.

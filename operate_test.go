@@ -150,11 +150,7 @@ func TestInspectRetryAndReplay(t *testing.T) {
 	if code := do(t, "POST", s.URL+"/v1/endpoints/g/replay", map[string]any{"status": "error"}, &replay); code != 200 || replay.Replayed != 2 {
 		t.Fatalf("replay = %d %+v, want 2 reopened", code, replay)
 	}
-	for _, id := range ids[:2] {
-		if d := s.waitDelivery(t, id, "g", 20*time.Second); d.Status != "success" {
-			t.Fatalf("replayed delivery = %+v", d)
-		}
-	}
+	s.wantSuccess(t, "g", 20*time.Second, ids[:2]...)
 	if code := do(t, "POST", s.URL+"/v1/deliveries/nope/retry", nil, nil); code != 404 {
 		t.Fatalf("retry of unknown delivery = %d", code)
 	}

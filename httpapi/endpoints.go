@@ -169,15 +169,7 @@ func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
 // endpointFound reports whether err (of reading or changing group's endpoint) is nil; otherwise it answers
 // 404 endpoint_not_found for pulsetype.ErrNotFound and 500 (or 503) for any other error.
 func (s *Server) endpointFound(w http.ResponseWriter, r *http.Request, group string, err error) bool {
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return false
-	}
-	if err != nil {
-		s.internalError(w, r, err)
-		return false
-	}
-	return true
+	return s.found(w, r, err, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
 }
 
 func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
@@ -186,22 +178,12 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	out := make([]Endpoint, len(eps))
-	for i, ep := range eps {
-		out[i] = redacted(ep)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"endpoints": out})
+	writeJSON(w, http.StatusOK, map[string]any{"endpoints": each(eps, redacted)})
 }
 
 func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := chi.URLParam(r, "consumerGroup")
-	err := s.store.DeleteEndpoint(r.Context(), group)
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
-	}
-	if err != nil {
-		s.internalError(w, r, err)
+	if !s.endpointFound(w, r, group, s.store.DeleteEndpoint(r.Context(), group)) {
 		return
 	}
 	s.notify.EndpointChanged(group)

@@ -303,12 +303,7 @@ type eventDelivery struct {
 func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	ev, err := s.store.GetEvent(r.Context(), id)
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "event_not_found", fmt.Sprintf("no event %q (it may have expired)", id))
-		return
-	}
-	if err != nil {
-		s.internalError(w, r, err)
+	if !s.found(w, r, err, "event_not_found", fmt.Sprintf("no event %q (it may have expired)", id)) {
 		return
 	}
 	deliveries, err := s.store.DeliveriesOfEvent(r.Context(), id)
@@ -316,10 +311,7 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	ids := make([]string, len(deliveries))
-	for i, d := range deliveries {
-		ids[i] = d.ID
-	}
+	ids := each(deliveries, func(d *pulsetype.Delivery) string { return d.ID })
 	attempts := map[string][]*pulsetype.Attempt{}
 	if len(ids) > 0 {
 		if attempts, err = s.store.AttemptsOf(r.Context(), ids); err != nil {
@@ -341,17 +333,8 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	d, attempts, err := s.store.GetDelivery(r.Context(), id)
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "delivery_not_found", fmt.Sprintf("no delivery %q (it may have expired)", id))
+	if !s.deliveryFound(w, r, id, err) {
 		return
 	}
-	if err != nil {
-		s.internalError(w, r, err)
-		return
-	}
-	body := deliveryBody{delivery: deliveryOf(d), Attempts: make([]attempt, len(attempts))}
-	for i, a := range attempts {
-		body.Attempts[i] = attemptOf(a)
-	}
-	writeJSON(w, http.StatusOK, body)
+	writeJSON(w, http.StatusOK, deliveryBody{delivery: deliveryOf(d), Attempts: each(attempts, attemptOf)})
 }

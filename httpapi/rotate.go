@@ -70,15 +70,11 @@ func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	ep, err := s.store.RotateSecret(r.Context(), group, secret, overlap)
 	var fe *pulsetype.FieldError
-	switch {
-	case errors.Is(err, pulsetype.ErrNotFound):
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
-	case errors.As(err, &fe):
+	if errors.As(err, &fe) {
 		writeError(w, http.StatusBadRequest, "invalid_secret", fe.Error())
 		return
-	case err != nil:
-		s.internalError(w, r, err)
+	}
+	if !s.endpointFound(w, r, group, err) {
 		return
 	}
 	s.notify.EndpointChanged(group) // other replicas see it as they see a PUT: within their endpoint cache time

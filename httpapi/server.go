@@ -235,6 +235,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
+// found reports whether err (of a store call on one resource) is nil; otherwise it answers 404 code with
+// message for pulsetype.ErrNotFound, and internalError for any other error.
+func (s *Server) found(w http.ResponseWriter, r *http.Request, err error, code, message string) bool {
+	if errors.Is(err, pulsetype.ErrNotFound) {
+		writeError(w, http.StatusNotFound, code, message)
+		return false
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return false
+	}
+	return true
+}
+
 // internalError answers a store error the handler has no other answer for: 503 database_unavailable with
 // Retry-After when the store says the database is unavailable (pulsetype.ErrUnavailable: unreachable for
 // PULSE_DATABASE_TIMEOUT, timed out, or refusing writes), logged at warn; 500 internal_error otherwise,

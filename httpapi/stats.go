@@ -38,11 +38,7 @@ func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	out := make([]groupStats, len(list))
-	for i, g := range list {
-		out[i] = groupStatsOf(g)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"windowMs": pulsetype.StatsWindow.Milliseconds(), "groups": out})
+	writeJSON(w, http.StatusOK, map[string]any{"windowMs": pulsetype.StatsWindow.Milliseconds(), "groups": each(list, groupStatsOf)})
 }
 
 // groupStats is one consumer group's figures in GET /v1/stats (pulsetype.GroupStats). oldestPendingAt is

@@ -30,6 +30,16 @@ func (t *Timestamp) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// each converts every element of list with conv, in order; it returns a non-nil slice, so an empty list is
+// written as [] and not null.
+func each[F, T any](list []F, conv func(F) T) []T {
+	out := make([]T, len(list))
+	for i, v := range list {
+		out[i] = conv(v)
+	}
+	return out
+}
+
 // optional converts an optional value with conv; nil stays nil.
 func optional[F, T any](p *F, conv func(F) T) *T {
 	if p == nil {

@@ -162,26 +162,14 @@ func (e *Endpoint) Normalize() error {
 		seen[t] = true
 	}
 	e.Delivery = DeliveryMode(strings.ToLower(string(e.Delivery)))
-	switch e.Delivery {
-	case "":
-		e.Delivery = AtLeastOnce
-	case AtLeastOnce, AtMostOnce:
-	default:
-		return &FieldError{"delivery", fmt.Sprintf("must be %q or %q, got %q", AtLeastOnce, AtMostOnce, e.Delivery)}
+	if err := oneOf("delivery", &e.Delivery, AtLeastOnce, AtMostOnce); err != nil {
+		return err
 	}
-	switch e.Format {
-	case "":
-		e.Format = FormatEnvelope
-	case FormatEnvelope, FormatCloudEvents:
-	default:
-		return &FieldError{"format", fmt.Sprintf("must be %q or %q, got %q", FormatEnvelope, FormatCloudEvents, e.Format)}
+	if err := oneOf("format", &e.Format, FormatEnvelope, FormatCloudEvents); err != nil {
+		return err
 	}
-	switch e.OffsetReset {
-	case "":
-		e.OffsetReset = OffsetLatest
-	case OffsetLatest, OffsetEarliest:
-	default:
-		return &FieldError{"offsetReset", fmt.Sprintf("must be %q or %q, got %q", OffsetLatest, OffsetEarliest, e.OffsetReset)}
+	if err := oneOf("offsetReset", &e.OffsetReset, OffsetLatest, OffsetEarliest); err != nil {
+		return err
 	}
 	if e.MaxRetries == nil {
 		n := DefaultMaxRetries
@@ -406,4 +394,16 @@ func redactURL(raw string) string {
 // request line would then carry them as they are.
 func notInURI(r rune) bool {
 	return r <= ' ' || r >= 0x7f || strings.ContainsRune("\"<>\\^`{|}", r)
+}
+
+// oneOf sets an empty *v to def and returns a *FieldError naming field unless *v is def or alt.
+func oneOf[T ~string](field string, v *T, def, alt T) error {
+	switch *v {
+	case "":
+		*v = def
+	case def, alt:
+	default:
+		return &FieldError{field, fmt.Sprintf("must be %q or %q, got %q", def, alt, *v)}
+	}
+	return nil
 }

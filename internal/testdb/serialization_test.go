@@ -140,10 +140,9 @@ func TestInterleavedMultiDocumentUpdatesInterleave(t *testing.T) {
 	t.Parallel()
 	skipUnlessEmbedded(t)
 	const docs, maxRounds = 100, 50
-	eachSerialization(t, func(t *testing.T, s testdb.Serialization) {
+	eachSerialization(t, "c", func(t *testing.T, s testdb.Serialization, coll *mongo.Collection) {
 		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 		defer cancel()
-		coll := collection(t, s, "c")
 		pending := make([]any, docs)
 		for i := range pending {
 			pending[i] = bson.D{{Key: "_id", Value: i}, {Key: "owner", Value: ""}}
