@@ -15,9 +15,7 @@ import (
 // more is 413.
 func TestLargestEventFitsOneDocument(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_MAX_BODY_BYTES"] = strconv.Itoa(config.MaxMaxBodyBytes)
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_MAX_BODY_BYTES": strconv.Itoa(config.MaxMaxBodyBytes)}))
 	id := strings.Repeat("i", 128)
 	headers := map[string]string{}
 	for i := range 64 {

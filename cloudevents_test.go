@@ -164,10 +164,17 @@ func TestCloudEventsOut(t *testing.T) {
 	if !bytes.Equal(first.Body, retry.Body) || string(first.Body) != `{"n":7}` {
 		t.Errorf("bodies %q and %q, want {\"n\":7} twice", first.Body, retry.Body)
 	}
-	for _, h := range []string{"Ce-Id", "Ce-Type", "Ce-Source", "Ce-Specversion", "Ce-Time", "Ce-Subject", "Ce-Tenant", "Content-Type", "Idempotency-Key", "Webhook-Signature"} {
+	for _, h := range []string{"Ce-Id", "Ce-Type", "Ce-Source", "Ce-Specversion", "Ce-Time", "Ce-Subject", "Ce-Tenant", "Content-Type", "Idempotency-Key"} {
 		if first.Header.Get(h) == "" || first.Header.Get(h) != retry.Header.Get(h) {
 			t.Errorf("header %s: %q then %q, want the same non-empty value", h, first.Header.Get(h), retry.Header.Get(h))
 		}
+	}
+	// The signature covers webhook-timestamp, the time of each attempt (Standard Webhooks): both attempts
+	// carry one, the same where their timestamps are the same second.
+	sig1, sig2 := first.Header.Get("Webhook-Signature"), retry.Header.Get("Webhook-Signature")
+	if sig1 == "" || sig2 == "" || (first.Header.Get("Webhook-Timestamp") == retry.Header.Get("Webhook-Timestamp")) != (sig1 == sig2) {
+		t.Errorf("webhook-signature %q then %q at webhook-timestamp %q then %q: want one each, equal exactly when the timestamps are",
+			sig1, sig2, first.Header.Get("Webhook-Timestamp"), retry.Header.Get("Webhook-Timestamp"))
 	}
 	msg := cehttp.NewMessage(retry.Header, io.NopCloser(bytes.NewReader(retry.Body)))
 	ev, err := binding.ToEvent(context.Background(), msg)

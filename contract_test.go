@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,9 +34,7 @@ func slowReceiver(t *testing.T, hold time.Duration) *receiver {
 // them starts a POST after the event's expiresAt; they end event_expired instead.
 func TestNoPostAfterTheEventExpired(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_EVENT_RETENTION"] = "2s"
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_EVENT_RETENTION": "2s"}))
 	rcv := slowReceiver(t, 900*time.Millisecond)
 	s.registerEndpoint(t, "slow", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxConcurrency": 1})
 	batch := make([]map[string]any, 6)
@@ -109,11 +106,7 @@ func lastAttempt(t *testing.T, d deliveryView) attemptView {
 // getDelivery reads one delivery by id.
 func (s *sidecar) getDelivery(t *testing.T, id string) deliveryView {
 	t.Helper()
-	var d deliveryView
-	if code := do(t, "GET", s.URL+"/v1/deliveries/"+id, nil, &d); code != 200 {
-		t.Fatalf("GET delivery %s answered %d", id, code)
-	}
-	return d
+	return get[deliveryView](t, s.URL+"/v1/deliveries/"+id)
 }
 
 // deliveryOf returns the id of the event's delivery to group, waiting until it exists.
@@ -147,9 +140,7 @@ func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
 		d := s1.getDelivery(t, did)
 		return len(d.Attempts) == 2 && d.Attempts[1].Status == "pending"
 	})
-	if code := do(t, "DELETE", s2.URL+"/v1/endpoints/billing", nil, nil); code != 204 {
-		t.Fatalf("DELETE answered %d", code)
-	}
+	s2.deleteEndpoint(t, "billing")
 	d := s1.getDelivery(t, did)
 	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
 		t.Fatalf("right after the delete, delivery = %+v, want error with endpoint_deleted", d)
@@ -164,9 +155,7 @@ func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
 	if got := postsByKey(fresh); got[paid] != 0 || got[created] != 1 {
 		t.Fatalf("the re-created group's receiver got %v, want only %s once", got, created)
 	}
-	if n := len(old.received()); n != 1 {
-		t.Fatalf("the deleted group's receiver got %d POSTs, want 1 (before the delete)", n)
-	}
+	old.wantPOSTs(t, 1, "at the deleted group's endpoint (before the delete)")
 	if d := s1.getDelivery(t, did); d.Status != "error" || len(d.Attempts) != 2 {
 		t.Fatalf("the old delivery changed after the re-creation: %+v", d)
 	}
@@ -205,65 +194,38 @@ func TestPutDroppingATopicEndsItsDeliveries(t *testing.T) {
 func TestInFlightAttemptOfADeletedGroupDoesNotReachItsSuccessor(t *testing.T) {
 	b := setup(t)
 	s := b.start(b.fastEnv())
-	release, arrived := make(chan struct{}), make(chan struct{}, 1)
-	old := newReceiver(t, 500)
-	old.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		<-release
-		w.WriteHeader(500)
-	})
+	old := newHoldingReceiver(t, 500)
 	fresh := newReceiver(t, 200)
 	s.registerEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"t"}, "retryDelay": "100ms"})
 	id := s.publish(t, "t", 1)
-	select {
-	case <-arrived:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the first POST did not arrive")
-	}
-	if code := do(t, "DELETE", s.URL+"/v1/endpoints/billing", nil, nil); code != 204 {
-		t.Fatalf("DELETE answered %d", code)
-	}
+	old.waitArrival(t)
+	s.deleteEndpoint(t, "billing")
 	s.registerEndpoint(t, "billing", map[string]any{"url": fresh.URL, "topics": []string{"t"}})
-	close(release)
+	old.letGo()
 	did := s.deliveryOf(t, id, "billing")
 	var d deliveryView
 	waitFor(t, 20*time.Second, "the old delivery to end", func() bool { d = s.getDelivery(t, did); return d.Status != "pending" })
 	if d.Status != "error" || d.Error == nil || d.Error.Code != "endpoint_deleted" {
 		t.Fatalf("old delivery = %+v, want error ending with endpoint_deleted", d)
 	}
-	if n := len(fresh.received()); n != 0 {
-		t.Fatalf("the re-created group's receiver got %d POSTs of the old subscription", n)
-	}
+	fresh.wantPOSTs(t, 0, "at the re-created group's endpoint (none of the old subscription)")
 }
 
 // hangingReceivers returns n receivers that hold every POST until the test ends, and a function that
 // counts the POSTs they hold at the moment.
-func hangingReceivers(t *testing.T, n int) ([]*receiver, func() int) {
-	release := make(chan struct{})
-	var mu sync.Mutex
-	held := 0
-	out := make([]*receiver, n)
+func hangingReceivers(t *testing.T, n int) ([]*holdingReceiver, func() int) {
+	out := make([]*holdingReceiver, n)
 	for i := range out {
-		out[i] = newReceiver(t, 200)
-		rc := out[i]
-		rc.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			rc.mu.Lock()
-			rc.got = append(rc.got, received{Header: r.Header.Clone(), At: time.Now()})
-			rc.mu.Unlock()
-			mu.Lock()
-			held++
-			mu.Unlock()
-			select {
-			case <-release:
-			case <-r.Context().Done():
-			}
-			mu.Lock()
-			held--
-			mu.Unlock()
-		})
+		out[i] = newHoldingReceiver(t, 200)
 	}
-	t.Cleanup(func() { close(release) }) // runs before the receivers close (cleanups run last-in first-out)
-	return out, func() int { mu.Lock(); defer mu.Unlock(); return held }
+	return out, func() int {
+		held := 0
+		for _, r := range out {
+			now, _ := r.held()
+			held += now
+		}
+		return held
+	}
 }
 
 // fairnessCase: slow groups whose receivers hang, each with backlog enough to fill its maxConcurrency, and
@@ -307,58 +269,22 @@ func fairnessCase(t *testing.T, workers, slowGroups, events, maxConcurrency, bus
 	return waited
 }
 
-// More hanging groups than PULSE_WORKERS / maxConcurrency (5 × 16 > 64): a healthy group's event is still
-// POSTed while all of them hang.
+// A healthy group's event is POSTed while every POST of the hanging groups hangs: with more hanging groups than
+// PULSE_WORKERS / maxConcurrency (5 × 16 > 64); with more hanging groups than worker slots (6 > 4: the slots they
+// hold are given back after a second); with more than twice PULSE_WORKERS (10 groups × 2 POSTs, 2 workers).
 func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
-	fairnessCase(t, 0, 5, 20, 16, 64)
-}
-
-// More hanging groups than worker slots (6 > 4): the slots they hold are given back after a second, and the
-// healthy group's event is POSTed while all of them hang.
-func TestMoreHangingGroupsThanWorkers(t *testing.T) {
-	fairnessCase(t, 4, 6, 2, 1, 6)
-}
-
-// holdingReceiver answers status to every POST after the test lets it go (release) and counts the POSTs in
-// flight at once; arrived gets one signal per POST.
-type holdingReceiver struct {
-	*receiver
-	release chan struct{}
-	arrived chan struct{}
-	mu      sync.Mutex
-	now     int
-	most    int
-}
-
-func newHoldingReceiver(t *testing.T, status int) *holdingReceiver {
-	h := &holdingReceiver{receiver: newReceiver(t, status), release: make(chan struct{}), arrived: make(chan struct{}, 1000)}
-	h.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.receiver.mu.Lock()
-		h.got = append(h.got, received{Header: r.Header.Clone(), At: time.Now()})
-		h.receiver.mu.Unlock()
-		h.mu.Lock()
-		h.now++
-		h.most = max(h.most, h.now)
-		h.mu.Unlock()
-		h.arrived <- struct{}{}
-		select {
-		case <-h.release:
-		case <-r.Context().Done():
-		}
-		h.mu.Lock()
-		h.now--
-		h.mu.Unlock()
-		w.WriteHeader(status)
-	})
-	return h
-}
-
-func (h *holdingReceiver) waitArrival(t *testing.T) {
-	t.Helper()
-	select {
-	case <-h.arrived:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no POST arrived within 20s")
+	t.Parallel()
+	for _, tt := range []struct {
+		name                                              string
+		workers, slowGroups, events, maxConcurrency, busy int
+	}{
+		{"more groups than workers over maxConcurrency", 0, 5, 20, 16, 64},
+		{"more groups than worker slots", 4, 6, 2, 1, 6},
+		{"far more groups than worker slots", 2, 10, 2, 2, 20},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fairnessCase(t, tt.workers, tt.slowGroups, tt.events, tt.maxConcurrency, tt.busy)
+		})
 	}
 }
 
@@ -366,15 +292,15 @@ func (h *holdingReceiver) waitArrival(t *testing.T) {
 // failed POST is recorded, no further attempt is created or POSTed, and the delivery ends endpoint_deleted.
 func TestNoAttemptAfterTheDelete(t *testing.T) {
 	b := setup(t)
-	s1, s2 := b.start(b.fastEnv()), b.start(b.fastEnv())
+	// A lease of 3 s, so that a loaded machine missing heartbeats does not reap the attempt in flight.
+	slowLease := map[string]string{"PULSE_LOCK_TIMEOUT": "3s"}
+	s1, s2 := b.start(b.fastEnv(slowLease)), b.start(b.fastEnv(slowLease))
 	rcv := newHoldingReceiver(t, 500)
 	s1.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
 	id := s1.publish(t, "t", 1)
 	rcv.waitArrival(t)
-	if code := do(t, "DELETE", s2.URL+"/v1/endpoints/billing", nil, nil); code != 204 {
-		t.Fatalf("DELETE answered %d", code)
-	}
-	close(rcv.release)
+	s2.deleteEndpoint(t, "billing")
+	rcv.letGo()
 	did := s1.deliveryOf(t, id, "billing")
 	var d deliveryView
 	waitFor(t, 20*time.Second, "the delivery to end", func() bool { d = s1.getDelivery(t, did); return d.Status != "pending" })
@@ -384,9 +310,7 @@ func TestNoAttemptAfterTheDelete(t *testing.T) {
 	if d.Error == nil || d.Error.Code != "endpoint_deleted" {
 		t.Fatalf("delivery error = %+v, want endpoint_deleted", d.Error)
 	}
-	if n := len(rcv.received()); n != 1 {
-		t.Fatalf("the receiver got %d POSTs, want 1", n)
-	}
+	rcv.wantPOSTs(t, 1, "")
 }
 
 // A pending delivery of an earlier registration of an ordered group, its next attempt due in an hour, does
@@ -439,12 +363,6 @@ func TestUnfinishedDeleteIsCompleted(t *testing.T) {
 	waitFor(t, 20*time.Second, "the reconciler to end a's delivery", func() bool { return s.getDelivery(t, da).Status == "error" })
 }
 
-// More hanging groups than twice PULSE_WORKERS (10 groups × 2 POSTs, 2 workers): the healthy group's event
-// is still POSTed while all of them hang.
-func TestFarMoreHangingGroupsThanWorkers(t *testing.T) {
-	fairnessCase(t, 2, 10, 2, 2, 20)
-}
-
 // maxConcurrency holds on a replica that has not seen the endpoint yet (registered through another replica
 // a moment before an array publish).
 func TestMaxConcurrencyHoldsOnAReplicaThatJustLearnsTheGroup(t *testing.T) {
@@ -465,9 +383,7 @@ func TestMaxConcurrencyHoldsOnAReplicaThatJustLearnsTheGroup(t *testing.T) {
 		rcv.release <- struct{}{}
 	}
 	waitFor(t, 30*time.Second, "10 POSTs", func() bool { return len(rcv.received()) >= 10 })
-	rcv.mu.Lock()
-	defer rcv.mu.Unlock()
-	if rcv.most > 1 {
-		t.Fatalf("%d POSTs were in flight at once, maxConcurrency is 1", rcv.most)
+	if _, most := rcv.held(); most > 1 {
+		t.Fatalf("%d POSTs were in flight at once, maxConcurrency is 1", most)
 	}
 }

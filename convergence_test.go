@@ -107,7 +107,7 @@ func TestStampedeOnEarliestSubscriptionDeliversEachEventOnce(t *testing.T) {
 	const replicas, events = 12, 100
 	b := setup(t)
 	ctx := context.Background()
-	store := pmongo.New(b.client, pmongo.Options{Database: b.dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
+	store := pmongo.New(b.client, pmongo.Options{Database: b.dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Second})
 	if _, err := store.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -34,9 +35,10 @@ func setup(t *testing.T) *bundle {
 	return &bundle{t: t, client: client, dbName: dbName, uri: testdb.URI(t)}
 }
 
-// fastEnv is the configuration of sidecars under test: short leases and polls keep the tests fast.
-func (b *bundle) fastEnv() map[string]string {
-	return map[string]string{
+// fastEnv is the configuration of sidecars under test: short leases and polls keep the tests fast. Each map of
+// set is applied on top, in order; the result is a new map, which the caller may change.
+func (b *bundle) fastEnv(set ...map[string]string) map[string]string {
+	env := map[string]string{
 		"PULSE_MONGODB_URI":      b.uri,
 		"PULSE_DATABASE":         b.dbName,
 		"PULSE_LISTEN":           "127.0.0.1:0",
@@ -45,12 +47,16 @@ func (b *bundle) fastEnv() map[string]string {
 		"PULSE_LOG_LEVEL":        "info",
 		"PULSE_SHUTDOWN_TIMEOUT": "5s",
 	}
+	for _, m := range set {
+		maps.Copy(env, m)
+	}
+	return env
 }
 
 // sidecar is one in-process sidecar started with run().
 type sidecar struct {
 	URL  string
-	logs *syncBuffer
+	logs *testdb.SyncBuffer
 	// stop shuts the sidecar down and waits for it, failing the test if it exited with an error; it is safe
 	// twice (t.Cleanup calls it too). Nil for sidecars not started by start.
 	stop func()
@@ -74,7 +80,7 @@ func (b *bundle) start(env map[string]string) *sidecar {
 // listens; it is stopped in t.Cleanup.
 func (b *bundle) startWith(env map[string]string, serve func(ctx context.Context, getenv func(string) string, stdout io.Writer) error) *sidecar {
 	b.t.Helper()
-	logs := &syncBuffer{}
+	logs := &testdb.SyncBuffer{}
 	pr, pw := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -115,21 +121,14 @@ func (b *bundle) startWith(env map[string]string, serve func(ctx context.Context
 	return nil
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
+// get decodes the JSON answer of GET url into a T; it fails t unless the answer is 200.
+func get[T any](t *testing.T, url string) T {
+	t.Helper()
+	var out T
+	if code := do(t, "GET", url, nil, &out); code != 200 {
+		t.Fatalf("GET %s answered %d", url, code)
+	}
+	return out
 }
 
 // do sends a JSON request and decodes a JSON answer into out (when non-nil); it returns the status.
@@ -212,6 +211,71 @@ func (r *receiver) received() []received {
 	return append([]received(nil), r.got...)
 }
 
+// wantPOSTs fails the test unless the receiver got exactly want POSTs; why, when not empty, ends the message.
+func (r *receiver) wantPOSTs(t *testing.T, want int, why string) {
+	t.Helper()
+	if n := len(r.received()); n != want {
+		if why != "" {
+			why = " " + why
+		}
+		t.Fatalf("the receiver got %d POSTs, want %d%s", n, want, why)
+	}
+}
+
+// holdingReceiver is a receiver that holds every POST until the test lets it go, then answers status: each
+// value sent on release lets one POST go, letGo lets every one go from then on (t.Cleanup calls it too, before
+// the server closes). It counts the POSTs it holds; arrived gets one signal per POST.
+type holdingReceiver struct {
+	*receiver
+	release chan struct{}
+	arrived chan struct{}
+	letGo   func() // safe twice
+	mu      sync.Mutex
+	now     int
+	most    int
+}
+
+func newHoldingReceiver(t *testing.T, status int) *holdingReceiver {
+	h := &holdingReceiver{receiver: newReceiver(t, status), release: make(chan struct{}), arrived: make(chan struct{}, 1000)}
+	h.letGo = sync.OnceFunc(func() { close(h.release) })
+	t.Cleanup(h.letGo) // runs before the server closes (cleanups run last-in first-out)
+	h.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.receiver.mu.Lock()
+		h.got = append(h.got, received{Header: r.Header.Clone(), At: time.Now()})
+		h.receiver.mu.Unlock()
+		h.mu.Lock()
+		h.now++
+		h.most = max(h.most, h.now)
+		h.mu.Unlock()
+		h.arrived <- struct{}{}
+		select {
+		case <-h.release:
+		case <-r.Context().Done():
+		}
+		h.mu.Lock()
+		h.now--
+		h.mu.Unlock()
+		w.WriteHeader(status)
+	})
+	return h
+}
+
+// held returns how many POSTs the receiver holds now, and the most it held at once.
+func (h *holdingReceiver) held() (now, most int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.now, h.most
+}
+
+func (h *holdingReceiver) waitArrival(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no POST arrived within 20s")
+	}
+}
+
 // waitFor polls cond every 20ms until it holds or the deadline passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -270,6 +334,14 @@ func (s *sidecar) registerEndpoint(t *testing.T, group string, body map[string]a
 	}
 }
 
+// deleteEndpoint DELETEs an endpoint and fails the test unless it answers 204.
+func (s *sidecar) deleteEndpoint(t *testing.T, group string) {
+	t.Helper()
+	if code := do(t, "DELETE", s.URL+"/v1/endpoints/"+group, nil, nil); code != 204 {
+		t.Fatalf("DELETE endpoint %s answered %d", group, code)
+	}
+}
+
 // publish POSTs one event and returns its id.
 func (s *sidecar) publish(t *testing.T, topic string, data any) string {
 	t.Helper()
@@ -300,6 +372,28 @@ func (s *sidecar) waitDelivery(t *testing.T, eventID, group string, timeout time
 		return false
 	})
 	return d
+}
+
+// wantSuccess waits for the delivery of each event to group and fails t unless every one ends in success.
+func (s *sidecar) wantSuccess(t *testing.T, group string, timeout time.Duration, eventIDs ...string) {
+	t.Helper()
+	for _, id := range eventIDs {
+		if d := s.waitDelivery(t, id, group, timeout); d.Status != "success" {
+			t.Fatalf("delivery of %s to %s = %+v, want success", id, group, d)
+		}
+	}
+}
+
+// wantErrorAfter fails t unless d ended in error after n attempts and attempt i (from 1) failed with an error
+// whose message contains msg.
+func wantErrorAfter(t *testing.T, d deliveryView, n, i int, msg string) {
+	t.Helper()
+	if d.Status != "error" || len(d.Attempts) != n {
+		t.Fatalf("delivery = %+v, want error after %d attempts", d, n)
+	}
+	if e := d.Attempts[i-1].Error; e == nil || !strings.Contains(e.Message, msg) {
+		t.Fatalf("attempt %d error = %+v, want one saying %q", i, e, msg)
+	}
 }
 
 // count returns the number of documents in <prefix>.<coll> of the test database.

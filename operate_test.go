@@ -15,9 +15,7 @@ import (
 // attempt), and the process exits 0.
 func TestSIGTERMLetsInFlightDeliveryFinish(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_SHUTDOWN_TIMEOUT"] = "20s"
-	p := b.startProcess(env)
+	p := b.startProcess(b.fastEnv(map[string]string{"PULSE_SHUTDOWN_TIMEOUT": "20s"}))
 	s := p.sidecar()
 	rcv := newBlockingReceiver(t)
 	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
@@ -51,9 +49,7 @@ func TestSIGTERMLetsInFlightDeliveryFinish(t *testing.T) {
 // /metrics counts what happened.
 func TestAuthAndMetrics(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_API_TOKEN"] = "s3cret-token"
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_API_TOKEN": "s3cret-token"}))
 	rcv := newReceiver(t, 200)
 	for _, path := range []string{"/v1/endpoints", "/v1/events/x", "/v1/deliveries"} {
 		var e struct{ Error struct{ Code string } }
@@ -154,11 +150,7 @@ func TestInspectRetryAndReplay(t *testing.T) {
 	if code := do(t, "POST", s.URL+"/v1/endpoints/g/replay", map[string]any{"status": "error"}, &replay); code != 200 || replay.Replayed != 2 {
 		t.Fatalf("replay = %d %+v, want 2 reopened", code, replay)
 	}
-	for _, id := range ids[:2] {
-		if d := s.waitDelivery(t, id, "g", 20*time.Second); d.Status != "success" {
-			t.Fatalf("replayed delivery = %+v", d)
-		}
-	}
+	s.wantSuccess(t, "g", 20*time.Second, ids[:2]...)
 	if code := do(t, "POST", s.URL+"/v1/deliveries/nope/retry", nil, nil); code != 404 {
 		t.Fatalf("retry of unknown delivery = %d", code)
 	}

@@ -51,18 +51,14 @@ func inversions(t *testing.T, arrival []string, events map[string]time.Time) int
 // createdAtOf reads an event's createdAt through the API.
 func (s *sidecar) createdAtOf(t *testing.T, id string) time.Time {
 	t.Helper()
-	var ev struct {
+	return get[struct {
 		CreatedAt time.Time `json:"createdAt"`
-	}
-	if code := do(t, "GET", s.URL+"/v1/events/"+id, nil, &ev); code != 200 {
-		t.Fatalf("GET event %s answered %d", id, code)
-	}
-	return ev.CreatedAt
+	}](t, s.URL+"/v1/events/"+id).CreatedAt
 }
 
 // A publisher SIGKILLed after its event E1 is durable but before it fanned it out: E2, published later
 // through another replica, reaches the ordered group only after E1 (whose delivery the repair creates a
-// lock timeout later).
+// lease timeout later).
 func TestOrderHoldsWhenThePublisherDiesBeforeFanOut(t *testing.T) {
 	b := setup(t)
 	s := b.start(b.fastEnv())
@@ -81,11 +77,7 @@ func TestOrderHoldsWhenThePublisherDiesBeforeFanOut(t *testing.T) {
 		t.Fatal("the doomed replica did not die")
 	}
 	e2 := s.publish(t, "o", 2)
-	for _, id := range []string{e1.ID, e2} {
-		if d := s.waitDelivery(t, id, "ledger", 30*time.Second); d.Status != "success" {
-			t.Fatalf("delivery of %s = %+v", id, d)
-		}
-	}
+	s.wantSuccess(t, "ledger", 30*time.Second, e1.ID, e2)
 	if got := strings.Join(orderOf(rcv), ","); got != e1.ID+","+e2 {
 		t.Fatalf("the ordered group got %s, want E1 (%s) before E2 (%s)", got, e1.ID, e2)
 	}

@@ -96,10 +96,10 @@ func timedStatus(t *testing.T, method, url string, body any) (int, string, strin
 func TestDatabaseDownAnswers503Fast(t *testing.T) {
 	b := setup(t)
 	db := startPrivateDB(t, "127.0.0.1:0", t.TempDir())
-	env := b.fastEnv()
-	env["PULSE_MONGODB_URI"] = db.URI
-	env["PULSE_DATABASE_TIMEOUT"] = "1s"
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{
+		"PULSE_MONGODB_URI":      db.URI,
+		"PULSE_DATABASE_TIMEOUT": "1s",
+	}))
 	rcv := newReceiver(t, 200)
 	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
 	s.publish(t, "t", "before")
@@ -154,9 +154,7 @@ func TestDiskFullAnswers503(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
 	db := startPrivateDB(t, "127.0.0.1:0", dir)
-	env := b.fastEnv()
-	env["PULSE_MONGODB_URI"] = db.URI
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_MONGODB_URI": db.URI}))
 	code, errCode := 0, ""
 	for size := 256 << 10; size >= 256; size /= 4 { // fill with ever smaller events until none fits
 		for i := 0; i < 1000; i++ {

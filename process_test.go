@@ -17,7 +17,7 @@ import (
 type proc struct {
 	URL  string
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *testdb.SyncBuffer
 	done chan struct{}
 
 	killOnce sync.Once
@@ -74,7 +74,7 @@ func launch(bin string, env map[string]string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &proc{cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{cmd: cmd, logs: &testdb.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.logs
 	if err := cmd.Start(); err != nil {
 		return nil, err

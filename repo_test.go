@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pulse-sidecar/pulse/httpapi"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -82,7 +83,7 @@ func TestReadmeDocumentsRules(t *testing.T) {
 			}
 		}
 	}
-	var d pulsetype.Duration
+	var d httpapi.Duration
 	if err := json.Unmarshal([]byte("1500"), &d); err != nil || time.Duration(d) != 1500*time.Millisecond {
 		t.Errorf("a bare JSON number 1500 reads as %v (%v); the README says milliseconds", time.Duration(d), err)
 	}

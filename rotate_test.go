@@ -107,9 +107,7 @@ func wantSigners(t *testing.T, what string, r received, all []string, signers ..
 // setting another secret ends it. Neither secret is stored in clear or shown by a read.
 func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 	b := setup(t)
-	env := b.fastEnv()
-	env["PULSE_ENCRYPTION_KEY"] = keyB64(5)
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"PULSE_ENCRYPTION_KEY": keyB64(5)}))
 	rcv := newReceiver(t, 200)
 	endpoint := func(secret string) map[string]any {
 		return map[string]any{"url": rcv.URL, "topics": []string{"t"}, "secret": secret}
@@ -200,7 +198,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 	}
 }
 
-// ownerOf returns the lock owner id a sidecar logged when it started listening (the log line may reach the
+// ownerOf returns the lease owner id a sidecar logged when it started listening (the log line may reach the
 // buffer a moment after start returned).
 func ownerOf(t *testing.T, s *sidecar) string {
 	t.Helper()
@@ -242,10 +240,10 @@ func TestRotationReachesAnotherReplica(t *testing.T) {
 		waitFor(t, 20*time.Second, "a POST made by replica B", func() bool {
 			began = time.Now()
 			r = postOf(t, bb, rcv)
-			var at struct{ LockOwner string }
+			var at struct{ LeaseOwner string }
 			err := b.client.Database(b.dbName).Collection("pulse.history").FindOne(context.Background(),
 				bson.M{"eventId": r.Header.Get("webhook-id"), "attempt": 1}).Decode(&at)
-			return err == nil && at.LockOwner == owner
+			return err == nil && at.LeaseOwner == owner
 		})
 		return r, began
 	}

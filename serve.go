@@ -147,7 +147,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	}
 	clock := lease.NewClock(local)
 	store := mongo.New(client, mongo.Options{
-		Database: dbName, CollectionPrefix: cfg.CollectionPrefix, LockTimeout: cfg.LockTimeout,
+		Database: dbName, CollectionPrefix: cfg.CollectionPrefix, LeaseTimeout: cfg.LeaseTimeout,
 		EventRetention: cfg.EventRetention, HistoryRetention: cfg.HistoryRetention, Now: clock.Now, Logger: log,
 		Keys: keys,
 	})
@@ -167,15 +167,16 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		return errors.New("PULSE_CHANGE_STREAMS=required but the database is not a replica set or sharded cluster, so it has no change streams")
 	}
 
-	denies, _ := config.ParseCIDRs(cfg.DenyCIDRs)
-	allows, _ := config.ParseCIDRs(cfg.AllowCIDRs)
+	denies, _ := webhook.ParseCIDRs(cfg.DenyCIDRs)
+	allows, _ := webhook.ParseCIDRs(cfg.AllowCIDRs)
 	sender := webhook.New(webhook.Options{UserAgent: "pulse-sidecar/" + version, DenyCIDRs: denies, AllowCIDRs: allows, Logger: log, Proxy: cfg.ProxyConfig()})
 	defer sender.CloseIdleConnections()
 	owner := uuid.Must(uuid.NewV7()).String()
-	keeper := lease.NewKeeper(store.Renew, cfg.LockTimeout, local, log)
+	keeper := lease.NewKeeper(store.Renew, cfg.LeaseTimeout, local, log)
 	metrics := httpapi.NewMetrics()
 	metrics.CountPendingWith(store.PendingByGroup, pendingCountMaxAge, log)
-	recon := reconciler.New(store, owner, cfg.LockTimeout, metrics, log)
+	metrics.ReadStatesWith(store.EndpointStates)
+	recon := reconciler.New(store, owner, cfg.LeaseTimeout, metrics, log)
 	tp, err := tracing.NewProvider(startCtx, cfg.OTLPEndpoint)
 	if err != nil {
 		return fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT: %w", err)
@@ -187,7 +188,7 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 	}()
 	tracer := tracing.Tracer(tp)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
-		Tracer: tracer, Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LockTimeout / 2, LockTimeout: cfg.LockTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
+		Tracer: tracer, Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LeaseTimeout / 2, LeaseTimeout: cfg.LeaseTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: metrics, Logger: log, Now: clock.Now,
 	})
 	var notify httpapi.Notifier = disp
 	if hooks.crashAfterPublish {

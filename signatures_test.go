@@ -16,6 +16,8 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
+	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
 // README example begins (README.md, "Verifying signatures in your receiver": kept there verbatim).
@@ -148,13 +150,13 @@ func freePort(t *testing.T) int {
 
 // runExampleReceiver runs the README's example of language lang (saved as file in dir) with command, the
 // secret secretOld and a free port, and returns its URL and its output. It is killed in t.Cleanup.
-func runExampleReceiver(t *testing.T, dir, lang, file string, command ...string) (string, *syncBuffer) {
+func runExampleReceiver(t *testing.T, dir, lang, file string, command ...string) (string, *testdb.SyncBuffer) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, file), []byte(readmeExample(t, lang)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	port := freePort(t)
-	out := &syncBuffer{}
+	out := &testdb.SyncBuffer{}
 	cmd := exec.Command(command[0], append(command[1:], file)...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, out, out
 	cmd.Env = append(os.Environ(), "WEBHOOK_SECRET="+secretOld, "PORT="+strconv.Itoa(port))

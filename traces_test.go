@@ -64,9 +64,7 @@ func (o *otlpReceiver) named(name string) []*tracepb.Span {
 func TestTracePropagatesFromPublishToEachAttempt(t *testing.T) {
 	b := setup(t)
 	collector := newOTLPReceiver(t)
-	env := b.fastEnv()
-	env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.URL
-	s := b.start(env)
+	s := b.start(b.fastEnv(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL}))
 	rcv := newReceiver(t, 500, 200)
 	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

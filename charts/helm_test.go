@@ -97,17 +97,13 @@ func decodeStrict(t *testing.T, out string) *rendered {
 		var obj any
 		switch gvk {
 		case "apps/v1/Deployment":
-			d := &appsv1.Deployment{}
-			r.deployments[name], obj = d, d
+			obj = add(r.deployments, name)
 		case "v1/ConfigMap":
-			c := &corev1.ConfigMap{}
-			r.configMaps[name], obj = c, c
+			obj = add(r.configMaps, name)
 		case "v1/Secret":
-			s := &corev1.Secret{}
-			r.secrets[name], obj = s, s
+			obj = add(r.secrets, name)
 		case "v1/Service":
-			s := &corev1.Service{}
-			r.services[name], obj = s, s
+			obj = add(r.services, name)
 		case "monitoring.coreos.com/v1/ServiceMonitor":
 			m := map[string]any{}
 			if err := yaml.UnmarshalStrict([]byte(doc), &m); err != nil {
@@ -128,6 +124,13 @@ func decodeStrict(t *testing.T, out string) *rendered {
 		}
 	}
 	return r
+}
+
+// add puts a new, empty object under name in m and returns it, for the document to decode into.
+func add[T any](m map[string]*T, name string) *T {
+	obj := new(T)
+	m[name] = obj
+	return obj
 }
 
 func isEmptyDoc(doc string) bool {

@@ -16,6 +16,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"golang.org/x/net/http/httpproxy"
+
+	"github.com/pulse-sidecar/pulse/webhook"
 )
 
 // Defaults, as documented in the README's Configuration table.
@@ -24,7 +26,7 @@ const (
 	DefaultCollectionPrefix = "pulse"
 	DefaultDataDir          = "./pulse-data"
 	DefaultListen           = "127.0.0.1:8080"
-	DefaultLockTimeout      = 30 * time.Second
+	DefaultLeaseTimeout     = 30 * time.Second
 	DefaultPollInterval     = time.Second
 	DefaultRetention        = 168 * time.Hour
 	DefaultShutdownTimeout  = 25 * time.Second
@@ -77,8 +79,8 @@ type Config struct {
 	// EncryptionKey is a comma-separated list of base64-encoded 32-byte keys (AES-256-GCM): the first encrypts
 	// endpoint secrets and header values at rest, every one decrypts (key rotation). Empty: stored in clear.
 	EncryptionKey string `env:"PULSE_ENCRYPTION_KEY"`
-	// LockTimeout is the lease length of attempts, ordering and discovery; heartbeats run every third of it.
-	LockTimeout time.Duration `env:"PULSE_LOCK_TIMEOUT" envDefault:"30s"`
+	// LeaseTimeout is the lease length of attempts, ordering and discovery; heartbeats run every third of it.
+	LeaseTimeout time.Duration `env:"PULSE_LOCK_TIMEOUT" envDefault:"30s"`
 	// PollInterval is how often an idle dispatcher looks for work without being woken.
 	PollInterval time.Duration `env:"PULSE_POLL_INTERVAL" envDefault:"1s"`
 	// ChangeStreams is auto, required or disabled.
@@ -110,7 +112,8 @@ type Config struct {
 	// (see package dispatcher for the fairness rules: a POST running longer than 1 s gives its slot back, so
 	// up to 17 × Workers POSTs may be in flight, each group within its maxConcurrency).
 	Workers int `env:"PULSE_WORKERS" envDefault:"64"`
-	// DenyCIDRs are destination ranges webhooks may not reach (comma-separated), on top of link-local.
+	// DenyCIDRs are destination ranges webhooks may not reach (comma-separated), on top of link-local; a bare
+	// address is one host. Parsed by webhook.ParseCIDRs.
 	DenyCIDRs string `env:"PULSE_DENY_CIDRS"`
 	// AllowCIDRs are exceptions to the deny list and to the link-local guard (comma-separated).
 	AllowCIDRs string `env:"PULSE_ALLOW_CIDRS"`
@@ -217,8 +220,8 @@ func (c *Config) Validate() error {
 	if _, err := ParseKeys(c.EncryptionKey); err != nil {
 		return secretBad("PULSE_ENCRYPTION_KEY", c.EncryptionKey, "a comma-separated list of base64-encoded 32-byte keys, such as the output of `openssl rand -base64 32` ("+err.Error()+")")
 	}
-	if c.LockTimeout < 30*time.Millisecond || c.LockTimeout > time.Hour {
-		return bad("PULSE_LOCK_TIMEOUT", c.LockTimeout, "a duration between 30ms and 1h")
+	if c.LeaseTimeout < 30*time.Millisecond || c.LeaseTimeout > time.Hour {
+		return bad("PULSE_LOCK_TIMEOUT", c.LeaseTimeout, "a duration between 30ms and 1h")
 	}
 	if c.PollInterval < 5*time.Millisecond || c.PollInterval > 10*time.Minute {
 		return bad("PULSE_POLL_INTERVAL", c.PollInterval, "a duration between 5ms and 10m")
@@ -257,11 +260,11 @@ func (c *Config) Validate() error {
 	if c.Workers < 1 || c.Workers > 10000 {
 		return bad("PULSE_WORKERS", c.Workers, "an integer between 1 and 10000")
 	}
-	if _, err := ParseCIDRs(c.DenyCIDRs); err != nil {
-		return bad("PULSE_DENY_CIDRS", c.DenyCIDRs, "comma-separated CIDRs such as 10.0.0.0/8,fd00::/8 ("+err.Error()+")")
+	if _, err := webhook.ParseCIDRs(c.DenyCIDRs); err != nil {
+		return bad("PULSE_DENY_CIDRS", c.DenyCIDRs, "comma-separated CIDRs or addresses such as 10.0.0.0/8,fd00::/8 ("+err.Error()+")")
 	}
-	if _, err := ParseCIDRs(c.AllowCIDRs); err != nil {
-		return bad("PULSE_ALLOW_CIDRS", c.AllowCIDRs, "comma-separated CIDRs such as 10.1.2.0/24 ("+err.Error()+")")
+	if _, err := webhook.ParseCIDRs(c.AllowCIDRs); err != nil {
+		return bad("PULSE_ALLOW_CIDRS", c.AllowCIDRs, "comma-separated CIDRs or addresses such as 10.1.2.0/24 ("+err.Error()+")")
 	}
 	switch c.OutboundProxy {
 	case "", OutboundProxyNone:
@@ -390,21 +393,4 @@ func (c *Config) ProxyConfig() *httpproxy.Config {
 		return nil
 	}
 	return &httpproxy.Config{HTTPProxy: c.HTTPProxy, HTTPSProxy: c.HTTPSProxy, NoProxy: c.NoProxy}
-}
-
-// ParseCIDRs parses a comma-separated list of CIDR prefixes; empty gives nil.
-func ParseCIDRs(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(part)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p.Masked())
-	}
-	return out, nil
 }

@@ -7,11 +7,29 @@ import (
 	"time"
 
 	"github.com/pulse-sidecar/pulse/config"
+	"github.com/pulse-sidecar/pulse/webhook"
 )
 
 // getenv returns a fake environment holding only vars.
 func getenv(vars map[string]string) func(string) string {
 	return func(k string) string { return vars[k] }
+}
+
+// field is one field of a loaded Config: the value Load gave and the one the test wants.
+type field struct {
+	name      string
+	got, want any
+}
+
+// checkFields reports every field whose value is not the one wanted, with both types: a value of the wrong
+// type (an int for a time.Duration) is never equal.
+func checkFields(t *testing.T, fields []field) {
+	t.Helper()
+	for _, f := range fields {
+		if f.got != f.want {
+			t.Errorf("%s = %v (%T), want %v (%T)", f.name, f.got, f.got, f.want, f.want)
+		}
+	}
 }
 
 func TestLoadDefaults(t *testing.T) {
@@ -20,10 +38,7 @@ func TestLoadDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load(empty environment) = %v, want nil", err)
 	}
-	checks := []struct {
-		name      string
-		got, want any
-	}{
+	checkFields(t, []field{
 		{"MongoDBURI", cfg.MongoDBURI, ""},
 		{"CollectionPrefix", cfg.CollectionPrefix, config.DefaultCollectionPrefix},
 		{"DataDir", cfg.DataDir, config.DefaultDataDir},
@@ -32,7 +47,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"APIReadToken", cfg.APIReadToken, ""},
 		{"ProbeListen", cfg.ProbeListen, ""},
 		{"EncryptionKey", cfg.EncryptionKey, ""},
-		{"LockTimeout", cfg.LockTimeout, config.DefaultLockTimeout},
+		{"LeaseTimeout", cfg.LeaseTimeout, config.DefaultLeaseTimeout},
 		{"PollInterval", cfg.PollInterval, config.DefaultPollInterval},
 		{"ChangeStreams", cfg.ChangeStreams, config.ChangeStreamsAuto},
 		{"EventRetention", cfg.EventRetention, config.DefaultRetention},
@@ -44,12 +59,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"Workers", cfg.Workers, config.DefaultWorkers},
 		{"DenyCIDRs", cfg.DenyCIDRs, ""},
 		{"AllowCIDRs", cfg.AllowCIDRs, ""},
-	}
-	for _, c := range checks {
-		if c.got != c.want {
-			t.Errorf("default %s = %v (%T), want %v (%T)", c.name, c.got, c.got, c.want, c.want)
-		}
-	}
+	})
 }
 
 func TestLoadReadsValues(t *testing.T) {
@@ -74,15 +84,12 @@ func TestLoadReadsValues(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load = %v, want nil", err)
 	}
-	checks := []struct {
-		name      string
-		got, want any
-	}{
+	checkFields(t, []field{
 		{"MongoDBURI", cfg.MongoDBURI, "mongodb://db:27017/events"},
 		{"Database", cfg.Database, "events"},
 		{"CollectionPrefix", cfg.CollectionPrefix, "px"},
 		{"Listen", cfg.Listen, "localhost:9090"},
-		{"LockTimeout", cfg.LockTimeout, 600 * time.Millisecond},
+		{"LeaseTimeout", cfg.LeaseTimeout, 600 * time.Millisecond},
 		{"PollInterval", cfg.PollInterval, 50 * time.Millisecond},
 		{"ChangeStreams", cfg.ChangeStreams, config.ChangeStreamsDisabled},
 		{"EventRetention (0 keeps forever)", cfg.EventRetention, time.Duration(0)},
@@ -91,13 +98,8 @@ func TestLoadReadsValues(t *testing.T) {
 		{"LogLevel", cfg.LogLevel, "debug"},
 		{"Workers", cfg.Workers, 8},
 		{"MaxBodyBytes", cfg.MaxBodyBytes, int64(2048)},
-	}
-	for _, c := range checks {
-		if c.got != c.want {
-			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
-		}
-	}
-	deny, err := config.ParseCIDRs(cfg.DenyCIDRs)
+	})
+	deny, err := webhook.ParseCIDRs(cfg.DenyCIDRs)
 	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
 	if err != nil || len(deny) != 2 || deny[0] != want[0] || deny[1] != want[1] {
 		t.Errorf("ParseCIDRs(%q) = %v, %v; want %v", cfg.DenyCIDRs, deny, err, want)
@@ -175,34 +177,12 @@ func TestMaxBodyBytesFitsOneDocument(t *testing.T) {
 	}
 }
 
-func TestParseCIDRs(t *testing.T) {
+// The CIDR settings accept what the webhook guard parses (webhook.ParseCIDRs): prefixes and bare addresses.
+func TestLoadAcceptsCIDRsAndAddresses(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		in      string
-		want    []string
-		wantErr bool
-	}{
-		{in: "", want: nil},
-		{in: " , ", want: nil},
-		{in: "10.1.2.3/8", want: []string{"10.0.0.0/8"}},
-		{in: "192.168.0.0/16,fe80::/10", want: []string{"192.168.0.0/16", "fe80::/10"}},
-		{in: "10.0.0.1", wantErr: true},
-		{in: "10.0.0.0/33", wantErr: true},
-	}
-	for _, tt := range tests {
-		got, err := config.ParseCIDRs(tt.in)
-		if (err != nil) != tt.wantErr {
-			t.Errorf("ParseCIDRs(%q) error = %v, wantErr %v", tt.in, err, tt.wantErr)
-			continue
-		}
-		if len(got) != len(tt.want) {
-			t.Errorf("ParseCIDRs(%q) = %v, want %v", tt.in, got, tt.want)
-			continue
-		}
-		for i := range got {
-			if got[i].String() != tt.want[i] {
-				t.Errorf("ParseCIDRs(%q)[%d] = %s, want %s", tt.in, i, got[i], tt.want[i])
-			}
+	for _, v := range []string{"", " , ", "10.1.2.3/8", "192.168.0.0/16,fe80::/10", "10.0.0.1", "10.0.0.0/8, ::1"} {
+		if _, err := config.Load(getenv(map[string]string{"PULSE_DENY_CIDRS": v, "PULSE_ALLOW_CIDRS": v})); err != nil {
+			t.Errorf("PULSE_DENY_CIDRS and PULSE_ALLOW_CIDRS=%q: %v", v, err)
 		}
 	}
 }

@@ -1,12 +1,23 @@
-// Package dispatcher runs the sidecar's worker loop (docs/delivery.md, "Recovery after a crash"): reap one
-// expired attempt, repair partial states, fan out newly published events, then claim due attempts up to the
-// free capacity and POST each to its consumer group's webhook.
+// Package dispatcher runs the sidecar's delivery work (docs/delivery.md) in pieces, each with its own state
+// and lock:
+//   - the loop (loop.go, ordered.go) finds and claims work: it fans out events published here, runs the
+//     reconciliation (Reap, Repair) on its periods, claims the heads of ordered lines, the attempts its
+//     fan-out created and the due attempts found by polling, and hands each to the executor;
+//   - the ready queue (ready.go) holds the attempts the fan-out created, with their events, until claimed;
+//   - the slots (slots.go) count the POSTs in flight and admit new ones by the fairness rules;
+//   - the endpoint cache (endpoints.go) holds each consumer group's endpoint, the ordered groups and the
+//     groups last read paused or disabled (left out of the claims);
+//   - the state gate (gate.go) reads, right before each POST, whether its group is paused or disabled;
+//   - the rate limits (ratelimit.go) admit a rate-limited group's attempts to a claim only with a token;
+//   - the executor (executor.go) POSTs one leased attempt and decides what follows with the group's retry
+//     policy (pulsetype.RetryPolicy.Decide);
+//   - the completer (completer.go) records results group-commit style.
 //
 // Invariants:
-//   - an attempt is leased (claimed with a fresh lock token) before its POST starts, and the lease is renewed
-//     by the heartbeat every third of the lock timeout until its result is recorded;
-//   - the result is written through a write fenced by the attempt id and lock token; a worker whose lease was
-//     lost writes nothing, reports the loss and goes on working;
+//   - an attempt is leased (claimed with a fresh fencing token) before its POST starts, and the lease is
+//     renewed by the heartbeat every third of the lease timeout until its result is recorded;
+//   - the result is written through a write fenced by the attempt id and fencing token; a worker whose lease
+//     was lost writes nothing, reports the loss and goes on working;
 //   - an attempt interrupted by shutdown writes nothing: lease expiry hands it to the reaper (never success);
 //   - the loop sleeps at most one poll interval; a publish to this process, a freed worker slot or a retry
 //     coming due wakes it at once.
@@ -17,6 +28,6 @@
 // claimed several per round trip and their events read with one query; the results finished meanwhile are
 // recorded by one bulk update (plus one for the deliveries they end and one for the retries they create).
 // The database is polled for due work after a poll interval without local work, on a wake-up (change
-// stream, retry timer, recovery work), while it may hold a backlog this process had no capacity for, and at
-// least every max(poll interval, lock timeout/4) while local work keeps the loop busy.
+// stream, retry timer, reconciliation work), while it may hold a backlog this process had no capacity for,
+// and at least every max(poll interval, lease timeout/4) while local work keeps the loop busy.
 package dispatcher

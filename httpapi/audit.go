@@ -21,10 +21,12 @@ const (
 	ActionDeliveriesReplayd = "deliveries.replayed"
 	ActionDeliveryCancelled = "delivery.cancelled"
 	ActionSecretRotated     = "endpoint.secret_rotated"
+	ActionEndpointPaused    = "endpoint.paused"
+	ActionEndpointResumed   = "endpoint.resumed"
 )
 
 // auditFieldsSkipped are the endpoint's JSON fields that are not settings: they never count as changed.
-var auditFieldsSkipped = []string{"consumerGroup", "createdAt", "updatedAt"}
+var auditFieldsSkipped = []string{"consumerGroup", "createdAt", "updatedAt", "state", "stateReason", "stateSince"}
 
 // ChangedFields returns the endpoint settings next has that prev (nil for a new endpoint) has not, by JSON
 // field name, sorted; a header is named "headers.<Name>" (added, removed or given a new value). It never
@@ -62,7 +64,7 @@ func endpointFields(e *pulsetype.Endpoint) map[string]json.RawMessage {
 	if e == nil {
 		return out
 	}
-	b, err := json.Marshal(e)
+	b, err := json.Marshal(EndpointOf(e))
 	if err == nil {
 		_ = json.Unmarshal(b, &out)
 	}

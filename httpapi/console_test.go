@@ -37,7 +37,7 @@ func newConsole(t *testing.T, opts httpapi.Options) *console {
 	client, dbName := testdb.Database(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	t.Cleanup(cancel)
-	store := mongo.New(client, mongo.Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Minute, Logger: zerolog.Nop()})
+	store := mongo.New(client, mongo.Options{Database: dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Minute, Logger: zerolog.Nop()})
 	if _, err := store.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -16,26 +17,107 @@ import (
 // maxEndpointBody bounds an endpoint registration body, in bytes.
 const maxEndpointBody = 64 << 10
 
-// DecodeEndpoint parses and normalizes an endpoint body for consumerGroup (unknown fields are rejected). It
-// returns a *pulsetype.FieldError or a JSON error for a bad body.
-func DecodeEndpoint(consumerGroup string, body []byte) (*pulsetype.Endpoint, error) {
-	var ep pulsetype.Endpoint
+// Endpoint is the JSON shape of an endpoint: the body of PUT /v1/endpoints/{consumerGroup}, an entry of
+// PULSE_ENDPOINTS_FILE, and what reads answer (redacted). Its times come last. createdAt, updatedAt and
+// previousSecretExpiresAt are accepted in a body (a read can be sent back) and ignored by the store.
+type Endpoint struct {
+	ConsumerGroup          string                  `json:"consumerGroup"`
+	URL                    string                  `json:"url"`
+	Topics                 []string                `json:"topics"`
+	Delivery               pulsetype.DeliveryMode  `json:"delivery"`
+	Ordered                bool                    `json:"ordered"`
+	Format                 pulsetype.WebhookFormat `json:"format"`
+	OffsetReset            pulsetype.OffsetReset   `json:"offsetReset"`
+	MaxRetries             *int                    `json:"maxRetries,omitempty"`
+	RetryDelay             *Duration               `json:"retryDelay,omitempty"`
+	RetryBackoffMultiplier *float64                `json:"retryBackoffMultiplier,omitempty"`
+	MaxRetryDelay          *Duration               `json:"maxRetryDelay,omitempty"`
+	Timeout                *Duration               `json:"timeout,omitempty"`
+	MaxConcurrency         *int                    `json:"maxConcurrency,omitempty"`
+	Headers                map[string]string       `json:"headers,omitempty"`
+	Secret                 string                  `json:"secret,omitempty"`
+	InsecureSkipVerify     bool                    `json:"insecureSkipVerify,omitempty"`
+	// RateLimit is in POSTs per second per replica; it and DisableAfter are left out when 0.
+	RateLimit    float64  `json:"rateLimit,omitempty"`
+	DisableAfter Duration `json:"disableAfter,omitempty"`
+	// State, StateReason and StateSince are read-only: a PUT or the endpoints file does not change them.
+	State       pulsetype.EndpointState `json:"state"`
+	StateReason pulsetype.StateReason   `json:"stateReason,omitempty"`
+	CreatedAt   Timestamp               `json:"createdAt"`
+	UpdatedAt   Timestamp               `json:"updatedAt"`
+	// PreviousSecretExpiresAt ends the overlap of a secret rotation (the previous secret is never shown).
+	PreviousSecretExpiresAt *Timestamp `json:"previousSecretExpiresAt,omitempty"`
+	StateSince              *Timestamp `json:"stateSince,omitempty"`
+}
+
+// EndpointOf returns e's JSON shape. It writes what it is given: pass e.Redacted() for reads and logs.
+func EndpointOf(e *pulsetype.Endpoint) Endpoint {
+	return Endpoint{ConsumerGroup: e.ConsumerGroup, URL: e.URL, Topics: e.Topics, Delivery: e.Delivery, Ordered: e.Ordered,
+		Format: e.Format, OffsetReset: e.OffsetReset, MaxRetries: e.MaxRetries, RetryDelay: durationPtr(e.RetryDelay),
+		RetryBackoffMultiplier: e.RetryBackoffMultiplier, MaxRetryDelay: durationPtr(e.MaxRetryDelay), Timeout: durationPtr(e.Timeout),
+		MaxConcurrency: e.MaxConcurrency, Headers: e.Headers, Secret: e.Secret, InsecureSkipVerify: e.InsecureSkipVerify,
+		RateLimit: e.RateLimit, DisableAfter: Duration(e.DisableAfter), State: e.State, StateReason: e.StateReason,
+		CreatedAt: Timestamp(e.CreatedAt), UpdatedAt: Timestamp(e.UpdatedAt), PreviousSecretExpiresAt: timestampPtr(e.PreviousSecretExpiresAt),
+		StateSince: timestampPtr(e.StateSince)}
+}
+
+// redacted returns e's JSON shape for a read (pulsetype.Endpoint.Redacted).
+func redacted(e *pulsetype.Endpoint) Endpoint {
+	r := e.Redacted()
+	return EndpointOf(&r)
+}
+
+// endpoint returns the endpoint b describes, not normalized.
+func (b *Endpoint) endpoint() *pulsetype.Endpoint {
+	return &pulsetype.Endpoint{ConsumerGroup: b.ConsumerGroup, URL: b.URL, Topics: b.Topics, Delivery: b.Delivery, Ordered: b.Ordered,
+		Format: b.Format, OffsetReset: b.OffsetReset, MaxRetries: b.MaxRetries, RetryDelay: domainDuration(b.RetryDelay),
+		RetryBackoffMultiplier: b.RetryBackoffMultiplier, MaxRetryDelay: domainDuration(b.MaxRetryDelay), Timeout: domainDuration(b.Timeout),
+		MaxConcurrency: b.MaxConcurrency, Headers: b.Headers, Secret: b.Secret, InsecureSkipVerify: b.InsecureSkipVerify,
+		RateLimit: b.RateLimit, DisableAfter: pulsetype.Duration(b.DisableAfter), State: b.State, StateReason: b.StateReason,
+		CreatedAt: time.Time(b.CreatedAt), UpdatedAt: time.Time(b.UpdatedAt), PreviousSecretExpiresAt: timePtr(b.PreviousSecretExpiresAt),
+		StateSince: timePtr(b.StateSince)}
+}
+
+// errTrailingData is DecodeEndpoint's error for a body holding more than one JSON value.
+var errTrailingData = errors.New("the body holds more than one JSON value")
+
+// DecodeEndpoint decodes one endpoint object in the shape of Endpoint (the PUT body, an entry of
+// PULSE_ENDPOINTS_FILE); unknown fields are errors. It returns the endpoint as sent, not normalized, or the
+// encoding/json error (its message starts with "json: " unless a duration or time is bad), or an error for
+// a body holding more than one JSON value.
+func DecodeEndpoint(body []byte) (*pulsetype.Endpoint, error) {
+	var b Endpoint
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ep); err != nil {
-		return nil, fmt.Errorf("the body is not a valid endpoint: %s", describeJSONError(err))
+	if err := dec.Decode(&b); err != nil {
+		return nil, err
 	}
 	if dec.More() {
-		return nil, fmt.Errorf("the body holds more than one JSON value")
+		return nil, errTrailingData
+	}
+	return b.endpoint(), nil
+}
+
+// decodePut decodes and normalizes the body of PUT /v1/endpoints/{consumerGroup}. It returns a
+// *pulsetype.FieldError for an invalid field (also a consumerGroup other than the path's), any other error
+// for a body that is not an endpoint.
+func decodePut(consumerGroup string, body []byte) (*pulsetype.Endpoint, error) {
+	ep, err := DecodeEndpoint(body)
+	switch {
+	case errors.Is(err, errTrailingData):
+		return nil, err
+	case err != nil:
+		return nil, fmt.Errorf("the body is not a valid endpoint: %s", describeJSONError(err))
 	}
 	if ep.ConsumerGroup != "" && ep.ConsumerGroup != consumerGroup {
 		return nil, &pulsetype.FieldError{Field: "consumerGroup", Message: fmt.Sprintf("%q differs from the path's %q", ep.ConsumerGroup, consumerGroup)}
 	}
 	ep.ConsumerGroup = consumerGroup
+	ep.State, ep.StateReason, ep.StateSince = "", "", nil // read-only, like createdAt: a PUT keeps the state
 	if err := ep.Normalize(); err != nil {
 		return nil, err
 	}
-	return &ep, nil
+	return ep, nil
 }
 
 func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
@@ -45,7 +127,7 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("an endpoint body is at most %d bytes", maxEndpointBody))
 		return
 	}
-	ep, err := DecodeEndpoint(group, body)
+	ep, err := decodePut(group, body)
 	if err != nil {
 		var fe *pulsetype.FieldError
 		if errors.As(err, &fe) {
@@ -73,21 +155,21 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
 		status, action, msg, prev = http.StatusCreated, ActionEndpointCreated, "endpoint created", nil
 	}
 	s.audit(r, action).Str("consumer_group", group).Strs("changed", ChangedFields(prev, stored)).Msg(msg)
-	writeJSON(w, status, stored.Redacted())
+	writeJSON(w, status, redacted(stored))
 }
 
 func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := chi.URLParam(r, "consumerGroup")
 	ep, err := s.store.GetEndpoint(r.Context(), group)
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
+	if s.endpointFound(w, r, group, err) {
+		writeJSON(w, http.StatusOK, redacted(ep))
 	}
-	if err != nil {
-		s.internalError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, ep.Redacted())
+}
+
+// endpointFound reports whether err (of reading or changing group's endpoint) is nil; otherwise it answers
+// 404 endpoint_not_found for pulsetype.ErrNotFound and 500 (or 503) for any other error.
+func (s *Server) endpointFound(w http.ResponseWriter, r *http.Request, group string, err error) bool {
+	return s.found(w, r, err, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
 }
 
 func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
@@ -96,22 +178,12 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	out := make([]pulsetype.Endpoint, len(eps))
-	for i, ep := range eps {
-		out[i] = ep.Redacted()
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"endpoints": out})
+	writeJSON(w, http.StatusOK, map[string]any{"endpoints": each(eps, redacted)})
 }
 
 func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := chi.URLParam(r, "consumerGroup")
-	err := s.store.DeleteEndpoint(r.Context(), group)
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
-	}
-	if err != nil {
-		s.internalError(w, r, err)
+	if !s.endpointFound(w, r, group, s.store.DeleteEndpoint(r.Context(), group)) {
 		return
 	}
 	s.notify.EndpointChanged(group)

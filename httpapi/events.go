@@ -193,9 +193,9 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 }
 
 type publishedBody struct {
-	ID        string              `json:"id"`
-	Topic     string              `json:"topic"`
-	CreatedAt pulsetype.Timestamp `json:"createdAt"`
+	ID        string    `json:"id"`
+	Topic     string    `json:"topic"`
+	CreatedAt Timestamp `json:"createdAt"`
 }
 
 func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
@@ -263,7 +263,7 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 	var fresh []*pulsetype.Event
 	out := make([]publishedBody, len(published))
 	for i, p := range published {
-		out[i] = publishedBody{ID: p.Event.ID, Topic: p.Event.Topic, CreatedAt: pulsetype.Timestamp(p.Event.CreatedAt)}
+		out[i] = publishedBody{ID: p.Event.ID, Topic: p.Event.Topic, CreatedAt: Timestamp(p.Event.CreatedAt)}
 		if !p.Existing {
 			status = http.StatusAccepted
 			fresh = append(fresh, p.Event)
@@ -283,11 +283,11 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 }
 
 type eventBody struct {
-	ID        string              `json:"id"`
-	Topic     string              `json:"topic"`
-	CreatedAt pulsetype.Timestamp `json:"createdAt"`
-	Data      json.RawMessage     `json:"data"`
-	Headers   map[string]string   `json:"headers"`
+	ID        string            `json:"id"`
+	Topic     string            `json:"topic"`
+	CreatedAt Timestamp         `json:"createdAt"`
+	Data      json.RawMessage   `json:"data"`
+	Headers   map[string]string `json:"headers"`
 	// OrderingKey is present when the event carries one.
 	OrderingKey string          `json:"orderingKey,omitempty"`
 	Deliveries  []eventDelivery `json:"deliveries"`
@@ -303,12 +303,7 @@ type eventDelivery struct {
 func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	ev, err := s.store.GetEvent(r.Context(), id)
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "event_not_found", fmt.Sprintf("no event %q (it may have expired)", id))
-		return
-	}
-	if err != nil {
-		s.internalError(w, r, err)
+	if !s.found(w, r, err, "event_not_found", fmt.Sprintf("no event %q (it may have expired)", id)) {
 		return
 	}
 	deliveries, err := s.store.DeliveriesOfEvent(r.Context(), id)
@@ -316,10 +311,7 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	ids := make([]string, len(deliveries))
-	for i, d := range deliveries {
-		ids[i] = d.ID
-	}
+	ids := each(deliveries, func(d *pulsetype.Delivery) string { return d.ID })
 	attempts := map[string][]*pulsetype.Attempt{}
 	if len(ids) > 0 {
 		if attempts, err = s.store.AttemptsOf(r.Context(), ids); err != nil {
@@ -327,7 +319,7 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: pulsetype.Timestamp(ev.CreatedAt), Data: ev.Data, Headers: ev.Headers,
+	body := eventBody{ID: ev.ID, Topic: ev.Topic, CreatedAt: Timestamp(ev.CreatedAt), Data: ev.Data, Headers: ev.Headers,
 		OrderingKey: ev.OrderingKey, Deliveries: []eventDelivery{}}
 	if body.Headers == nil {
 		body.Headers = map[string]string{}
@@ -338,45 +330,11 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
-// deliveryBody is a delivery with "attempts": its attempts in order. It is written by hand because an
-// embedded *Delivery would promote Delivery.MarshalJSON and drop the attempts.
-type deliveryBody struct {
-	Delivery *pulsetype.Delivery
-	Attempts []*pulsetype.Attempt
-}
-
-func (b deliveryBody) MarshalJSON() ([]byte, error) {
-	out, err := b.Delivery.MarshalJSON()
-	if err != nil {
-		return nil, err
-	}
-	out = append(out[:len(out)-1], `,"attempts":[`...)
-	for i, a := range b.Attempts {
-		if i > 0 {
-			out = append(out, ',')
-		}
-		j, err := a.MarshalJSON()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, j...)
-	}
-	return append(out, "]}"...), nil
-}
-
 func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	d, attempts, err := s.store.GetDelivery(r.Context(), id)
-	if errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "delivery_not_found", fmt.Sprintf("no delivery %q (it may have expired)", id))
+	if !s.deliveryFound(w, r, id, err) {
 		return
 	}
-	if err != nil {
-		s.internalError(w, r, err)
-		return
-	}
-	if attempts == nil {
-		attempts = []*pulsetype.Attempt{}
-	}
-	writeJSON(w, http.StatusOK, deliveryBody{Delivery: d, Attempts: attempts})
+	writeJSON(w, http.StatusOK, deliveryBody{delivery: deliveryOf(d), Attempts: each(attempts, attemptOf)})
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // Attempt outcomes counted by pulse_attempts_total: success, retry (failed, another attempt follows) and
@@ -29,8 +31,13 @@ type Metrics struct {
 	leaseLost  prometheus.Counter
 	workerLost prometheus.Counter
 	reconciled *prometheus.CounterVec
+	disabled   *prometheus.CounterVec
+	state      *prometheus.GaugeVec
 	groups     *groupCollector
 }
+
+// endpointStates are the values of pulse_endpoint_state's state label.
+var endpointStates = []pulsetype.EndpointState{pulsetype.EndpointActive, pulsetype.EndpointPaused, pulsetype.EndpointDisabled}
 
 // NewMetrics registers the metrics (and the Go and process collectors) in a registry of their own.
 func NewMetrics() *Metrics {
@@ -53,9 +60,15 @@ func NewMetrics() *Metrics {
 			Help: "Expired attempts this process reaped as worker_lost."}),
 		reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_reconciled_total",
 			Help: "Partial states this process repaired, by kind."}, []string{"kind"}),
+		disabled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_endpoint_disabled_total",
+			Help: "Endpoints this process disabled, by consumer group and reason (gone: 410 Gone; failing: disableAfter)."},
+			[]string{"consumer_group", "reason"}),
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_endpoint_state",
+			Help: "1 for each endpoint's current state (active, paused, disabled), 0 for the others; read from the database on scrape with the pending count."},
+			[]string{"consumer_group", "state"}),
 	}
 	m.groups = &groupCollector{m: m}
-	m.registry.MustRegister(m.published, m.groups, m.leaseLost, m.workerLost, m.reconciled,
+	m.registry.MustRegister(m.published, m.groups, m.leaseLost, m.workerLost, m.reconciled, m.disabled,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -81,6 +94,11 @@ func (m *Metrics) LeaseLost(string) { m.leaseLost.Inc() }
 // WorkerLost counts an attempt reaped as worker_lost.
 func (m *Metrics) WorkerLost(string) { m.workerLost.Inc() }
 
+// EndpointDisabled counts an endpoint this process disabled (reason gone or failing).
+func (m *Metrics) EndpointDisabled(group string, reason pulsetype.StateReason) {
+	m.disabled.WithLabelValues(group, string(reason)).Inc()
+}
+
 // Reconciled counts a repaired partial state.
 func (m *Metrics) Reconciled(kind string) { m.reconciled.WithLabelValues(kind).Inc() }
 
@@ -93,6 +111,7 @@ func (m *Metrics) Reconciled(kind string) { m.reconciled.WithLabelValues(kind).I
 type groupCollector struct {
 	m      *Metrics
 	count  func(context.Context) (map[string]int64, error)
+	states func(context.Context) (map[string]pulsetype.EndpointState, error)
 	maxAge time.Duration
 	log    zerolog.Logger
 
@@ -105,6 +124,7 @@ func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.m.attempts.Describe(ch)
 	c.m.duration.Describe(ch)
 	c.m.pending.Describe(ch)
+	c.m.state.Describe(ch)
 }
 
 func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
@@ -112,18 +132,42 @@ func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
 	defer c.mu.Unlock()
 	if c.count != nil && time.Since(c.sampled) >= c.maxAge {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		counts, err := c.count(ctx)
-		cancel()
 		if err == nil {
 			c.refresh(counts)
 			c.sampled = time.Now()
 		} else {
 			c.log.Warn().Err(err).Msg("counting pending deliveries for /metrics failed: serving the last count")
 		}
+		c.refreshStates(ctx)
 	}
 	c.m.attempts.Collect(ch)
 	c.m.duration.Collect(ch)
 	c.m.pending.Collect(ch)
+	c.m.state.Collect(ch)
+}
+
+// refreshStates sets pulse_endpoint_state from the states read now (when ReadStatesWith set a reader).
+func (c *groupCollector) refreshStates(ctx context.Context) {
+	if c.states == nil {
+		return
+	}
+	states, err := c.states(ctx)
+	if err != nil {
+		c.log.Warn().Err(err).Msg("reading endpoint states for /metrics failed: serving the last ones")
+		return
+	}
+	c.m.state.Reset()
+	for group, cur := range states {
+		for _, st := range endpointStates {
+			v := 0.0
+			if st == cur {
+				v = 1
+			}
+			c.m.state.WithLabelValues(group, string(st)).Set(v)
+		}
+	}
 }
 
 // refresh sets the pending gauge from counts and makes the per-group series follow its groups.
@@ -144,6 +188,14 @@ func (c *groupCollector) refresh(counts map[string]int64) {
 		}
 		c.m.duration.WithLabelValues(group)
 	}
+}
+
+// ReadStatesWith makes /metrics serve pulse_endpoint_state from states (each registered consumer group's
+// endpoint state), read with the pending count. Call it once, before serving.
+func (m *Metrics) ReadStatesWith(states func(context.Context) (map[string]pulsetype.EndpointState, error)) {
+	m.groups.mu.Lock()
+	defer m.groups.mu.Unlock()
+	m.groups.states = states
 }
 
 // CountPendingWith makes /metrics serve pulse_deliveries_pending from count (pending deliveries by consumer

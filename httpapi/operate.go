@@ -38,27 +38,20 @@ func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, err)
 		return
 	}
-	if list == nil {
-		list = []*pulsetype.Delivery{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"deliveries": list, "next": next})
+	writeJSON(w, http.StatusOK, map[string]any{"deliveries": each(list, deliveryOf), "next": next})
 }
 
 func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	n, err := s.store.RetryDelivery(r.Context(), id)
 	switch {
-	case errors.Is(err, pulsetype.ErrNotFound):
-		writeError(w, http.StatusNotFound, "delivery_not_found", fmt.Sprintf("no delivery %q (it may have expired)", id))
 	case errors.Is(err, pulsetype.ErrNotSubscribed):
 		writeError(w, http.StatusConflict, "not_subscribed", "the delivery's consumer group has no endpoint subscribed to its topic now; register one to retry it")
 	case errors.Is(err, pulsetype.ErrNotTerminal):
 		writeError(w, http.StatusConflict, "delivery_not_terminal", "the delivery is still pending; only a terminal delivery can be retried")
 	case errors.Is(err, pulsetype.ErrAttemptInFlight):
 		writeError(w, http.StatusConflict, "attempt_in_flight", "the delivery was cancelled while an attempt was in flight, and that attempt has not ended yet; retry once it has")
-	case err != nil:
-		s.internalError(w, r, err)
-	default:
+	case s.deliveryFound(w, r, id, err): // when not, it answered 404 or 500
 		s.notify.Wake() // the attempt is due now
 		s.audit(r, ActionDeliveryRetried).Str("delivery_id", id).Int("attempt", n).Msg("delivery retried")
 		writeJSON(w, http.StatusAccepted, map[string]any{"id": id, "attempt": n, "status": pulsetype.StatusPending})
@@ -104,7 +97,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
 		return
 	}
-	n, err := s.store.ReplayDeliveries(r.Context(), group, b.Status, from, to)
+	n, err := s.store.ReplayDeliveries(r.Context(), pulsetype.ReplayParams{ConsumerGroup: group, Status: b.Status, From: from, To: to})
 	if err != nil {
 		s.internalError(w, r, err)
 		return

@@ -23,11 +23,11 @@ type rotateBody struct {
 // rotateAnswer is the 200 answer of a rotation. Secret is set only when the sidecar generated it: the one
 // time it is shown. Overlap is 0 when nothing overlaps (overlap 0 asked for, or the endpoint was unsigned).
 type rotateAnswer struct {
-	ConsumerGroup           string               `json:"consumerGroup"`
-	Secret                  string               `json:"secret,omitempty"`
-	Overlap                 pulsetype.Duration   `json:"overlap"`
-	PreviousSecretExpiresAt *pulsetype.Timestamp `json:"previousSecretExpiresAt,omitempty"`
-	Endpoint                pulsetype.Endpoint   `json:"endpoint"`
+	ConsumerGroup           string     `json:"consumerGroup"`
+	Secret                  string     `json:"secret,omitempty"`
+	Overlap                 Duration   `json:"overlap"`
+	PreviousSecretExpiresAt *Timestamp `json:"previousSecretExpiresAt,omitempty"`
+	Endpoint                Endpoint   `json:"endpoint"`
 }
 
 // rotateSecret answers POST /v1/endpoints/{consumerGroup}/rotate-secret {"secret"?, "overlap"?}: 200
@@ -51,7 +51,7 @@ func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	overlap := pulsetype.DefaultSecretOverlap
 	if len(b.Overlap) > 0 {
-		var d pulsetype.Duration
+		var d Duration
 		if err := json.Unmarshal(b.Overlap, &d); err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_overlap", "overlap: "+err.Error())
 			return
@@ -70,15 +70,11 @@ func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	ep, err := s.store.RotateSecret(r.Context(), group, secret, overlap)
 	var fe *pulsetype.FieldError
-	switch {
-	case errors.Is(err, pulsetype.ErrNotFound):
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
-	case errors.As(err, &fe):
+	if errors.As(err, &fe) {
 		writeError(w, http.StatusBadRequest, "invalid_secret", fe.Error())
 		return
-	case err != nil:
-		s.internalError(w, r, err)
+	}
+	if !s.endpointFound(w, r, group, err) {
 		return
 	}
 	s.notify.EndpointChanged(group) // other replicas see it as they see a PUT: within their endpoint cache time
@@ -87,8 +83,8 @@ func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	s.audit(r, ActionSecretRotated).Str("consumer_group", group).Str("overlap", overlap.String()).Bool("generated", generated).
 		Msg("endpoint secret rotated")
-	answer := rotateAnswer{ConsumerGroup: group, Overlap: pulsetype.Duration(overlap),
-		PreviousSecretExpiresAt: pulsetype.TimestampPtr(ep.PreviousSecretExpiresAt), Endpoint: ep.Redacted()}
+	answer := rotateAnswer{ConsumerGroup: group, Overlap: Duration(overlap),
+		PreviousSecretExpiresAt: timestampPtr(ep.PreviousSecretExpiresAt), Endpoint: redacted(ep)}
 	if generated {
 		answer.Secret = secret
 	}

@@ -34,9 +34,10 @@ type Store interface {
 	ProbeWrite(ctx context.Context) error
 	ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error)
 	RetryDelivery(ctx context.Context, id string) (int, error)
-	ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error)
+	ReplayDeliveries(ctx context.Context, p pulsetype.ReplayParams) (int, error)
 	CancelDelivery(ctx context.Context, id string) (pulsetype.CancelResult, error)
 	RotateSecret(ctx context.Context, group, secret string, overlap time.Duration) (*pulsetype.Endpoint, error)
+	SetEndpointState(ctx context.Context, group string, state pulsetype.EndpointState) (*pulsetype.Endpoint, error)
 	Stats(ctx context.Context, groups []string) ([]*pulsetype.GroupStats, error)
 }
 
@@ -100,6 +101,8 @@ func (s *Server) Handler() http.Handler {
 		r.Post("/deliveries/{id}/cancel", s.cancelDelivery)
 		r.Post("/endpoints/{consumerGroup}/replay", s.replay)
 		r.Post("/endpoints/{consumerGroup}/rotate-secret", s.rotateSecret)
+		r.Post("/endpoints/{consumerGroup}/pause", s.pauseEndpoint)
+		r.Post("/endpoints/{consumerGroup}/resume", s.resumeEndpoint)
 		r.Get("/stats", s.stats)
 		r.Get("/endpoints", s.listEndpoints)
 		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
@@ -230,6 +233,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(v)
+}
+
+// found reports whether err (of a store call on one resource) is nil; otherwise it answers 404 code with
+// message for pulsetype.ErrNotFound, and internalError for any other error.
+func (s *Server) found(w http.ResponseWriter, r *http.Request, err error, code, message string) bool {
+	if errors.Is(err, pulsetype.ErrNotFound) {
+		writeError(w, http.StatusNotFound, code, message)
+		return false
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return false
+	}
+	return true
 }
 
 // internalError answers a store error the handler has no other answer for: 503 database_unavailable with

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -32,10 +33,30 @@ func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
 			groups = append(groups, ep.ConsumerGroup)
 		}
 	}
-	out, err := s.store.Stats(r.Context(), groups)
+	list, err := s.store.Stats(r.Context(), groups)
 	if err != nil {
 		s.internalError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"windowMs": pulsetype.StatsWindow.Milliseconds(), "groups": out})
+	writeJSON(w, http.StatusOK, map[string]any{"windowMs": pulsetype.StatsWindow.Milliseconds(), "groups": each(list, groupStatsOf)})
+}
+
+// groupStats is one consumer group's figures in GET /v1/stats (pulsetype.GroupStats). oldestPendingAt is
+// written by encoding/json's time format (RFC 3339 with up to nine fraction digits, trailing zeros cut), not
+// as a Timestamp.
+type groupStats struct {
+	ConsumerGroup      string     `json:"consumerGroup"`
+	Pending            int64      `json:"pending"`
+	OldestPendingAt    *time.Time `json:"oldestPendingAt,omitempty"`
+	OldestPendingAgeMs int64      `json:"oldestPendingAgeMs"`
+	Succeeded1h        int64      `json:"succeeded1h"`
+	Failed1h           int64      `json:"failed1h"`
+	LatencyP50Ms       *int64     `json:"latencyP50Ms"`
+	LatencySample      int        `json:"latencySample"`
+}
+
+func groupStatsOf(g *pulsetype.GroupStats) groupStats {
+	return groupStats{ConsumerGroup: g.ConsumerGroup, Pending: g.Pending, OldestPendingAt: g.OldestPendingAt,
+		OldestPendingAgeMs: g.OldestPendingAgeMs, Succeeded1h: g.Succeeded1h, Failed1h: g.Failed1h, LatencyP50Ms: g.LatencyP50Ms,
+		LatencySample: g.LatencySample}
 }

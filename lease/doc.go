@@ -7,5 +7,5 @@
 //   - lease times follow the database's clock (Clock measures its offset from the server's localTime), so a
 //     replica whose wall clock runs minutes behind neither steals live leases nor hides due work;
 //   - the local clock only bounds how long a renewal is trusted: a lease not renewed successfully within one
-//     lock timeout is treated as lost locally, and its work is cancelled, even if the database is unreachable.
+//     lease timeout is treated as lost locally, and its work is cancelled, even if the database is unreachable.
 package lease

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -12,20 +11,16 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// ErrLost is the cancellation cause of work whose lease was lost: taken over by another worker, reaped, or
-// not renewed within the lock timeout.
-var ErrLost = errors.New("lease lost")
-
 // RenewFunc renews the given leases with one fenced write and returns the ones that were lost.
 type RenewFunc func(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error)
 
-// Keeper renews the leases this process holds every third of the lock timeout (docs/delivery.md) and
+// Keeper renews the leases this process holds every third of the lease timeout (docs/delivery.md) and
 // cancels the work of a lease that was lost. It is safe for concurrent use.
 type Keeper struct {
-	renew       RenewFunc
-	lockTimeout time.Duration
-	local       func() time.Time
-	log         zerolog.Logger
+	renew        RenewFunc
+	leaseTimeout time.Duration
+	local        func() time.Time
+	log          zerolog.Logger
 
 	mu   sync.Mutex
 	held map[pulsetype.LeaseKey]*held
@@ -39,18 +34,19 @@ type held struct {
 }
 
 // NewKeeper returns a Keeper; local is the local clock (nil = time.Now).
-func NewKeeper(renew RenewFunc, lockTimeout time.Duration, local func() time.Time, log zerolog.Logger) *Keeper {
+func NewKeeper(renew RenewFunc, leaseTimeout time.Duration, local func() time.Time, log zerolog.Logger) *Keeper {
 	if local == nil {
 		local = time.Now
 	}
-	return &Keeper{renew: renew, lockTimeout: lockTimeout, local: local, held: map[pulsetype.LeaseKey]*held{},
+	return &Keeper{renew: renew, leaseTimeout: leaseTimeout, local: local, held: map[pulsetype.LeaseKey]*held{},
 		log: log.With().Str("component", "heartbeat").Logger()}
 }
 
-// Interval returns the heartbeat period: a third of the lock timeout, at least 10 ms.
-func (k *Keeper) Interval() time.Duration { return max(k.lockTimeout/3, 10*time.Millisecond) }
+// Interval returns the heartbeat period: a third of the lease timeout, at least 10 ms.
+func (k *Keeper) Interval() time.Duration { return max(k.leaseTimeout/3, 10*time.Millisecond) }
 
-// Hold starts renewing the lease; cancel is called with ErrLost if it is lost.
+// Hold starts renewing the lease; cancel is called with pulsetype.ErrLeaseLost if it is lost (taken over by
+// another worker, reaped, or not renewed within the lease timeout).
 func (k *Keeper) Hold(l pulsetype.LeaseKey, cancel context.CancelCauseFunc) {
 	k.mu.Lock()
 	k.held[l] = &held{cancel: cancel, renewed: k.local()}
@@ -87,7 +83,7 @@ func (k *Keeper) beat(ctx context.Context) {
 	start := k.local()
 	// A renewal may take until the lease would expire anyway: giving up earlier under load would abandon
 	// leases the database still grants.
-	rctx, cancel := context.WithTimeout(ctx, max(k.Interval(), k.lockTimeout*2/3))
+	rctx, cancel := context.WithTimeout(ctx, max(k.Interval(), k.leaseTimeout*2/3))
 	lost, err := k.renew(rctx, tokens)
 	cancel()
 	k.mu.Lock()
@@ -96,10 +92,10 @@ func (k *Keeper) beat(ctx context.Context) {
 		if ctx.Err() == nil {
 			k.log.Warn().Err(err).Int("leases", len(tokens)).Msg("heartbeat failed")
 		}
-		// Not renewed: a lease whose last renewal is older than the lock timeout may already be reaped.
+		// Not renewed: a lease whose last renewal is older than the lease timeout may already be reaped.
 		for t, h := range k.held {
-			if k.local().Sub(h.renewed) >= k.lockTimeout {
-				h.cancel(ErrLost)
+			if k.local().Sub(h.renewed) >= k.leaseTimeout {
+				h.cancel(pulsetype.ErrLeaseLost)
 				delete(k.held, t)
 			}
 		}
@@ -115,7 +111,7 @@ func (k *Keeper) beat(ctx context.Context) {
 			continue
 		}
 		if isLost[t] {
-			h.cancel(ErrLost)
+			h.cancel(pulsetype.ErrLeaseLost)
 			delete(k.held, t)
 			continue
 		}

@@ -22,14 +22,18 @@ func TestClockFollowsTheDatabase(t *testing.T) {
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return local }
 	advance := func(d time.Duration) { mu.Lock(); local = local.Add(d); mu.Unlock() }
 	c := NewClock(now)
-	// The server runs 5 minutes ahead; each round trip takes 10ms.
-	server := func(context.Context) (time.Time, error) {
-		advance(5 * time.Millisecond)
-		st := now().Add(5 * time.Minute)
-		advance(5 * time.Millisecond)
-		return st, nil
+	// server is a database running ahead of the local clock, whose answer takes oneWay to arrive and as long
+	// to come back.
+	server := func(ahead, oneWay time.Duration) func(context.Context) (time.Time, error) {
+		return func(context.Context) (time.Time, error) {
+			advance(oneWay)
+			st := now().Add(ahead)
+			advance(oneWay)
+			return st, nil
+		}
 	}
-	if err := c.Sync(context.Background(), server); err != nil {
+	// The server runs 5 minutes ahead; each round trip takes 10ms.
+	if err := c.Sync(context.Background(), server(5*time.Minute, 5*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	if off := c.Offset(); off != 5*time.Minute {
@@ -39,13 +43,7 @@ func TestClockFollowsTheDatabase(t *testing.T) {
 		t.Fatalf("Now is %s ahead of the local clock, want 5m", got)
 	}
 	// A measurement through a 3 s round trip (overloaded database) does not replace the tight one.
-	slow := func(context.Context) (time.Time, error) {
-		advance(1500 * time.Millisecond)
-		st := now().Add(5*time.Minute + time.Second)
-		advance(1500 * time.Millisecond)
-		return st, nil
-	}
-	if err := c.Sync(context.Background(), slow); err != nil {
+	if err := c.Sync(context.Background(), server(5*time.Minute+time.Second, 1500*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	if off := c.Offset(); off != 5*time.Minute {
@@ -56,7 +54,7 @@ func TestClockFollowsTheDatabase(t *testing.T) {
 	}
 }
 
-// The keeper renews held leases every third of the lock timeout and cancels the work of a lost one.
+// The keeper renews held leases every third of the lease timeout and cancels the work of a lost one.
 func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -78,7 +76,7 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	}
 	k := NewKeeper(renew, 60*time.Millisecond, nil, zerolog.Nop())
 	if k.Interval() != 20*time.Millisecond {
-		t.Fatalf("interval = %s, want a third of the lock timeout", k.Interval())
+		t.Fatalf("interval = %s, want a third of the lease timeout", k.Interval())
 	}
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -98,8 +96,8 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the lost lease's work was not cancelled")
 	}
-	if !errors.Is(context.Cause(lostCtx), ErrLost) {
-		t.Fatalf("cause = %v, want ErrLost", context.Cause(lostCtx))
+	if !errors.Is(context.Cause(lostCtx), pulsetype.ErrLeaseLost) {
+		t.Fatalf("cause = %v, want pulsetype.ErrLeaseLost", context.Cause(lostCtx))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {

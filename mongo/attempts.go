@@ -20,6 +20,7 @@ func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *att
 	return &attemptDoc{
 		ID: uuid.Must(uuid.NewV7()).String(), DeliveryID: ref.DeliveryID, EventID: ref.EventID, ConsumerGroup: ref.ConsumerGroup,
 		Topic: ref.Topic, Incarnation: ref.Incarnation, Attempt: n, Status: pulsetype.StatusPending, CreatedAt: now, NextAttemptAt: nextAt,
+		Uncounted: ref.Uncounted,
 	}
 }
 
@@ -51,14 +52,15 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, 
 // attempt returns the queue document as the pending, unleased attempt it stands for.
 func (d *queueDoc) attempt() *pulsetype.Attempt {
 	return &pulsetype.Attempt{ID: d.ID, DeliveryID: d.DeliveryID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
-		Number: d.Attempt, Status: pulsetype.StatusPending, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt, Incarnation: d.Incarnation}
+		Number: d.Attempt, Uncounted: d.Uncounted, Status: pulsetype.StatusPending, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
+		Incarnation: d.Incarnation}
 }
 
 // ClaimAttempts leases the given unleased attempts (as read from the queue, or as FanOut created them) with
 // one updateMany of their history documents whose filter holds their ids, status pending and no lease, so
-// concurrent replicas never lease one attempt twice. The attempts it wins share one fresh UUIDv7 lock token
-// (the fencing token of every later write, together with the attempt id), lockOwner owner, lockedAt,
-// heartbeatAt and startedAt now, and lockedUntil now + lock timeout; one update of their queue documents then
+// concurrent replicas never lease one attempt twice. The attempts it wins share one fresh UUIDv7 fencing
+// token (the fencing token of every later write, together with the attempt id), lockOwner owner, lockedAt,
+// heartbeatAt and startedAt now, and lockedUntil now + lease timeout; one update of their queue documents then
 // copies the lease, so claims of the queue skip them. When the update matched fewer than all of them, a
 // second query reads back every one's state: the ones leased under the token are ours, and the queue
 // documents of the others are corrected (leased elsewhere, or ended). It returns the leased attempts with
@@ -69,7 +71,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	}
 	now := s.now()
 	token := uuid.Must(uuid.NewV7()).String()
-	until := now.Add(s.opts.LockTimeout)
+	until := now.Add(s.opts.LeaseTimeout)
 	ids := make([]string, len(attempts))
 	for i, a := range attempts {
 		ids[i] = a.ID
@@ -84,7 +86,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		out = make([]*pulsetype.Attempt, len(attempts))
 		for i, a := range attempts {
 			c := *a
-			c.LockOwner, c.LockToken, c.LockedUntil, c.StartedAt = owner, token, &until, &now
+			c.LeaseOwner, c.FencingToken, c.LeasedUntil, c.StartedAt = owner, token, &until, &now
 			out[i] = &c
 		}
 	} else { // some were leased by another replica first, or have ended: read back which are ours
@@ -94,7 +96,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		}
 		var stale []*attemptDoc
 		for i := range docs {
-			if docs[i].LockToken == token && docs[i].Status == pulsetype.StatusPending {
+			if docs[i].FencingToken == token && docs[i].Status == pulsetype.StatusPending {
 				out = append(out, docs[i].attempt())
 			} else {
 				stale = append(stale, &docs[i])
@@ -130,8 +132,8 @@ func (s *Store) hintQueue(ctx context.Context, attempts []*attemptDoc) error {
 		switch {
 		case a.Status != pulsetype.StatusPending:
 			update = bson.M{"$set": bson.M{"ended": true}}
-		case a.LockedUntil != nil:
-			update = bson.M{"$set": bson.M{"lockedUntil": a.LockedUntil, "lockToken": a.LockToken}}
+		case a.LeasedUntil != nil:
+			update = bson.M{"$set": bson.M{"lockedUntil": a.LeasedUntil, "lockToken": a.FencingToken}}
 		default:
 			update = bson.M{"$unset": bson.M{"lockedUntil": "", "lockToken": ""}}
 		}
@@ -146,7 +148,7 @@ func (s *Store) hintQueue(ctx context.Context, attempts []*attemptDoc) error {
 // claimByID leases one attempt if it is still pending and unleased, and copies the lease to its queue
 // document; it returns nil when another replica leased it first.
 func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) (*pulsetype.Attempt, error) {
-	until := now.Add(s.opts.LockTimeout)
+	until := now.Add(s.opts.LeaseTimeout)
 	token := uuid.Must(uuid.NewV7()).String()
 	update := bson.M{"$set": bson.M{
 		"lockOwner": owner, "lockToken": token, "lockedAt": now, "lockedUntil": until, "heartbeatAt": now, "startedAt": now,
@@ -176,33 +178,13 @@ const OrderSettle = 100 * time.Millisecond
 // maxOrderCheck bounds how many unfinished fan-outs one head-of-line check examines.
 const maxOrderCheck = 100
 
-// ClaimHead leases the attempt at the head of a line of an ordered consumer group (its deliveries of one
-// topic and one ordering key, "" for the events without a key): the current attempt of the line's oldest
-// pending delivery (by event createdAt, then event id), if that attempt is unleased and due, and if no
-// earlier event of the line that the group will receive may still lack its delivery. The invariant it
-// keeps: an ordered group never POSTs an event while an event of the same topic and ordering key before it
-// (createdAt, then id) that the group will deliver can still appear. Lines are independent: a failing head
-// holds up only its own line. Such an event is one of:
-//
-//   - an event whose createdAt is within OrderSettle of now: its write may still be running (retry after
-//     the returned wait);
-//   - an event of the line still marked for fan-out (its publisher crashed, or its fan-out is in flight)
-//     that has no delivery for the group yet, unless the group would not receive it (offsetReset latest and
-//     published before the group registered);
-//   - any retained event while the group's backfill (offsetReset earliest) is still walking them.
-//
-// Only the head may run, so a failing delivery blocks the ones after it until it succeeds or becomes
-// terminal; the head attempt's lease is the ordering lease (renewed by the heartbeat, fenced by its token).
-// A head that belongs to an earlier registration of the group (see pulsetype.Endpoint.Incarnation) is ended
-// as endpoint_deleted instead of holding up the line. It returns nil when the head is running, waiting for
-// its retry, blocked, or absent; wait > 0 says when to look again without waiting for other news (the
-// settle window, or at once after ending a stale head or removing a finished delivery's queue document).
-//
-// The line is read from the queue, which holds pending work only (a delivery's attempts are queued before
-// the delivery is written, so a pending delivery is never missing from it): one query of the line's first
-// queue documents (index pulse_queue_line), one of their deliveries, one of the subscription, one of the
-// head's attempt by id and, when the head is due, those of earlierMayAppear; errors are the database's,
-// wrapped.
+// ClaimHead leases the head attempt of an ordered consumer group's line (docs/delivery.md, "Ordered
+// lines"): the current attempt of the line's oldest pending delivery, when it is unleased and due, its group
+// is active, and no earlier event of the line can still appear. It returns nil when the head is running,
+// waiting, blocked or absent; wait > 0 says when to look again without other news. The line is read from
+// the queue, which holds pending work only: one query of the line's first queue documents (index
+// pulse_queue_line), one read of their deliveries, one of the subscription, one of the head's attempt by id
+// and, when the head is due, those of earlierMayAppear; errors are the database's, wrapped.
 func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (a *pulsetype.Attempt, wait time.Duration, err error) {
 	head, q, err := s.lineHead(ctx, line)
 	if head == nil || err != nil {
@@ -210,7 +192,7 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	}
 	var sub subscriptionDoc
 	err = s.subscriptions.FindOne(ctx, bson.M{"_id": line.ConsumerGroup},
-		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1})).Decode(&sub)
+		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1, "state": 1})).Decode(&sub)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, 0, nil // deleted: its pending deliveries are being ended
 	}
@@ -230,11 +212,14 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 		// ran): it must not hold up the new registration's line, whenever its retry would come due.
 		return nil, time.Millisecond, s.endStaleHead(ctx, head, &at)
 	}
+	if sub.State != "" && sub.State != pulsetype.EndpointActive {
+		return nil, 0, nil // paused or disabled: the line waits for resume
+	}
 	if settled := head.EventCreatedAt.Add(OrderSettle); s.now().Before(settled) {
 		return nil, settled.Sub(s.now()), nil
 	}
 	now := s.now()
-	if at.Status != pulsetype.StatusPending || at.LockedUntil != nil || at.NextAttemptAt.After(now) {
+	if at.Status != pulsetype.StatusPending || at.LeasedUntil != nil || at.NextAttemptAt.After(now) {
 		return nil, 0, nil
 	}
 	if blocked, err := s.earlierMayAppear(ctx, line, &sub, head); err != nil || blocked {
@@ -362,7 +347,7 @@ func (s *Store) endStaleHead(ctx context.Context, d *deliveryDoc, at *attemptDoc
 			return nil // leased meanwhile: its worker ends the delivery
 		}
 	}
-	_, err := s.EndDelivery(ctx, d.ID, pulsetype.StatusError, at.Attempt, info)
+	_, err := s.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: d.ID, Status: pulsetype.StatusError, FinalAttempt: at.Attempt, Error: info})
 	return err
 }
 
@@ -422,7 +407,7 @@ func (s *Store) earlierMayAppear(ctx context.Context, line pulsetype.Line, sub *
 	return len(found) < len(deliveries), nil
 }
 
-// Renew extends the given leases to now + lock timeout and stamps heartbeatAt, with one updateMany fenced by
+// Renew extends the given leases to now + lease timeout and stamps heartbeatAt, with one updateMany fenced by
 // the attempt ids, their tokens and status pending. When it matched fewer than all, one query finds which are
 // still held. It returns the leases that were lost (reaped, released or no longer pending).
 func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error) {
@@ -435,7 +420,7 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 		ids[i], tokens[i] = l.AttemptID, l.Token
 	}
 	filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
-	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{"lockedUntil": now.Add(s.opts.LockTimeout), "heartbeatAt": now}})
+	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{"lockedUntil": now.Add(s.opts.LeaseTimeout), "heartbeatAt": now}})
 	if err != nil {
 		return nil, wrap("renew leases", err)
 	}
@@ -448,7 +433,7 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	}
 	ok := map[pulsetype.LeaseKey]bool{}
 	for _, d := range held {
-		ok[pulsetype.LeaseKey{AttemptID: d.ID, Token: d.LockToken}] = true
+		ok[pulsetype.LeaseKey{AttemptID: d.ID, Token: d.FencingToken}] = true
 	}
 	for _, l := range leases {
 		if !ok[l] {
@@ -458,7 +443,7 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	return lost, nil
 }
 
-// FinishAttempt records the result of a leased attempt with a write fenced by its id and lock token. It
+// FinishAttempt records the result of a leased attempt with a write fenced by its id and fencing token. It
 // returns pulsetype.ErrLeaseLost when they no longer match a pending attempt (it was reaped or released):
 // then nothing is written.
 func (s *Store) FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error {
@@ -474,7 +459,7 @@ func (s *Store) FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulse
 
 // fence is the filter of a write that only the holder of a's lease may make.
 func fence(a *pulsetype.Attempt) bson.M {
-	return bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending}
+	return bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending}
 }
 
 // resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence.
@@ -506,22 +491,10 @@ func evidenceSet(r pulsetype.AttemptResult) bson.M {
 	return bson.M{"durationMs": r.Duration.Milliseconds(), "responseBody": r.ResponseBody}
 }
 
-// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two commands (more
-// when a batch needs more than Capabilities.MaxUpdateStatements statements):
-//
-//  1. one bulk update whose statements are updateMany's, one per distinct outcome (status, HTTP status,
-//     error), each fenced by the attempts' ids, their lock tokens and status pending: it makes the attempts
-//     terminal with endedAt and expiresAt;
-//  2. one bulk update by _id alone that adds each recorded attempt's own evidence (durationMs,
-//     responseBody). Only this call can have made those attempts terminal, and nothing writes a terminal
-//     attempt, so this write needs no fence.
-//
-// Grouping keeps the fenced filters few: the embedded database (FerretDB on SQLite) evaluates every filter
-// other than {_id: x} by scanning the collection. When the fenced statements matched fewer attempts than
-// given, one query reads back which ones carry this call's result. It returns, in order, whether each
-// result was recorded (false: the lease was lost, nothing was written for it). The evidence is best
-// effort: when its write fails (it is logged) or the process crashes before it, an attempt is terminal
-// without its duration and response body.
+// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two bulk updates (more
+// past Capabilities.MaxUpdateStatements statements; docs/delivery.md, "Recording results"): one fenced
+// updateMany per distinct outcome, then each attempt's evidence by _id (best effort: a failure is logged). It
+// returns, in order, whether each result was recorded (false: the lease was lost, nothing was written).
 func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error) {
 	recorded := make([]bool, len(cs))
 	if len(cs) == 0 {
@@ -532,7 +505,8 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		status     pulsetype.Status
 		httpStatus int
 		terminal   bool
-		code, msg  string
+		code       pulsetype.ErrorCode
+		msg        string
 		retryAfter time.Duration
 	}
 	groups := map[outcome][]int{}
@@ -553,7 +527,7 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		idx := groups[k]
 		ids, tokens := make([]string, len(idx)), make([]string, len(idx))
 		for j, i := range idx {
-			ids[j], tokens[j] = cs[i].Attempt.ID, cs[i].Attempt.LockToken
+			ids[j], tokens[j] = cs[i].Attempt.ID, cs[i].Attempt.FencingToken
 		}
 		filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
 		models = append(models, mongo.NewUpdateManyModel().SetFilter(filter).SetUpdate(bson.M{"$set": s.outcomeSet(cs[idx[0]].Result, now)}))
@@ -603,13 +577,13 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	for i, c := range cs {
 		// A reaped attempt keeps its token but carries worker_lost and the reaper's endedAt.
 		d, ok := byID[c.Attempt.ID]
-		recorded[i] = ok && d.LockToken == c.Attempt.LockToken && d.Status == c.Result.Status &&
+		recorded[i] = ok && d.FencingToken == c.Attempt.FencingToken && d.Status == c.Result.Status &&
 			d.EndedAt != nil && d.EndedAt.Equal(now) && d.Error.CodeOrEmpty() == c.Result.Error.CodeOrEmpty()
 	}
 	return nil
 }
 
-// FollowUps applies the next step of each recorded completion (see reconciler.Decide), then removes the
+// FollowUps applies the next step of each recorded completion (see pulsetype.RetryPolicy.Decide), then removes the
 // completed attempts from the queue, with at most five commands: one bulk update ends the deliveries that
 // ended (pending ones only: a delivery another replica ended stays as it is; successes with the same final
 // attempt share one updateMany); for the retries, one read of their lines from the queue, one insert of the
@@ -629,7 +603,7 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 		done[i] = a.ID
 		switch {
 		case c.Next.Retry:
-			retries = append(retries, newAttemptDoc(a.Ref(), a.Number+1, now, now.Add(c.Next.Delay)))
+			retries = append(retries, newAttemptDoc(pulsetype.NextRef(a, c.Next), a.Number+1, now, now.Add(c.Next.Delay)))
 		case c.Next.EndStatus == pulsetype.StatusSuccess:
 			succeeded[a.Number] = append(succeeded[a.Number], a.DeliveryID)
 		default:
@@ -764,16 +738,16 @@ func (s *Store) CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n 
 
 // EndDelivery makes a pending delivery terminal (success or error) with its final attempt number, error and
 // expiresAt (now + history retention) in one update, then removes the queue documents of its attempts up to
-// finalAttempt (which have ended). It returns ended=false when the delivery was not pending any more
+// p.FinalAttempt (which have ended). It returns ended=false when the delivery was not pending any more
 // (another replica ended it first).
-func (s *Store) EndDelivery(ctx context.Context, deliveryID string, status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo) (ended bool, err error) {
+func (s *Store) EndDelivery(ctx context.Context, p pulsetype.EndDeliveryParams) (ended bool, err error) {
 	now := s.now()
-	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": deliveryID, "status": pulsetype.StatusPending},
-		bson.M{"$set": endSet(status, finalAttempt, e, now, expiry(now, s.opts.HistoryRetention))})
+	res, err := s.deliveries.UpdateOne(ctx, bson.M{"_id": p.DeliveryID, "status": pulsetype.StatusPending},
+		bson.M{"$set": endSet(p.Status, p.FinalAttempt, p.Error, now, expiry(now, s.opts.HistoryRetention))})
 	if err != nil {
 		return false, wrap("end delivery", err)
 	}
-	if _, err := s.queue.DeleteMany(ctx, bson.M{"deliveryId": deliveryID, "attempt": bson.M{"$lte": finalAttempt}}); err != nil {
+	if _, err := s.queue.DeleteMany(ctx, bson.M{"deliveryId": p.DeliveryID, "attempt": bson.M{"$lte": p.FinalAttempt}}); err != nil {
 		return false, wrap("remove ended attempts from the queue", err)
 	}
 	return res.ModifiedCount > 0, nil
@@ -784,7 +758,7 @@ func (s *Store) EndDelivery(ctx context.Context, deliveryID string, status pulse
 const reapScan = 16
 
 // ReapOne turns one pending attempt whose lease expired into error/worker_lost, through a write whose filter
-// still holds the old lock token and the expired lockedUntil (a lease renewed meanwhile is not reaped). It
+// still holds the old fencing token and the expired lockedUntil (a lease renewed meanwhile is not reaped). It
 // finds it through the queue (the attempts whose copied lease has expired, oldest first), reading each one's
 // lease from its history document and correcting the queue's copy of those renewed or ended meanwhile. It
 // returns the reaped attempt, or nil when there was none or another replica reaped it first.
@@ -807,7 +781,7 @@ func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	var stale []*attemptDoc
 	for i := range docs {
 		d := &docs[i]
-		if d.Status == pulsetype.StatusPending && d.LockedUntil != nil && d.LockedUntil.Before(now) && expiredLease == nil {
+		if d.Status == pulsetype.StatusPending && d.LeasedUntil != nil && d.LeasedUntil.Before(now) && expiredLease == nil {
 			expiredLease = d
 		} else {
 			stale = append(stale, d)
@@ -820,13 +794,13 @@ func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 		return nil, nil
 	}
 	doc := expiredLease
-	e := &pulsetype.ErrorInfo{Code: pulsetype.CodeWorkerLost, Message: "the attempt's lease expired before it completed (lock owner " + doc.LockOwner + ")"}
+	e := &pulsetype.ErrorInfo{Code: pulsetype.CodeWorkerLost, Message: "the attempt's lease expired before it completed (lease owner " + doc.LeaseOwner + ")"}
 	set := bson.M{"status": pulsetype.StatusError, "endedAt": now, "error": e}
 	if exp := expiry(now, s.opts.HistoryRetention); exp != nil {
 		set["expiresAt"] = exp
 	}
 	res, err := s.history.UpdateOne(ctx, bson.M{
-		"_id": doc.ID, "status": pulsetype.StatusPending, "lockToken": doc.LockToken, "lockedUntil": bson.M{"$lt": now},
+		"_id": doc.ID, "status": pulsetype.StatusPending, "lockToken": doc.FencingToken, "lockedUntil": bson.M{"$lt": now},
 	}, bson.M{"$set": set})
 	if err != nil {
 		return nil, wrap("reap attempt", err)
@@ -856,7 +830,7 @@ func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pul
 // its queue document's copy of the lease), for a claim that must not run after all. It returns
 // pulsetype.ErrLeaseLost when the lease is no longer held.
 func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error {
-	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.LockToken, "status": pulsetype.StatusPending},
+	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending},
 		bson.M{"$unset": bson.M{"lockOwner": "", "lockToken": "", "lockedAt": "", "lockedUntil": "", "heartbeatAt": "", "startedAt": ""}})
 	if err != nil {
 		return wrap("release attempt", err)
@@ -864,7 +838,7 @@ func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error 
 	if res.MatchedCount == 0 {
 		return pulsetype.ErrLeaseLost
 	}
-	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.LockToken}, bson.M{"$unset": bson.M{"lockedUntil": "", "lockToken": ""}}); err != nil {
+	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.FencingToken}, bson.M{"$unset": bson.M{"lockedUntil": "", "lockToken": ""}}); err != nil {
 		return wrap("release attempt in the queue", err)
 	}
 	return nil

@@ -26,7 +26,7 @@ func (s *Store) Backfill(ctx context.Context, owner string, batch int) (int, err
 		bson.M{"backfill": bson.M{"$exists": true}, "$or": bson.A{
 			bson.M{"backfill.lockedUntil": nil}, bson.M{"backfill.lockedUntil": bson.M{"$lt": now}},
 		}},
-		bson.M{"$set": bson.M{"backfill.lockOwner": owner, "backfill.lockToken": token, "backfill.lockedUntil": now.Add(s.opts.LockTimeout)}},
+		bson.M{"$set": bson.M{"backfill.lockOwner": owner, "backfill.lockToken": token, "backfill.lockedUntil": now.Add(s.opts.LeaseTimeout)}},
 		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&sub)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return 0, nil

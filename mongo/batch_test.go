@@ -65,16 +65,16 @@ func testClaimAttemptsLeasesEachAttemptOnce(t *testing.T, e *env) {
 	}
 	for _, a := range append(first, rest...) {
 		d := b.historyDoc(a.ID)
-		if d.LockToken != a.LockToken || d.LockOwner != a.LockOwner || d.LockedUntil == nil || !d.LockedUntil.Equal(*a.LockedUntil) {
+		if d.FencingToken != a.FencingToken || d.LeaseOwner != a.LeaseOwner || d.LeasedUntil == nil || !d.LeasedUntil.Equal(*a.LeasedUntil) {
 			t.Errorf("attempt %s: stored lease (%s, %s, %v) differs from the returned one (%s, %s, %v)",
-				a.ID, d.LockOwner, d.LockToken, d.LockedUntil, a.LockOwner, a.LockToken, a.LockedUntil)
+				a.ID, d.LeaseOwner, d.FencingToken, d.LeasedUntil, a.LeaseOwner, a.FencingToken, a.LeasedUntil)
 		}
 		if a.EventID == "" || a.DeliveryID == "" || a.Number != 1 {
 			t.Errorf("returned attempt lacks its fields: %+v", a)
 		}
 	}
-	if first[0].LockToken == rest[0].LockToken {
-		t.Error("two claims share a lock token")
+	if first[0].FencingToken == rest[0].FencingToken {
+		t.Error("two claims share a fencing token")
 	}
 	if again, err := s.ClaimAttempts(b.ctx, "worker-a", created); err != nil || len(again) != 0 {
 		t.Errorf("ClaimAttempts of leased attempts = %d, %v; want none", len(again), err)
@@ -153,7 +153,7 @@ func testFinishAttemptsIsFencedPerAttempt(t *testing.T, e *env) {
 	if d := b.historyDoc(leased[3].ID); d.Status != pulsetype.StatusError || d.Error == nil || d.Error.Code != pulsetype.CodeWorkerLost || d.HTTPStatus != 0 {
 		t.Errorf("the reaped attempt was overwritten: %+v", d)
 	}
-	if d := b.historyDoc(leased[4].ID); d.Status != pulsetype.StatusPending || d.LockToken != "" || d.HTTPStatus != 0 {
+	if d := b.historyDoc(leased[4].ID); d.Status != pulsetype.StatusPending || d.FencingToken != "" || d.HTTPStatus != 0 {
 		t.Errorf("the released attempt was overwritten: %+v", d)
 	}
 

@@ -32,7 +32,7 @@ func benchStore(b *testing.B) (*Store, *atomic.Int64) {
 		_ = client.Database(dbName).Drop(context.Background())
 		_ = client.Disconnect(context.Background())
 	})
-	s := New(client, Options{Database: dbName, CollectionPrefix: testPrefix, LockTimeout: 30 * time.Second, Logger: zerolog.Nop()})
+	s := New(client, Options{Database: dbName, CollectionPrefix: testPrefix, LeaseTimeout: 30 * time.Second, Logger: zerolog.Nop()})
 	ctx := context.Background()
 	if _, err := s.EnsureSchema(ctx); err != nil {
 		b.Fatal(err)
@@ -138,7 +138,7 @@ func deliverOneByOne(b *testing.B, s *Store, n int) {
 		if err := s.FinishAttempt(ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 200, Duration: time.Millisecond}); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.EndDelivery(ctx, a.DeliveryID, pulsetype.StatusSuccess, a.Number, nil); err != nil {
+		if _, err := s.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: a.Number}); err != nil {
 			b.Fatal(err)
 		}
 	}

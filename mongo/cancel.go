@@ -20,25 +20,11 @@ const maxCancelTries = 4
 // cancelled is the error of a cancelled delivery and of the attempt that records its cancel.
 var cancelled = &pulsetype.ErrorInfo{Code: pulsetype.CodeCancelled, Message: "cancelled through the API: no attempt is sent after it"}
 
-// CancelDelivery ends a pending delivery as cancelled (docs/delivery.md, "Cancelling a delivery"), in two
-// steps that keep every later attempt from being sent, without transactions:
-//
-//  1. its attempts are stopped: the attempt waiting to be claimed is ended as error/cancelled by a write
-//     fenced on its being pending and unleased; when there is none (an attempt is leased: its POST is in
-//     flight; or the next attempt is not created yet), the next attempt number is taken by inserting that
-//     attempt already ended as error/cancelled, so the unique index on (deliveryId, attempt) turns whatever
-//     would have created it (the in-flight attempt's retry, the reaper, the repair scan, a retry's reopen)
-//     into a duplicate-key no-op;
-//  2. the delivery becomes cancelled (code cancelled, endedAt, finalAttempt, expiresAt) with a write
-//     filtered on status pending, so the in-flight attempt's result, recorded later by its fenced writes,
-//     cannot end it otherwise.
-//
-// A crash between the two leaves a pending delivery whose last attempt ended with code cancelled: the
-// repair scan ends it as cancelled. A POST leased before step 1 may still finish (CancelResult.InFlight).
-//
-// It returns what it did; pulsetype.ErrNotFound when the delivery does not exist or has expired;
-// pulsetype.ErrTerminal (wrapped, naming the status) when it is already terminal, also when it ended
-// otherwise while being cancelled (its in-flight attempt succeeded first).
+// CancelDelivery ends a pending delivery as cancelled in two writes that keep every later attempt from being
+// sent (docs/delivery.md, "Cancelling a delivery"); a POST leased before it may still finish
+// (CancelResult.InFlight). It returns pulsetype.ErrNotFound when the delivery does not exist or has expired,
+// and pulsetype.ErrTerminal (wrapped, naming the status) when it is terminal, also when its in-flight attempt
+// ended it first.
 func (s *Store) CancelDelivery(ctx context.Context, id string) (pulsetype.CancelResult, error) {
 	d, err := s.deliveryDoc(ctx, id)
 	if err != nil {
@@ -109,7 +95,7 @@ func (s *Store) stopAttempts(ctx context.Context, d *pulsetype.Delivery) (res pu
 		next, inFlight := max(1, d.ReopenedAttempt), false
 		if len(attempts) > 0 {
 			last := attempts[len(attempts)-1]
-			if last.Status == pulsetype.StatusPending && last.LockedUntil == nil {
+			if last.Status == pulsetype.StatusPending && last.LeasedUntil == nil {
 				upd, err := s.history.UpdateOne(ctx, bson.M{"_id": last.ID, "status": pulsetype.StatusPending, "lockedUntil": nil},
 					bson.M{"$set": ended})
 				if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	drvevent "go.mongodb.org/mongo-driver/v2/event"
 	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -17,33 +18,63 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// commandLog records the commands a client sends: their names, and the statements of each update command.
+// commandLog records the commands a client sends, in order, through the driver's command monitor. It is safe
+// for concurrent use.
 type commandLog struct {
-	mu      sync.Mutex
-	names   []string
-	updates []int // statements per update command, in order
+	mu       sync.Mutex
+	names    []string
+	commands []bson.Raw // a copy of each command, in the order of names
+}
+
+// monitor returns a command monitor that records into l.
+func (l *commandLog) monitor() *drvevent.CommandMonitor {
+	return &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.names = append(l.names, e.CommandName)
+		l.commands = append(l.commands, slices.Clone(e.Command))
+	}}
 }
 
 // monitoredClient returns a client on the test server whose commands log records, disconnected in cleanup.
 func (b *bundle) monitoredClient(log *commandLog) *mongodrv.Client {
 	b.t.Helper()
-	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
-		log.mu.Lock()
-		defer log.mu.Unlock()
-		log.names = append(log.names, e.CommandName)
-		if e.CommandName == "update" {
-			stmts, _ := e.Command.Lookup("updates").Array().Values()
-			log.updates = append(log.updates, len(stmts))
+	return b.srv.Connect(options.Client().SetMonitor(log.monitor()))
+}
+
+// monitoredStore returns a store, its schema ensured, on a client of its own whose commands the returned log
+// records.
+func (b *bundle) monitoredStore() (*Store, *commandLog) {
+	b.t.Helper()
+	log := &commandLog{}
+	return b.store(b.monitoredClient(log), nil), log
+}
+
+// sent returns the names of the commands recorded so far.
+func (l *commandLog) sent() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.names)
+}
+
+// named returns the recorded commands called name, in order.
+func (l *commandLog) named(name string) []bson.Raw {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []bson.Raw
+	for i, n := range l.names {
+		if n == name {
+			out = append(out, l.commands[i])
 		}
-	}}
-	return b.srv.Connect(options.Client().SetMonitor(monitor))
+	}
+	return out
 }
 
 // reset forgets what log recorded so far.
 func (l *commandLog) reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.names, l.updates = nil, nil
+	l.names, l.commands = nil, nil
 }
 
 // DetectCapabilities reports what the server is, as the suite's own probe of the server found it
@@ -91,11 +122,10 @@ func testGivenCapabilitiesAreNotDetected(t *testing.T, e *env) {
 	if err != nil || caps != given || s.Capabilities() != given {
 		t.Fatalf("EnsureSchema = %+v, %v (Capabilities() %+v); want %+v", caps, err, s.Capabilities(), given)
 	}
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	for _, name := range log.names {
+	sent := log.sent()
+	for _, name := range sent {
 		if name == "buildInfo" || name == "hello" || name == "drop" {
-			t.Errorf("EnsureSchema with given capabilities sent %s (commands: %v)", name, log.names)
+			t.Errorf("EnsureSchema with given capabilities sent %s (commands: %v)", name, sent)
 		}
 	}
 }
@@ -132,15 +162,18 @@ func testUpdateCommandsHonourMaxUpdateStatements(t *testing.T, e *env) {
 			if err := s.FollowUps(b.ctx, cs); err != nil {
 				t.Fatalf("FollowUps: %v", err)
 			}
-			log.mu.Lock()
-			defer log.mu.Unlock()
+			var updates []int // statements per update command, in order
+			for _, c := range log.named("update") {
+				stmts, _ := c.Lookup("updates").Array().Values()
+				updates = append(updates, len(stmts))
+			}
 			// Three bulk updates of 20 statements each: the fenced outcomes, the evidence, the delivery ends.
 			want := []int{20, 20, 20}
 			if bound > 0 {
 				want = slices.Repeat([]int{bound}, 3*20/bound)
 			}
-			if fmt.Sprint(log.updates) != fmt.Sprint(want) {
-				t.Errorf("update commands carried %v statements, want %v", log.updates, want)
+			if fmt.Sprint(updates) != fmt.Sprint(want) {
+				t.Errorf("update commands carried %v statements, want %v", updates, want)
 			}
 		})
 	}

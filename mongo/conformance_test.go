@@ -247,7 +247,7 @@ var conformanceCases = []conformanceCase{
 	{name: "FanOutConcurrentCreatesOneDeliveryPerGroup", run: testFanOutConcurrentCreatesOneDeliveryPerGroup, race: true},
 	{name: "FanOutStaleRepairsInterruptedFanOut", run: testFanOutStaleRepairsInterruptedFanOut},
 	{name: "PublishArrayIsIdempotentAndConflictsStoreNothing", run: testPublishArrayIsIdempotentAndConflictsStoreNothing},
-	{name: "ClaimIsFencedByLockToken", run: testClaimIsFencedByLockToken},
+	{name: "ClaimIsFencedByFencingToken", run: testClaimIsFencedByFencingToken},
 	{name: "ReapOneReapsExpiredLease", run: testReapOneReapsExpiredLease},
 	{name: "ReapOneSparesRenewedLease", run: testReapOneSparesRenewedLease, race: true},
 	{name: "CreateAttemptAndEndDeliveryAreExactlyOnce", run: testCreateAttemptAndEndDeliveryAreExactlyOnce, race: true},
@@ -289,6 +289,8 @@ var conformanceCases = []conformanceCase{
 	// stats_test.go
 	{name: "GroupStatsCountsTheLastHour", run: testGroupStatsCountsTheLastHour},
 	{name: "ConsoleReadsWith10000Deliveries", run: testConsoleReadsWith10000Deliveries},
+	// state_test.go
+	{name: "EndpointStateAndFailingStreak", run: testEndpointStateAndFailingStreak},
 	// watch_test.go
 	{name: "WatchEventsSendsChangeStreamAndReopens", run: testWatchEventsSendsChangeStreamAndReopens},
 	// queue_test.go

@@ -3,11 +3,8 @@ package mongo
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
-
-	drvevent "go.mongodb.org/mongo-driver/v2/event"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -34,14 +31,8 @@ func TestDatabaseName(t *testing.T) {
 // A connected Store reads the server's clock with hello, through the monitor the client was given.
 func testServerTime(t *testing.T, e *env) {
 	b := e.setup(t)
-	var mu sync.Mutex
-	var commands []string
-	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
-		mu.Lock()
-		commands = append(commands, e.CommandName)
-		mu.Unlock()
-	}}
-	client, err := Connect(b.srv.URI, ConnectOptions{ServerSelectionTimeout: 30 * time.Second, Monitor: monitor})
+	var log commandLog
+	client, err := Connect(b.srv.URI, ConnectOptions{ServerSelectionTimeout: 30 * time.Second, Monitor: log.monitor()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,9 +46,7 @@ func testServerTime(t *testing.T, e *env) {
 	if d := time.Since(got); d < -time.Minute || d > time.Minute {
 		t.Fatalf("server time %s is %s away from the local clock", got, d)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(commands) != 1 || commands[0] != "hello" {
+	if commands := log.sent(); len(commands) != 1 || commands[0] != "hello" {
 		t.Fatalf("commands = %q, want one hello", commands)
 	}
 }

@@ -8,7 +8,7 @@
 // Invariants:
 //   - no multi-document transactions: replicas converge through unique indexes (consumerGroup+eventId on
 //     deliveries, deliveryId+attempt on history) where a duplicate-key error means "already done";
-//   - every write that completes, renews or reaps an attempt carries the attempt's lock token in its filter
+//   - every write that completes, renews or reaps an attempt carries the attempt's fencing token in its filter
 //     (fencing), so a worker whose lease was taken over cannot write its result;
 //   - times in filters come from the store's clock (the database's clock, see package lease), never from a
 //     replica's own wall clock alone;

@@ -9,6 +9,10 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// The bson field names of these documents, and the index names in schema.go, are the stored schema: they keep
+// their earlier spelling (lockOwner, lockToken, lockedAt, lockedUntil for an attempt's lease owner, fencing
+// token and lease times) because existing databases and older replicas during a rolling upgrade depend on them.
+
 // eventDoc is a document of <prefix>.events. Data is the event's JSON text, kept as a string so numbers,
 // unicode escapes and key order come back byte-equal.
 type eventDoc struct {
@@ -37,19 +41,19 @@ func (d *eventDoc) event() *pulsetype.Event {
 
 // subscriptionDoc is a document of <prefix>.subscriptions: one per consumer group, _id = the group.
 type subscriptionDoc struct {
-	ID                     string   `bson:"_id"`
-	URL                    string   `bson:"url"`
-	Topics                 []string `bson:"topics"`
-	Delivery               string   `bson:"delivery"`
-	Ordered                bool     `bson:"ordered"`
-	Format                 string   `bson:"format,omitempty"` // empty for groups stored before formats: envelope
-	OffsetReset            string   `bson:"offsetReset"`
-	MaxRetries             int      `bson:"maxRetries"`
-	RetryDelayMs           int64    `bson:"retryDelayMs"`
-	RetryBackoffMultiplier float64  `bson:"retryBackoffMultiplier"`
-	MaxRetryDelayMs        int64    `bson:"maxRetryDelayMs"`
-	TimeoutMs              int64    `bson:"timeoutMs"`
-	MaxConcurrency         int      `bson:"maxConcurrency"`
+	ID                     string                  `bson:"_id"`
+	URL                    string                  `bson:"url"`
+	Topics                 []string                `bson:"topics"`
+	Delivery               pulsetype.DeliveryMode  `bson:"delivery"`
+	Ordered                bool                    `bson:"ordered"`
+	Format                 pulsetype.WebhookFormat `bson:"format,omitempty"` // empty for groups stored before formats: envelope
+	OffsetReset            pulsetype.OffsetReset   `bson:"offsetReset"`
+	MaxRetries             int                     `bson:"maxRetries"`
+	RetryDelayMs           int64                   `bson:"retryDelayMs"`
+	RetryBackoffMultiplier float64                 `bson:"retryBackoffMultiplier"`
+	MaxRetryDelayMs        int64                   `bson:"maxRetryDelayMs"`
+	TimeoutMs              int64                   `bson:"timeoutMs"`
+	MaxConcurrency         int                     `bson:"maxConcurrency"`
 	// Headers and Secret hold the endpoint's header values and signing secret in clear: written without an
 	// encryption key, or before one was set. With a key they are empty and the sealed fields hold them.
 	Headers map[string]string `bson:"headers,omitempty"`
@@ -64,8 +68,17 @@ type subscriptionDoc struct {
 	PreviousSecretSealed    *sealing.Sealed `bson:"previousSecretSealed,omitempty"`
 	PreviousSecretExpiresAt *time.Time      `bson:"previousSecretExpiresAt,omitempty"`
 	InsecureSkipVerify      bool            `bson:"insecureSkipVerify,omitempty"`
-	CreatedAt               time.Time       `bson:"createdAt"`
-	UpdatedAt               time.Time       `bson:"updatedAt"`
+	RateLimit               float64         `bson:"rateLimit,omitempty"`      // POSTs per second per replica; 0: none
+	DisableAfterMs          int64           `bson:"disableAfterMs,omitempty"` // 0: never
+	// State, StateReason and StateSince are absent while the endpoint is active (see state.go);
+	// FailingSince is the end of the first failed attempt since the last success, kept only for endpoints
+	// with a disableAfter.
+	State        pulsetype.EndpointState `bson:"state,omitempty"`
+	StateReason  pulsetype.StateReason   `bson:"stateReason,omitempty"`
+	StateSince   *time.Time              `bson:"stateSince,omitempty"`
+	FailingSince *time.Time              `bson:"failingSince,omitempty"`
+	CreatedAt    time.Time               `bson:"createdAt"`
+	UpdatedAt    time.Time               `bson:"updatedAt"`
 	// Incarnation is set once, when the group is created; see pulsetype.Endpoint.Incarnation.
 	Incarnation string `bson:"incarnation,omitempty"`
 	// Backfill is set while an earliest-offset group still has to receive the events retained before it was
@@ -75,10 +88,10 @@ type subscriptionDoc struct {
 
 // backfillState is the discovery cursor and lease of an earliest-offset consumer group.
 type backfillState struct {
-	Cursor      string     `bson:"cursor"` // last event id delivered by the backfill
-	LockOwner   string     `bson:"lockOwner,omitempty"`
-	LockToken   string     `bson:"lockToken,omitempty"`
-	LockedUntil *time.Time `bson:"lockedUntil,omitempty"`
+	Cursor       string     `bson:"cursor"` // last event id delivered by the backfill
+	LeaseOwner   string     `bson:"lockOwner,omitempty"`
+	FencingToken string     `bson:"lockToken,omitempty"`
+	LeasedUntil  *time.Time `bson:"lockedUntil,omitempty"`
 }
 
 func ms(d *pulsetype.Duration) int64 { return time.Duration(*d).Milliseconds() }
@@ -100,6 +113,8 @@ func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, 
 		MaxConcurrency: &conc, Headers: d.Headers, Secret: d.Secret, InsecureSkipVerify: d.InsecureSkipVerify,
 		PreviousSecret: d.PreviousSecret, PreviousSecretExpiresAt: d.PreviousSecretExpiresAt,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, Incarnation: d.Incarnation,
+		RateLimit: d.RateLimit, DisableAfter: pulsetype.Duration(time.Duration(d.DisableAfterMs) * time.Millisecond),
+		State: cmp.Or(d.State, pulsetype.EndpointActive), StateReason: d.StateReason, StateSince: d.StateSince,
 	}
 	if err := d.openSecrets(ep, keys); err != nil {
 		return nil, err
@@ -151,10 +166,10 @@ type attemptDoc struct {
 	CreatedAt     time.Time            `bson:"createdAt"`
 	NextAttemptAt time.Time            `bson:"nextAttemptAt"`
 	StartedAt     *time.Time           `bson:"startedAt,omitempty"`
-	LockOwner     string               `bson:"lockOwner,omitempty"`
-	LockToken     string               `bson:"lockToken,omitempty"`
-	LockedAt      *time.Time           `bson:"lockedAt,omitempty"`
-	LockedUntil   *time.Time           `bson:"lockedUntil,omitempty"`
+	LeaseOwner    string               `bson:"lockOwner,omitempty"`
+	FencingToken  string               `bson:"lockToken,omitempty"`
+	LeasedAt      *time.Time           `bson:"lockedAt,omitempty"`
+	LeasedUntil   *time.Time           `bson:"lockedUntil,omitempty"`
 	HeartbeatAt   *time.Time           `bson:"heartbeatAt,omitempty"`
 	EndedAt       *time.Time           `bson:"endedAt,omitempty"`
 	DurationMs    int64                `bson:"durationMs,omitempty"`
@@ -165,6 +180,7 @@ type attemptDoc struct {
 	ExpiresAt     *time.Time           `bson:"expiresAt,omitempty"`
 	Incarnation   string               `bson:"incarnation,omitempty"`
 	RetryAfterMs  int64                `bson:"retryAfterMs,omitempty"` // the receiver's Retry-After, in ms
+	Uncounted     int                  `bson:"uncounted,omitempty"`    // see pulsetype.Attempt.Uncounted
 }
 
 func (d *attemptDoc) attempt() *pulsetype.Attempt {
@@ -172,9 +188,9 @@ func (d *attemptDoc) attempt() *pulsetype.Attempt {
 		ID: d.ID, DeliveryID: d.DeliveryID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
 		Number: d.Attempt, Status: d.Status, HTTPStatus: d.HTTPStatus, DurationMs: d.DurationMs, Error: d.Error,
 		ResponseBody: d.ResponseBody, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
-		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LockOwner: d.LockOwner, LockToken: d.LockToken,
-		LockedUntil: d.LockedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
-		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond,
+		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LeaseOwner: d.LeaseOwner, FencingToken: d.FencingToken,
+		LeasedUntil: d.LeasedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
+		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond, Uncounted: d.Uncounted,
 	}
 }
 
@@ -193,14 +209,15 @@ type queueDoc struct {
 	OrderingKey    string    `bson:"orderingKey,omitempty"`
 	EventCreatedAt time.Time `bson:"eventCreatedAt"`
 	Attempt        int       `bson:"attempt"`
+	Uncounted      int       `bson:"uncounted,omitempty"` // see pulsetype.Attempt.Uncounted
 	Incarnation    string    `bson:"incarnation,omitempty"`
 	CreatedAt      time.Time `bson:"createdAt"`
 	NextAttemptAt  time.Time `bson:"nextAttemptAt"`
-	// LockedUntil and LockToken copy the attempt's lease when it was claimed (absent: claimable, as far as the
+	// LeasedUntil and FencingToken copy the attempt's lease when it was claimed (absent: claimable, as far as the
 	// queue knows); Ended is set once the attempt is known to have ended while its delivery's next step is
 	// not recorded yet. Claims skip both; the reaper and the repair scan check the attempt itself.
-	LockedUntil *time.Time `bson:"lockedUntil,omitempty"`
-	LockToken   string     `bson:"lockToken,omitempty"`
+	LeasedUntil *time.Time `bson:"lockedUntil,omitempty"`
+	FencingToken   string     `bson:"lockToken,omitempty"`
 	Ended       bool       `bson:"ended,omitempty"`
 }
 
@@ -208,7 +225,7 @@ type queueDoc struct {
 // orderingKey place it in its line).
 func queued(a *attemptDoc, orderingKey string, eventCreatedAt time.Time) *queueDoc {
 	return &queueDoc{ID: a.ID, DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic,
-		OrderingKey: orderingKey, EventCreatedAt: eventCreatedAt, Attempt: a.Attempt, Incarnation: a.Incarnation,
+		OrderingKey: orderingKey, EventCreatedAt: eventCreatedAt, Attempt: a.Attempt, Uncounted: a.Uncounted, Incarnation: a.Incarnation,
 		CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -21,7 +22,8 @@ import (
 // those topics as error/unsubscribed (see EndPending); one that changes only the URL, headers or policy
 // keeps pending work, which the next attempts deliver with the new settings. A rotation's previous secret
 // (RotateSecret) stays, with the end of its overlap, only when e keeps the current secret; any other PUT
-// ends the overlap. e's own previous-secret fields are ignored.
+// ends the overlap. e's own previous-secret fields are ignored, and so are its state fields: a replaced
+// endpoint keeps its state (see SetEndpointState).
 func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored *pulsetype.Endpoint, created bool, err error) {
 	now := s.now()
 	// The previous registration is read without decrypting it: a PUT replaces values that no configured key
@@ -36,7 +38,8 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		"offsetReset": e.OffsetReset, "maxRetries": *e.MaxRetries, "retryDelayMs": ms(e.RetryDelay),
 		"retryBackoffMultiplier": *e.RetryBackoffMultiplier, "maxRetryDelayMs": ms(e.MaxRetryDelay),
 		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency,
-		"insecureSkipVerify": e.InsecureSkipVerify, "updatedAt": now,
+		"insecureSkipVerify": e.InsecureSkipVerify, "rateLimit": e.RateLimit,
+		"disableAfterMs": time.Duration(e.DisableAfter).Milliseconds(), "updatedAt": now,
 	}
 	secretSet, secretUnset, err := s.secretFields(e)
 	if err != nil {
@@ -69,8 +72,8 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		}
 		if prev != nil && prev.Incarnation == stored.Incarnation {
 			if removed := missing(prev.Topics, stored.Topics); len(removed) > 0 {
-				if err := s.EndPending(ctx, e.ConsumerGroup, removed, pulsetype.CodeUnsubscribed,
-					"the consumer group no longer subscribes to this topic"); err != nil {
+				if err := s.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: e.ConsumerGroup, Topics: removed,
+					Error: pulsetype.ErrorInfo{Code: pulsetype.CodeUnsubscribed, Message: "the consumer group no longer subscribes to this topic"}}); err != nil {
 					return nil, false, err
 				}
 			}
@@ -144,7 +147,8 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	}
 	// Ended also when the group was already gone: a delete that failed (or crashed) between its two steps is
 	// finished by deleting again.
-	if err := s.EndPending(ctx, group, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted"); err != nil {
+	if err := s.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: group,
+		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}); err != nil {
 		return err
 	}
 	if res.DeletedCount == 0 {
@@ -153,23 +157,15 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	return nil
 }
 
-// EndPending ends the pending work of a consumer group (of topics only, when given) that its subscription no
-// longer wants, with error code and message. Pending work is found through the queue, which holds every
-// pending delivery (one query of the group's queue documents); then:
-//
-//  1. every queued attempt still pending without a lease becomes error (terminal, with endedAt and
-//     expiresAt), through one update fenced on that, so no replica can claim it any more;
-//  2. one read of those attempts by id finds the ones that are leased: a POST in flight, left to finish and
-//     be recorded by its worker (its follow-up ends the delivery, or creates an attempt that the dispatcher
-//     ends with code without a POST, see dispatcher's endpoint check);
-//  3. every other queued delivery still pending becomes error with code, endedAt and expiresAt, and the ended
-//     attempts leave the queue.
-//
-// A claim racing step 1 can only take an attempt step 2 then sees as leased. Running it twice is harmless.
-// It logs one info line with how many deliveries it ended, when it ended any.
-func (s *Store) EndPending(ctx context.Context, group string, topics []string, code, msg string) error {
+// EndPending ends the pending work of p.ConsumerGroup (of p.Topics only, when given) that its subscription
+// no longer wants, with p.Error (docs/delivery.md, "Ending a consumer group's work"), found through the queue,
+// which holds every pending delivery: one query of the group's queue documents, one update of their waiting
+// attempts, one read of them, one update of the deliveries without a POST in flight, one delete of the ended
+// attempts' queue documents. A POST in flight is left to its worker. Running it twice is harmless. It logs
+// one info line when it ended any.
+func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) error {
+	group, topics, info := p.ConsumerGroup, p.Topics, &p.Error
 	now := s.now()
-	info := &pulsetype.ErrorInfo{Code: code, Message: msg}
 	exp := expiry(now, s.opts.HistoryRetention)
 	scope := bson.M{"consumerGroup": group}
 	if topics != nil {
@@ -229,7 +225,7 @@ func (s *Store) EndPending(ctx context.Context, group string, topics []string, c
 		}
 	}
 	if ended > 0 || len(busy) > 0 {
-		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", code).
+		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", string(info.Code)).
 			Int64("ended", ended).Int("in_flight", len(busy)).Msg("pending deliveries ended")
 	}
 	return nil

@@ -15,10 +15,7 @@ import (
 func testHotQueriesUseIndexes(t *testing.T, e *env) {
 	b := e.setup(t)
 	client, dbName := b.client, b.dbName
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
-	if _, err := s.EnsureSchema(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	b.store(nil, nil)
 	now := time.Now()
 	for _, q := range []struct {
 		name string

@@ -11,7 +11,7 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// GetDelivery returns a delivery and its attempts in attempt order, each pending one with its lock state. It
+// GetDelivery returns a delivery and its attempts in attempt order, each pending one with its lease state. It
 // returns pulsetype.ErrNotFound when the delivery does not exist or has expired.
 func (s *Store) GetDelivery(ctx context.Context, id string) (*pulsetype.Delivery, []*pulsetype.Attempt, error) {
 	doc, err := s.deliveryDoc(ctx, id)
@@ -25,7 +25,7 @@ func (s *Store) GetDelivery(ctx context.Context, id string) (*pulsetype.Delivery
 	attempts := byDelivery[id]
 	now := s.now()
 	for _, a := range attempts {
-		a.LockState = a.LockStateAt(now)
+		a.LeaseState = a.LeaseStateAt(now)
 	}
 	return doc.delivery(), attempts, nil
 }

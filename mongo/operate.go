@@ -75,18 +75,10 @@ func decodeCursor(c string) (time.Time, string, error) {
 	return time.UnixMilli(n).UTC(), id, nil
 }
 
-// RetryDelivery gives a terminal delivery its next numbered attempt, due now, for the consumer group's
-// current registration (an explicit retry may re-open a delivery made for an earlier registration of the
-// group). The attempt is numbered n+1, n being the highest of its last stored attempt, its finalAttempt and
-// its reopenedAttempt (ended attempts may have been swept already). It first reopens the delivery (status
-// pending, reopenedAttempt = n+1, incarnation = the group's, its end, error and expiresAt removed, so
-// retention no longer applies to it) with an update filtered on its terminal status, then inserts attempt
-// n+1 (pending, without expiresAt); a crash in between is repaired by the reconciler, which creates the
-// attempt reopenedAttempt names. It returns the new attempt number, pulsetype.ErrNotFound (also once the
-// delivery's expiresAt has passed), pulsetype.ErrNotTerminal when the delivery is pending, or
-// pulsetype.ErrNotSubscribed when its group has no endpoint for its topic now, or
-// pulsetype.ErrAttemptInFlight when it was cancelled while an attempt was leased and that attempt has not
-// ended yet.
+// RetryDelivery reopens a terminal delivery with attempt n+1, due now, for the group's current registration
+// (docs/delivery.md, "Retry and replay"). It returns the new attempt number, pulsetype.ErrNotFound (also
+// once the delivery expired), pulsetype.ErrNotTerminal, pulsetype.ErrNotSubscribed when the group no longer
+// subscribes to its topic, or pulsetype.ErrAttemptInFlight when a cancelled delivery's attempt is still leased.
 func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
 	return s.reopen(ctx, id, nil)
 }
@@ -151,18 +143,18 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 	return next, nil
 }
 
-// ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of a consumer group in status whose
-// createdAt lies in [from, to) and whose topic the group subscribes to now, walking them once in id order in
+// ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of p.ConsumerGroup in p.Status whose
+// createdAt lies in [p.From, p.To) and whose topic the group subscribes to now, walking them once in id order in
 // batches of 100, and returns how many it reopened (a cancelled delivery whose attempt is still in flight is
 // skipped). It returns pulsetype.ErrNotFound when the group has no endpoint.
-func (s *Store) ReplayDeliveries(ctx context.Context, group string, status pulsetype.Status, from, to time.Time) (int, error) {
-	ep, err := s.GetEndpoint(ctx, group)
+func (s *Store) ReplayDeliveries(ctx context.Context, p pulsetype.ReplayParams) (int, error) {
+	ep, err := s.GetEndpoint(ctx, p.ConsumerGroup)
 	if err != nil {
 		return 0, err
 	}
 	total, after := 0, ""
 	for {
-		filter := bson.M{"consumerGroup": group, "status": status, "createdAt": bson.M{"$gte": from, "$lt": to},
+		filter := bson.M{"consumerGroup": p.ConsumerGroup, "status": p.Status, "createdAt": bson.M{"$gte": p.From, "$lt": p.To},
 			"_id": bson.M{"$gt": after}, "$or": bson.A{bson.M{"expiresAt": nil}, bson.M{"expiresAt": bson.M{"$gt": s.now()}}}}
 		batch, err := findAll[deliveryDoc](ctx, s.deliveries, "find deliveries to replay", filter,
 			options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(100).SetProjection(bson.M{"_id": 1}))

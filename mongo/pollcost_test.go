@@ -115,7 +115,7 @@ func newPollCost(b *testing.B) *pollCost {
 		_ = plain.Disconnect(context.Background())
 	})
 	pc.explain = plain.Database(dbName)
-	pc.store = New(client, Options{Database: dbName, CollectionPrefix: testPrefix, LockTimeout: 30 * time.Second, Logger: zerolog.Nop()})
+	pc.store = New(client, Options{Database: dbName, CollectionPrefix: testPrefix, LeaseTimeout: 30 * time.Second, Logger: zerolog.Nop()})
 	ctx := context.Background()
 	if _, err := pc.store.EnsureSchema(ctx); err != nil {
 		b.Fatal(err)

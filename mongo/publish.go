@@ -24,21 +24,14 @@ func DeliveryID(consumerGroup, eventID string) string {
 	return uuid.NewSHA1(deliveryNamespace, []byte(consumerGroup+"\x00"+eventID)).String()
 }
 
-// Publish stores events durably; they are durable when it returns. Each event must carry its id (client-chosen
-// or a fresh UUIDv7). Either all events are stored or none. It returns pulsetype.ErrIDConflict when an id is
-// already used with other content (nothing is stored then). ExpiresAt is set here.
-//
-// Events are written in steps that keep them invisible until the last (see publishRound): an insert of the
-// documents marked staged, an insert of their outbox documents (the index of unfinished fan-outs), and a
-// commit per event (filtered on staged) that makes it visible, marks it for fan-out and stamps its createdAt
-// ($currentDate). A crash before the commit leaves staged events that the sweeper removes. Concurrent calls
-// with one event each are committed together (groupCommit): one round of commands for all of them, each
-// call still returning only once its own event is durable, with its own outcome.
-//
-// CreatedAt is stamped by the database in the very write that makes the event visible, so an event never
-// becomes visible with a createdAt older than that of an event already visible, however long its write was
-// stalled on the way (the stall happens before the stamp), which is what ordered consumer groups rely on
-// (see ClaimHead).
+// Publish stores events, all or none, durable when it returns; each must carry its id. The database stamps
+// createdAt in the write that makes an event visible (docs/delivery.md, "Publishing"): the events are
+// inserted staged (invisible), their outbox documents written, then each is committed by an update filtered
+// on staged (see publishRound); a crash before the commit leaves staged events that the sweeper removes.
+// Concurrent calls with one event each share one round (groupCommit), each returning once its own event is
+// durable, with its own outcome. ExpiresAt is set here and the events carry fanout=true until FanOut created
+// their deliveries. It returns pulsetype.ErrIDConflict when an id is already used with other content
+// (nothing is stored then).
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
 	if len(events) == 1 {
 		p, err := s.publishes.publish(ctx, events[0])
@@ -357,8 +350,8 @@ func (s *Store) FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulse
 }
 
 // ClearFanOut removes the fanout mark of events whose deliveries exist, with one updateMany, then their
-// outbox documents. Clearing late is harmless: FanOutStale only takes marks older than one lock timeout, and a
-// repeated fan-out is a no-op.
+// outbox documents. Clearing late is harmless: FanOutStale only takes marks older than one lease timeout, and
+// a repeated fan-out is a no-op.
 func (s *Store) ClearFanOut(ctx context.Context, eventIDs []string) error {
 	if len(eventIDs) == 0 {
 		return nil

@@ -22,11 +22,11 @@ import (
 // A delivery's attempts are those of its queue documents that exist: one queued but not inserted (its
 // creator is under way, or died in between) is left out, so the repair scan creates the attempt after the
 // latest one listed (or the first, or reopenedAttempt, when none is). A delivery whose latest attempt ended
-// less than half a lock timeout ago is left out: the worker that ended it is recording its next step. On the way it removes what the queue
-// holds for nothing, one lock timeout after it was queued where a writer may still be under way: the
-// documents of an ended delivery whose attempts are not pending; of a delivery that does not exist (its
-// fan-out died before writing it; the event's fanout mark makes it again); of an ended attempt with a later
-// one inserted; and of an attempt never inserted.
+// less than half a lease timeout ago is left out: the worker that ended it is recording its next step. On
+// the way it removes what the queue holds for nothing, one lease timeout after it was queued where a writer
+// may still be under way: the documents of an ended delivery whose attempts are not pending; of a delivery
+// that does not exist (its fan-out died before writing it; the event's fanout mark makes it again); of an
+// ended attempt with a later one inserted; and of an attempt never inserted.
 func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, map[string][]*pulsetype.Attempt, string, error) {
 	queued, more, err := s.queuedAfter(ctx, afterID, limit)
 	if err != nil || len(queued) == 0 {
@@ -60,7 +60,7 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 		byAttempt[history[i].ID] = &history[i]
 	}
 	now := s.now()
-	old, settling := now.Add(-s.opts.LockTimeout), now.Add(-s.opts.LockTimeout/2)
+	old, settling := now.Add(-s.opts.LeaseTimeout), now.Add(-s.opts.LeaseTimeout/2)
 	var unqueue []string
 	attempts := map[string][]*pulsetype.Attempt{}
 	var out []*pulsetype.Delivery
@@ -158,21 +158,6 @@ func (s *Store) queuedAfter(ctx context.Context, afterID string, limit int) ([]q
 	return queued, true, nil
 }
 
-// attemptDoc returns the pending attempt the queue document stands for, as its creator meant to insert it.
-func (q *queueDoc) attemptDoc() *attemptDoc {
-	return &attemptDoc{ID: q.ID, DeliveryID: q.DeliveryID, EventID: q.EventID, ConsumerGroup: q.ConsumerGroup, Topic: q.Topic,
-		Incarnation: q.Incarnation, Attempt: q.Attempt, Status: pulsetype.StatusPending, CreatedAt: q.CreatedAt, NextAttemptAt: q.NextAttemptAt}
-}
-
-// asAny returns vs as a []any, for insertMany.
-func asAny[T any](vs []T) []any {
-	out := make([]any, len(vs))
-	for i, v := range vs {
-		out[i] = v
-	}
-	return out
-}
-
 // queueMigration is the _id of the document in <prefix>.readiness that says the queue and the outbox hold
 // the pending work and unfinished fan-outs that the database held when they were introduced.
 const queueMigration = "queue-migration"
@@ -218,7 +203,7 @@ func (s *Store) migrateQueue(ctx context.Context) error {
 			switch {
 			case len(attempts) == 0:
 				a := newAttemptDoc(d.delivery().Ref(), max(1, d.ReopenedAttempt), now, now)
-				a.CreatedAt = now.Add(-s.opts.LockTimeout) // the repair scan inserts it at once
+				a.CreatedAt = now.Add(-s.opts.LeaseTimeout) // the repair scan inserts it at once
 				queue = append(queue, queued(a, d.OrderingKey, d.EventCreatedAt))
 			case attempts[len(attempts)-1].Status != pulsetype.StatusPending:
 				queue = append(queue, queuedAttempt(attempts[len(attempts)-1], d))
@@ -251,8 +236,8 @@ func (s *Store) migrateQueue(ctx context.Context) error {
 // queuedAttempt returns the queue document of an existing attempt a of delivery d, its lease copied.
 func queuedAttempt(a *pulsetype.Attempt, d *deliveryDoc) *queueDoc {
 	q := &queueDoc{ID: a.ID, DeliveryID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
-		OrderingKey: d.OrderingKey, EventCreatedAt: d.EventCreatedAt, Attempt: a.Number, Incarnation: a.Incarnation,
-		CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt, LockedUntil: a.LockedUntil, LockToken: a.LockToken,
+		OrderingKey: d.OrderingKey, EventCreatedAt: d.EventCreatedAt, Attempt: a.Number, Uncounted: a.Uncounted, Incarnation: a.Incarnation,
+		CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt, LeasedUntil: a.LeasedUntil, FencingToken: a.FencingToken,
 		Ended: a.Status != pulsetype.StatusPending}
 	return q
 }

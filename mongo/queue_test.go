@@ -165,7 +165,7 @@ func testQueueHoldsPendingWorkOnly(t *testing.T, e *env) {
 // inserted as exactly the next attempt; a stale queue document of an ended delivery is removed.
 func testRepairScanWorksFromTheQueue(t *testing.T, e *env) {
 	b := e.setup(t)
-	s := b.store(nil, func(o *Options) { o.LockTimeout = time.Second })
+	s := b.store(nil, func(o *Options) { o.LeaseTimeout = time.Second })
 	b.putEndpoint(s, "g", "t")
 	created := b.fanOutN(s, 3, "t")
 	leased, err := s.ClaimAttempts(b.ctx, "w", created)
@@ -183,7 +183,7 @@ func testRepairScanWorksFromTheQueue(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	// The third one's follow-up ran but its queue document stayed (a crash before the delete).
-	if _, err := s.EndDelivery(b.ctx, leased[2].DeliveryID, pulsetype.StatusSuccess, 1, nil); err != nil {
+	if _, err := s.EndDelivery(b.ctx, pulsetype.EndDeliveryParams{DeliveryID: leased[2].DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.coll("queue").InsertOne(b.ctx, bson.M{"_id": leased[2].ID, "deliveryId": leased[2].DeliveryID, "eventId": leased[2].EventID,
@@ -227,7 +227,7 @@ func testRepairScanWorksFromTheQueue(t *testing.T, e *env) {
 // repair then find them.
 func testEnsureSchemaQueuesEarlierWork(t *testing.T, e *env) {
 	b := e.setup(t)
-	s := b.store(nil, func(o *Options) { o.LockTimeout = time.Second })
+	s := b.store(nil, func(o *Options) { o.LeaseTimeout = time.Second })
 	b.putEndpoint(s, "g", "t")
 	now := b.clock.Now()
 	past := now.Add(-time.Minute)
@@ -260,7 +260,7 @@ func testEnsureSchemaQueuesEarlierWork(t *testing.T, e *env) {
 	if _, err := b.client.Database(b.dbName).Collection(testPrefix+".readiness").DeleteOne(b.ctx, bson.M{"_id": queueMigration}); err != nil {
 		t.Fatal(err)
 	}
-	s = b.store(nil, func(o *Options) { o.LockTimeout = time.Second })
+	s = b.store(nil, func(o *Options) { o.LeaseTimeout = time.Second })
 	if q, o := b.count("queue", bson.M{}), b.count("outbox", bson.M{}); q != 3 || o != 1 {
 		t.Fatalf("after EnsureSchema: %d queued, %d in the outbox; want 3 and 1", q, o)
 	}

@@ -3,14 +3,11 @@ package mongo
 import (
 	"context"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	drvevent "go.mongodb.org/mongo-driver/v2/event"
 	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -22,31 +19,18 @@ import (
 // and reports TTL=false for the sweeper.
 func testTTLIndexesAreRequested(t *testing.T, e *env) {
 	b := e.setup(t)
-	dbName := b.dbName
-	var mu sync.Mutex
+	s, log := b.monitoredStore()
+	caps := s.Capabilities()
 	var ttl []string
-	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
-		if e.CommandName != "createIndexes" {
-			return
-		}
-		idx, _ := e.Command.Lookup("indexes").Array().Values()
+	for _, c := range log.named("createIndexes") {
+		idx, _ := c.Lookup("indexes").Array().Values()
 		for _, v := range idx {
 			d := v.Document()
 			if exp, ok := d.Lookup("expireAfterSeconds").AsInt64OK(); ok && exp == 0 {
-				mu.Lock()
 				ttl = append(ttl, d.Lookup("name").StringValue())
-				mu.Unlock()
 			}
 		}
-	}}
-	client := b.srv.Connect(options.Client().SetMonitor(monitor))
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
-	caps, err := s.EnsureSchema(context.Background())
-	if err != nil {
-		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	want := []string{"pulse_probe_ttl"}
 	if caps.TTLIndexes {
 		want = append(want, "pulse_events_expires_at_ttl", "pulse_deliveries_expires_at_ttl", "pulse_history_expires_at_ttl")
@@ -75,7 +59,7 @@ func testExpiresAtOnlyOnTerminalDocuments(t *testing.T, e *env) {
 		if retention > 0 {
 			prefix = "ret"
 		}
-		s := New(client, Options{Database: dbName, CollectionPrefix: prefix, LockTimeout: time.Second, EventRetention: retention, HistoryRetention: retention})
+		s := New(client, Options{Database: dbName, CollectionPrefix: prefix, LeaseTimeout: time.Second, EventRetention: retention, HistoryRetention: retention})
 		ctx := context.Background()
 		if _, err := s.EnsureSchema(ctx); err != nil {
 			t.Fatal(err)
@@ -116,7 +100,7 @@ func testExpiresAtOnlyOnTerminalDocuments(t *testing.T, e *env) {
 		if err := s.FinishAttempt(ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.EndDelivery(ctx, a.DeliveryID, pulsetype.StatusSuccess, 1, nil); err != nil {
+		if _, err := s.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1}); err != nil {
 			t.Fatal(err)
 		}
 		for _, coll := range []*mongodrv.Collection{s.deliveries, s.history} {

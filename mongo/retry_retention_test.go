@@ -33,19 +33,10 @@ func testRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T, e *env) {
 		t.Run(tt.name, func(t *testing.T) {
 			b := e.setup(t)
 			s := b.store(nil, func(o *Options) { o.HistoryRetention = retention })
-			b.putEndpoint(s, "billing", "t")
-			ev := b.publishOne(s, "evt-1", "t")
-			id := DeliveryID("billing", ev.ID)
-			a := b.claim(s, "worker-a")
-			fail := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}
-			if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500, Error: fail, Terminal: true}); err != nil {
-				t.Fatalf("FinishAttempt: %v", err)
-			}
+			id, a, fail := b.failedAttempt(s)
 			t0 := b.clock.Now()
 			b.clock.Advance(tt.endedAfter)
-			if ended, err := s.EndDelivery(b.ctx, id, pulsetype.StatusError, 1, fail); err != nil || !ended {
-				t.Fatalf("EndDelivery = %v, %v", ended, err)
-			}
+			b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusError, FinalAttempt: 1, Error: fail})
 			oldExpiry := b.clock.Now().Add(retention)
 
 			b.clock.Advance(t0.Add(tt.retryAt).Sub(b.clock.Now()))
@@ -100,9 +91,7 @@ func testRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T, e *env) {
 			if err := s.FinishAttempt(b.ctx, retry, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 204}); err != nil {
 				t.Fatalf("FinishAttempt of the retry: %v", err)
 			}
-			if ended, err := s.EndDelivery(b.ctx, id, pulsetype.StatusSuccess, n, nil); err != nil || !ended {
-				t.Fatalf("EndDelivery of the retry = %v, %v", ended, err)
-			}
+			b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusSuccess, FinalAttempt: n})
 			b.clock.Advance(retention - time.Millisecond)
 			if _, _, err := s.GetDelivery(b.ctx, id); err != nil {
 				t.Fatalf("GetDelivery 1 ms before the new expiresAt = %v", err)
@@ -120,17 +109,8 @@ func testRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T, e *env) {
 func testRetryAfterTheHistoryExpiredIsNotFound(t *testing.T, e *env) {
 	b := e.setup(t)
 	s := b.store(nil, func(o *Options) { o.HistoryRetention = time.Minute })
-	b.putEndpoint(s, "billing", "t")
-	ev := b.publishOne(s, "evt-1", "t")
-	id := DeliveryID("billing", ev.ID)
-	a := b.claim(s, "worker-a")
-	fail := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}
-	if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500, Error: fail, Terminal: true}); err != nil {
-		t.Fatalf("FinishAttempt: %v", err)
-	}
-	if ended, err := s.EndDelivery(b.ctx, id, pulsetype.StatusError, 1, fail); err != nil || !ended {
-		t.Fatalf("EndDelivery = %v, %v", ended, err)
-	}
+	id, _, fail := b.failedAttempt(s)
+	b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusError, FinalAttempt: 1, Error: fail})
 	b.clock.Advance(time.Minute)
 	if _, err := s.RetryDelivery(b.ctx, id); !errors.Is(err, pulsetype.ErrNotFound) {
 		t.Fatalf("RetryDelivery at the delivery's expiresAt = %v, want ErrNotFound", err)
@@ -147,4 +127,18 @@ func testRetryAfterTheHistoryExpiredIsNotFound(t *testing.T, e *env) {
 	if !s.Capabilities().TTLIndexes && b.count("deliveries", bson.M{"_id": id}) != 0 {
 		t.Fatalf("the sweep kept the expired delivery")
 	}
+}
+
+// failedAttempt registers billing for topic t, publishes evt-1 and ends its first attempt terminally with HTTP
+// 500, leaving the delivery pending; it returns the delivery's id, the attempt and the error it ended with.
+func (b *bundle) failedAttempt(s *Store) (string, *pulsetype.Attempt, *pulsetype.ErrorInfo) {
+	b.t.Helper()
+	b.putEndpoint(s, "billing", "t")
+	ev := b.publishOne(s, "evt-1", "t")
+	a := b.claim(s, "worker-a")
+	fail := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}
+	if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500, Error: fail, Terminal: true}); err != nil {
+		b.t.Fatalf("FinishAttempt: %v", err)
+	}
+	return DeliveryID("billing", ev.ID), a, fail
 }

@@ -14,17 +14,11 @@ import (
 // read and its write.
 const maxRotateTries = 4
 
-// RotateSecret replaces the signing secret of a consumer group's endpoint with secret (checked by
-// pulsetype.CheckSecret) and keeps the replaced one signing beside it for overlap: until now + overlap every
-// POST carries both signatures, the new one first. With overlap 0, or an endpoint that had no secret, nothing
-// overlaps. A rotation within the overlap of an earlier one replaces that one's previous secret: the oldest
-// stops signing at once. The previous secret is stored as the current one is (sealed when the Store has
-// keys). The write is fenced by the document's updatedAt as read, so a PUT or rotation landing in between is
-// not overwritten with stale settings: the read and write are tried again, at most maxRotateTries times.
-//
-// It returns the endpoint as stored; pulsetype.ErrNotFound; a *pulsetype.FieldError for field "secret" when
-// secret is the current secret; a *DecryptError when the current secret does not decrypt (it could not sign
-// beside the new one).
+// RotateSecret replaces the signing secret of a consumer group's endpoint with secret and keeps the replaced
+// one signing beside it for overlap (docs/delivery.md, "Rotating a secret"); the write is fenced by updatedAt
+// and tried at most maxRotateTries times. It returns the endpoint as stored, pulsetype.ErrNotFound, a
+// *pulsetype.FieldError for field "secret" when secret is the current one, or a *DecryptError when the
+// current secret does not decrypt.
 func (s *Store) RotateSecret(ctx context.Context, group, secret string, overlap time.Duration) (*pulsetype.Endpoint, error) {
 	for range maxRotateTries {
 		doc, err := s.endpointDoc(ctx, group)

@@ -48,7 +48,7 @@ func (s *Store) statsWindow() (now, since time.Time) {
 	return now, now.Add(-window)
 }
 
-// endedCodes are the error codes for which pulsetype.Ended is true: attempts ended for a reason that is not
+// endedCodes are the error codes for which pulsetype.ErrorCode.Ended is true: attempts ended for a reason that is not
 // the receiver's (most without a POST), which count neither as failures nor for latency.
 var endedCodes = bson.A{pulsetype.CodeEventExpired, pulsetype.CodeEndpointDeleted, pulsetype.CodeUnsubscribed, pulsetype.CodeCancelled}
 
@@ -142,7 +142,7 @@ func (s *Store) statsByScan(ctx context.Context, groups []string, now, since tim
 	samples := make(map[string][]endedAttempt, len(groups))
 	for _, a := range ended {
 		st := by[a.ConsumerGroup]
-		if st == nil || (a.Error != nil && pulsetype.Ended(a.Error.Code)) {
+		if st == nil || (a.Error != nil && a.Error.Code.Ended()) {
 			continue
 		}
 		switch a.Status {

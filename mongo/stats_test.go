@@ -231,13 +231,13 @@ func testConsoleReadsWith10000Deliveries(t *testing.T, e *env) {
 	}
 }
 
-// The indexed queries leave out exactly the codes pulsetype.Ended reports, as the scan does.
+// The indexed queries leave out exactly the codes pulsetype.ErrorCode.Ended reports, as the scan does.
 func TestEndedCodesAreEnded(t *testing.T) {
 	t.Parallel()
-	for _, code := range []string{pulsetype.CodeHandlerError, pulsetype.CodeWorkerLost, pulsetype.CodeEventExpired,
+	for _, code := range []pulsetype.ErrorCode{pulsetype.CodeHandlerError, pulsetype.CodeWorkerLost, pulsetype.CodeEventExpired,
 		pulsetype.CodeEndpointDeleted, pulsetype.CodeUnsubscribed, pulsetype.CodeCancelled} {
-		if got := slices.Contains(endedCodes, any(code)); got != pulsetype.Ended(code) {
-			t.Errorf("%s in endedCodes = %v, pulsetype.Ended = %v", code, got, pulsetype.Ended(code))
+		if got := slices.Contains(endedCodes, any(code)); got != code.Ended() {
+			t.Errorf("%s in endedCodes = %v, ErrorCode.Ended = %v", code, got, code.Ended())
 		}
 	}
 }

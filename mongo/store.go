@@ -20,7 +20,7 @@ import (
 type Options struct {
 	Database         string
 	CollectionPrefix string
-	LockTimeout      time.Duration // lease length of a claimed attempt
+	LeaseTimeout     time.Duration // lease length of a claimed attempt
 	EventRetention   time.Duration // events: expiresAt = createdAt + this; 0 = forever
 	HistoryRetention time.Duration // terminal deliveries and ended attempts; 0 = forever
 	// Now returns the database's current time (lease.Clock.Now); nil uses time.Now.

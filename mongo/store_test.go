@@ -72,7 +72,7 @@ func (b *bundle) connect() *mongo.Client { return b.srv.Connect(nil) }
 
 // options returns the Options of a test store on the bundle's database and fake clock; mod may change them.
 func (b *bundle) options(mod func(o *Options)) Options {
-	o := Options{Database: b.dbName, CollectionPrefix: testPrefix, LockTimeout: 30 * time.Second,
+	o := Options{Database: b.dbName, CollectionPrefix: testPrefix, LeaseTimeout: 30 * time.Second,
 		Now: b.clock.Now, Logger: zerolog.Nop()}
 	if mod != nil {
 		mod(&o)
@@ -152,6 +152,14 @@ func (b *bundle) claim(s *Store, owner string) *pulsetype.Attempt {
 		b.t.Fatalf("Claim = %v, %v; want an attempt", a, err)
 	}
 	return a
+}
+
+// endDelivery ends a delivery through s and fails the test unless this call ended it.
+func (b *bundle) endDelivery(s *Store, p pulsetype.EndDeliveryParams) {
+	b.t.Helper()
+	if ended, err := s.EndDelivery(b.ctx, p); err != nil || !ended {
+		b.t.Fatalf("EndDelivery(%s, %s) = %v, %v; want ended", p.DeliveryID, p.Status, ended, err)
+	}
 }
 
 // historyDoc reads one attempt document by id.
@@ -445,7 +453,7 @@ func testPublishArrayIsIdempotentAndConflictsStoreNothing(t *testing.T, e *env) 
 	}
 }
 
-func testClaimIsFencedByLockToken(t *testing.T, e *env) {
+func testClaimIsFencedByFencingToken(t *testing.T, e *env) {
 	b := e.setup(t)
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
@@ -455,12 +463,12 @@ func testClaimIsFencedByLockToken(t *testing.T, e *env) {
 		t.Fatalf("Claim excluding the only group = %+v, %v; want nil, nil", a, err)
 	}
 	a := b.claim(s, "worker-a")
-	if a.LockToken == "" || a.LockOwner != "worker-a" || a.Number != 1 || a.EventID != ev.ID ||
+	if a.FencingToken == "" || a.LeaseOwner != "worker-a" || a.Number != 1 || a.EventID != ev.ID ||
 		a.DeliveryID != DeliveryID("billing", ev.ID) || a.Status != pulsetype.StatusPending {
 		t.Fatalf("claimed attempt = %+v", a)
 	}
-	if want := b.clock.Now().Add(30 * time.Second); a.LockedUntil == nil || !a.LockedUntil.Equal(want) {
-		t.Errorf("lockedUntil = %v, want now + lock timeout = %v", a.LockedUntil, want)
+	if want := b.clock.Now().Add(30 * time.Second); a.LeasedUntil == nil || !a.LeasedUntil.Equal(want) {
+		t.Errorf("lockedUntil = %v, want now + lease timeout = %v", a.LeasedUntil, want)
 	}
 	if other, err := s.Claim(b.ctx, "worker-b", nil); err != nil || other != nil {
 		t.Fatalf("second Claim of a leased attempt = %+v, %v; want nil, nil", other, err)
@@ -473,7 +481,7 @@ func testClaimIsFencedByLockToken(t *testing.T, e *env) {
 	}
 
 	wrong := *a
-	wrong.LockToken = "0190d1f4-0000-7000-8000-000000000000"
+	wrong.FencingToken = "0190d1f4-0000-7000-8000-000000000000"
 	result := pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 200, Duration: 15 * time.Millisecond}
 	if err := s.FinishAttempt(b.ctx, &wrong, result); !errors.Is(err, pulsetype.ErrLeaseLost) {
 		t.Fatalf("FinishAttempt with a wrong token = %v, want ErrLeaseLost", err)
@@ -501,7 +509,7 @@ func testClaimIsFencedByLockToken(t *testing.T, e *env) {
 
 func testReapOneReapsExpiredLease(t *testing.T, e *env) {
 	b := e.setup(t)
-	s := b.store(nil, func(o *Options) { o.LockTimeout = 100 * time.Millisecond; o.Now = nil })
+	s := b.store(nil, func(o *Options) { o.LeaseTimeout = 100 * time.Millisecond; o.Now = nil })
 	b.putEndpoint(s, "billing", "t")
 	b.publishOne(s, "evt-1", "t")
 	a := b.claim(s, "worker-a")
@@ -516,8 +524,8 @@ func testReapOneReapsExpiredLease(t *testing.T, e *env) {
 		if err != nil {
 			t.Fatalf("ReapOne: %v", err)
 		}
-		if r != nil && returnedAt.Before(*a.LockedUntil) {
-			t.Fatalf("ReapOne returned at %v having reaped a lease valid until %v", returnedAt, a.LockedUntil)
+		if r != nil && returnedAt.Before(*a.LeasedUntil) {
+			t.Fatalf("ReapOne returned at %v having reaped a lease valid until %v", returnedAt, a.LeasedUntil)
 		}
 		reaped = r
 		if reaped == nil {
@@ -528,7 +536,7 @@ func testReapOneReapsExpiredLease(t *testing.T, e *env) {
 		}
 	}
 	if reaped.ID != a.ID || reaped.Status != pulsetype.StatusError || reaped.Error == nil ||
-		reaped.Error.Code != pulsetype.CodeWorkerLost || reaped.LockOwner != "worker-a" {
+		reaped.Error.Code != pulsetype.CodeWorkerLost || reaped.LeaseOwner != "worker-a" {
 		t.Errorf("reaped attempt = %+v (error %+v)", reaped, reaped.Error)
 	}
 	if d := b.historyDoc(a.ID); d.Status != pulsetype.StatusError || d.Error == nil || d.Error.Code != pulsetype.CodeWorkerLost {
@@ -547,7 +555,7 @@ func testReapOneReapsExpiredLease(t *testing.T, e *env) {
 
 func testReapOneSparesRenewedLease(t *testing.T, e *env) {
 	b := e.setup(t)
-	s := b.store(nil, func(o *Options) { o.LockTimeout = 100 * time.Millisecond })
+	s := b.store(nil, func(o *Options) { o.LeaseTimeout = 100 * time.Millisecond })
 	b.putEndpoint(s, "billing", "t")
 	b.publishOne(s, "evt-1", "t")
 	a := b.claim(s, "worker-a")
@@ -560,7 +568,7 @@ func testReapOneSparesRenewedLease(t *testing.T, e *env) {
 	if r, err := s.ReapOne(b.ctx); err != nil || r != nil {
 		t.Fatalf("ReapOne of a renewed lease = %+v, %v; want nil, nil", r, err)
 	}
-	if d := b.historyDoc(a.ID); d.Status != pulsetype.StatusPending || d.LockToken != a.LockToken {
+	if d := b.historyDoc(a.ID); d.Status != pulsetype.StatusPending || d.FencingToken != a.FencingToken {
 		t.Fatalf("renewed attempt changed: %+v", d)
 	}
 	expiredAt := b.clock.Advance(40 * time.Millisecond) // 190ms: the renewed lease (until 180ms) has expired too
@@ -571,7 +579,7 @@ func testReapOneSparesRenewedLease(t *testing.T, e *env) {
 	for i := range stores {
 		now := expiredAt.Add(time.Duration(i) * time.Millisecond)
 		stores[i] = b.store(b.connect(), func(o *Options) {
-			o.LockTimeout, o.Now = 100*time.Millisecond, func() time.Time { return now }
+			o.LeaseTimeout, o.Now = 100*time.Millisecond, func() time.Time { return now }
 		})
 	}
 	reaped := make([]*pulsetype.Attempt, n)
@@ -649,7 +657,7 @@ func testCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T, e *env) {
 		if status == pulsetype.StatusError {
 			e = &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "late"}
 		}
-		ended, err := s.EndDelivery(b.ctx, deliveryID, status, 2, e)
+		ended, err := s.EndDelivery(b.ctx, pulsetype.EndDeliveryParams{DeliveryID: deliveryID, Status: status, FinalAttempt: 2, Error: e})
 		if err != nil || ended != want {
 			t.Fatalf("EndDelivery #%d = %v, %v; want %v, nil", i+1, ended, err, want)
 		}
@@ -664,10 +672,10 @@ func testCreateAttemptAndEndDeliveryAreExactlyOnce(t *testing.T, e *env) {
 	if len(attempts) != 3 || attempts[0].Number != 1 || attempts[1].Number != 2 || attempts[2].Number != 3 {
 		t.Fatalf("attempts = %+v, want 1, 2, 3 in order", attempts)
 	}
-	wantStates := []string{"", pulsetype.LockActive, pulsetype.LockQueued}
+	wantStates := []pulsetype.LeaseState{"", pulsetype.LeaseActive, pulsetype.LeaseQueued}
 	for i, a := range attempts {
-		if a.LockState != wantStates[i] {
-			t.Errorf("attempt %d lockState = %q, want %q", a.Number, a.LockState, wantStates[i])
+		if a.LeaseState != wantStates[i] {
+			t.Errorf("attempt %d lockState = %q, want %q", a.Number, a.LeaseState, wantStates[i])
 		}
 	}
 	if _, _, err := s.GetDelivery(b.ctx, "no-such-delivery"); !errors.Is(err, pulsetype.ErrNotFound) {
@@ -686,9 +694,7 @@ func testExpiredDocumentsAreInvisibleAndSwept(t *testing.T, e *env) {
 	if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 204}); err != nil {
 		t.Fatalf("FinishAttempt: %v", err)
 	}
-	if ended, err := s.EndDelivery(b.ctx, deliveryID, pulsetype.StatusSuccess, 1, nil); err != nil || !ended {
-		t.Fatalf("EndDelivery = %v, %v", ended, err)
-	}
+	b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: deliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1})
 	b.clock.Advance(30 * time.Second)
 	if _, err := s.Publish(b.ctx, []*pulsetype.Event{event("evt-young", "other", `2`)}); err != nil {
 		t.Fatalf("Publish: %v", err)
@@ -774,11 +780,7 @@ func TestDeliveryIDIsDeterministic(t *testing.T) {
 // events and never answer a conflict: every call succeeds and all events end committed.
 func testConcurrentIdenticalArrayPublishes(t *testing.T, e *env) {
 	b := e.setup(t)
-	client, dbName := b.client, b.dbName
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
-	if _, err := s.EnsureSchema(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	s := b.store(nil, nil)
 	for round := range 10 {
 		var wg sync.WaitGroup
 		errs := make([]error, 3)
@@ -811,12 +813,8 @@ func testConcurrentIdenticalArrayPublishes(t *testing.T, e *env) {
 // even though reopened deliveries could match the filter again.
 func testReplayVisitsEachDeliveryOnce(t *testing.T, e *env) {
 	b := e.setup(t)
-	client, dbName := b.client, b.dbName
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
-	ctx := context.Background()
-	if _, err := s.EnsureSchema(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := b.store(nil, nil)
+	ctx := b.ctx
 	if _, _, err := s.PutEndpoint(ctx, b.endpoint("g", "t")); err != nil {
 		t.Fatal(err)
 	}
@@ -829,7 +827,7 @@ func testReplayVisitsEachDeliveryOnce(t *testing.T, e *env) {
 	if _, err := s.deliveries.InsertMany(ctx, docs); err != nil {
 		t.Fatal(err)
 	}
-	n, err := s.ReplayDeliveries(ctx, "g", pulsetype.StatusSuccess, now.Add(-time.Hour), now.Add(time.Hour))
+	n, err := s.ReplayDeliveries(ctx, pulsetype.ReplayParams{ConsumerGroup: "g", Status: pulsetype.StatusSuccess, From: now.Add(-time.Hour), To: now.Add(time.Hour)})
 	if err != nil || n != 130 {
 		t.Fatalf("replayed %d (%v), want 130", n, err)
 	}

@@ -2,15 +2,12 @@ package mongo
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	drvevent "go.mongodb.org/mongo-driver/v2/event"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -20,22 +17,8 @@ import (
 // reopened after the retry interval; on a replica set (PULSE_TEST_MONGODB_URI) a publish wakes the watcher.
 func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
 	b := e.setup(t)
-	dbName := b.dbName
-	var mu sync.Mutex
-	var streams []bson.Raw
-	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, e *drvevent.CommandStartedEvent) {
-		if e.CommandName == "aggregate" {
-			mu.Lock()
-			streams = append(streams, e.Command)
-			mu.Unlock()
-		}
-	}}
-	client := b.srv.Connect(options.Client().SetMonitor(monitor))
-	s := New(client, Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second})
-	caps, err := s.EnsureSchema(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, log := b.monitoredStore()
+	caps := s.Capabilities()
 	var woken atomic.Int64
 	w := NewEventWatcher(s, 50*time.Millisecond, func() { woken.Add(1) }, zerolog.Nop())
 	if err := w.Start(context.Background()); err != nil {
@@ -43,7 +26,7 @@ func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
 	}
 	defer w.Stop()
 
-	count := func() int { mu.Lock(); defer mu.Unlock(); return len(streams) }
+	count := func() int { return len(log.named("aggregate")) }
 	deadline := time.Now().Add(10 * time.Second)
 	if caps.ChangeStreams {
 		for count() == 0 && time.Now().Before(deadline) {
@@ -67,9 +50,7 @@ func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
 			t.Fatalf("the failed stream was opened %d times, want it reopened", n)
 		}
 	}
-	mu.Lock()
-	first := streams[0]
-	mu.Unlock()
+	first := log.named("aggregate")[0]
 	if coll, _ := first.Lookup("aggregate").StringValueOK(); coll != "pulse.events" {
 		t.Fatalf("aggregate on %q, want pulse.events: %s", coll, first)
 	}

@@ -3,7 +3,6 @@ package pulsetype
 import (
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/url"
@@ -14,25 +13,34 @@ import (
 	"time"
 )
 
-// Delivery modes of an endpoint (docs/delivery.md, "Guarantees").
+// DeliveryMode is an endpoint's delivery guarantee: AtLeastOnce or AtMostOnce (docs/delivery.md, "Guarantees").
+type DeliveryMode string
+
+// Delivery modes of an endpoint.
 const (
-	AtLeastOnce = "at-least-once"
-	AtMostOnce  = "at-most-once"
+	AtLeastOnce DeliveryMode = "at-least-once"
+	AtMostOnce  DeliveryMode = "at-most-once"
 )
+
+// WebhookFormat is the shape of an endpoint's webhook request: FormatEnvelope or FormatCloudEvents.
+type WebhookFormat string
 
 // Formats of the webhook request of an endpoint.
 const (
-	// FormatEnvelope is the default: the body is Event.Envelope, Content-Type application/json.
-	FormatEnvelope = "envelope"
+	// FormatEnvelope is the default: the body is webhook.Envelope, Content-Type application/json.
+	FormatEnvelope WebhookFormat = "envelope"
 	// FormatCloudEvents is a CloudEvents 1.0 binary-mode request: ce-* headers and the data as the body (see
 	// Event.CloudEvent).
-	FormatCloudEvents = "cloudevents"
+	FormatCloudEvents WebhookFormat = "cloudevents"
 )
 
-// Offset resets: which events a newly registered consumer group receives.
+// OffsetReset is which events a newly registered consumer group receives: OffsetLatest or OffsetEarliest.
+type OffsetReset string
+
+// Offset resets of a consumer group.
 const (
-	OffsetLatest   = "latest"   // events published after registration
-	OffsetEarliest = "earliest" // every event still retained
+	OffsetLatest   OffsetReset = "latest"   // events published after registration
+	OffsetEarliest OffsetReset = "earliest" // every event still retained
 )
 
 // Endpoint defaults, as documented in the README's API section.
@@ -51,8 +59,6 @@ const MaxTopicsPerEndpoint = 100
 var (
 	topicPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
 	groupPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
-	// headerNamePattern is an RFC 9110 token.
-	headerNamePattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 )
 
 // ValidTopic reports whether s matches ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$ (the contract's topic rule).
@@ -62,63 +68,53 @@ func ValidTopic(s string) bool { return topicPattern.MatchString(s) }
 // [A-Za-z0-9._-], starting with a letter or digit.
 func ValidConsumerGroup(s string) bool { return groupPattern.MatchString(s) }
 
-// Duration is a time.Duration that reads and writes JSON as a Go duration string ("1s", "1h30m").
+// Duration is an endpoint setting's duration (the API writes it as a Go duration string, "1m30s").
 type Duration time.Duration
 
-// MarshalJSON writes the duration as a string such as "1s".
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
-
-// UnmarshalJSON reads a Go duration string; a bare number is taken as milliseconds.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		var ms float64
-		if err2 := json.Unmarshal(b, &ms); err2 != nil {
-			return fmt.Errorf("want a duration such as \"1s\"")
-		}
-		*d = Duration(time.Duration(ms * float64(time.Millisecond)))
-		return nil
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("want a duration such as \"1s\", got %q", s)
-	}
-	*d = Duration(v)
-	return nil
-}
-
 // Endpoint is a consumer group's webhook registration: where its events go and how they are retried.
-// Pointer fields are optional in the API body; Normalize fills their defaults.
+// Pointer fields are optional; Normalize fills their defaults.
 type Endpoint struct {
-	ConsumerGroup string   `json:"consumerGroup"`
-	URL           string   `json:"url"`
-	Topics        []string `json:"topics"`
-	Delivery      string   `json:"delivery"`
-	Ordered       bool     `json:"ordered"`
+	ConsumerGroup string
+	URL           string
+	Topics        []string
+	Delivery      DeliveryMode
+	Ordered       bool
 	// Format is FormatEnvelope (the default) or FormatCloudEvents.
-	Format                 string            `json:"format"`
-	OffsetReset            string            `json:"offsetReset"`
-	MaxRetries             *int              `json:"maxRetries,omitempty"`
-	RetryDelay             *Duration         `json:"retryDelay,omitempty"`
-	RetryBackoffMultiplier *float64          `json:"retryBackoffMultiplier,omitempty"`
-	MaxRetryDelay          *Duration         `json:"maxRetryDelay,omitempty"`
-	Timeout                *Duration         `json:"timeout,omitempty"`
-	MaxConcurrency         *int              `json:"maxConcurrency,omitempty"`
-	Headers                map[string]string `json:"headers,omitempty"`
-	Secret                 string            `json:"secret,omitempty"`
+	Format                 WebhookFormat
+	OffsetReset            OffsetReset
+	MaxRetries             *int
+	RetryDelay             *Duration
+	RetryBackoffMultiplier *float64
+	MaxRetryDelay          *Duration
+	Timeout                *Duration
+	MaxConcurrency         *int
+	Headers                map[string]string
+	Secret                 string
 	// PreviousSecret is the secret a rotation replaced (POST .../rotate-secret): POSTs are signed with it too, after
 	// Secret, until PreviousSecretExpiresAt. Reads never show it; a PUT body cannot set it.
-	PreviousSecret string `json:"-"`
+	PreviousSecret string
 	// PreviousSecretExpiresAt ends the overlap of a rotation: from then on only Secret signs. Shown in reads,
 	// ignored in a PUT body (like createdAt).
-	PreviousSecretExpiresAt *time.Time `json:"previousSecretExpiresAt,omitempty"`
-	InsecureSkipVerify      bool       `json:"insecureSkipVerify,omitempty"`
-	CreatedAt               time.Time  `json:"createdAt"`
-	UpdatedAt               time.Time  `json:"updatedAt"`
+	PreviousSecretExpiresAt *time.Time
+	InsecureSkipVerify      bool
+	// RateLimit is the most POSTs per second this endpoint gets from each replica (decimals allowed); 0 has
+	// no limit and is left out of reads.
+	RateLimit float64
+	// DisableAfter disables the endpoint (reason failing) once its attempts have all failed for this long;
+	// 0 never does and is left out of reads.
+	DisableAfter Duration
+	// State, StateReason and StateSince say whether the endpoint is POSTed to, why not and since when; reads
+	// show StateReason and StateSince only when it is not active. Only pause, resume and the sidecar (410
+	// Gone, disableAfter) change them: a PUT body's values are ignored and a PUT keeps the state.
+	State       EndpointState
+	StateReason StateReason
+	StateSince  *time.Time
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
 	// Incarnation is a UUIDv7 given when the consumer group is created (not when it is replaced): a group
 	// deleted and registered again is a new subscription, and nothing pending from the earlier one reaches it.
 	// Empty for groups registered before incarnations existed.
-	Incarnation string `json:"-"`
+	Incarnation string
 }
 
 // FieldError names the field of an endpoint or event that is invalid and why.
@@ -146,6 +142,9 @@ func (e *Endpoint) Normalize() error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" || u.User != nil || badPort {
 		return &FieldError{"url", fmt.Sprintf("must be an absolute http or https URL with a host and no credentials, got %q", redactURL(e.URL))}
 	}
+	if i := strings.IndexFunc(e.URL, notInURI); i >= 0 {
+		return &FieldError{"url", fmt.Sprintf("must not contain %q unescaped (RFC 3986: percent-encode it)", e.URL[i:i+1])}
+	}
 	if len(e.Topics) == 0 {
 		return &FieldError{"topics", "must list at least one topic"}
 	}
@@ -162,27 +161,15 @@ func (e *Endpoint) Normalize() error {
 		}
 		seen[t] = true
 	}
-	e.Delivery = strings.ToLower(e.Delivery)
-	switch e.Delivery {
-	case "":
-		e.Delivery = AtLeastOnce
-	case AtLeastOnce, AtMostOnce:
-	default:
-		return &FieldError{"delivery", fmt.Sprintf("must be %q or %q, got %q", AtLeastOnce, AtMostOnce, e.Delivery)}
+	e.Delivery = DeliveryMode(strings.ToLower(string(e.Delivery)))
+	if err := oneOf("delivery", &e.Delivery, AtLeastOnce, AtMostOnce); err != nil {
+		return err
 	}
-	switch e.Format {
-	case "":
-		e.Format = FormatEnvelope
-	case FormatEnvelope, FormatCloudEvents:
-	default:
-		return &FieldError{"format", fmt.Sprintf("must be %q or %q, got %q", FormatEnvelope, FormatCloudEvents, e.Format)}
+	if err := oneOf("format", &e.Format, FormatEnvelope, FormatCloudEvents); err != nil {
+		return err
 	}
-	switch e.OffsetReset {
-	case "":
-		e.OffsetReset = OffsetLatest
-	case OffsetLatest, OffsetEarliest:
-	default:
-		return &FieldError{"offsetReset", fmt.Sprintf("must be %q or %q, got %q", OffsetLatest, OffsetEarliest, e.OffsetReset)}
+	if err := oneOf("offsetReset", &e.OffsetReset, OffsetLatest, OffsetEarliest); err != nil {
+		return err
 	}
 	if e.MaxRetries == nil {
 		n := DefaultMaxRetries
@@ -219,6 +206,12 @@ func (e *Endpoint) Normalize() error {
 	}
 	if *e.MaxConcurrency < 1 || *e.MaxConcurrency > 1000 {
 		return &FieldError{"maxConcurrency", "must be between 1 and 1000"}
+	}
+	if e.RateLimit < 0 || e.RateLimit > MaxRateLimit {
+		return &FieldError{"rateLimit", fmt.Sprintf("must be between 0 (no limit) and %d POSTs per second", MaxRateLimit)}
+	}
+	if d := time.Duration(e.DisableAfter); d != 0 && (d < time.Second || d > MaxDisableAfter) {
+		return &FieldError{"disableAfter", fmt.Sprintf("must be 0 (never) or between 1s and %s", MaxDisableAfter)}
 	}
 	if err := checkHeaders(e.Headers); err != nil {
 		return err
@@ -281,7 +274,7 @@ func checkHeaders(h map[string]string) error {
 	names := slices.Sorted(maps.Keys(h)) // deterministic: the same body always names the same pair
 	byFold := make(map[string]string, len(h))
 	for _, k := range names {
-		if !headerNamePattern.MatchString(k) {
+		if len(k) > maxHeaderName || !ValidHeaderName(k) {
 			return &FieldError{"headers", fmt.Sprintf("%q is not a valid header name (RFC 9110 token)", k)}
 		}
 		if strings.Contains(k, ".") || strings.HasPrefix(k, "$") {
@@ -292,16 +285,45 @@ func checkHeaders(h map[string]string) error {
 		}
 		byFold[strings.ToLower(k)] = k
 		v := h[k]
-		for _, r := range v {
-			if (r < 0x20 && r != '\t') || r == 0x7f {
-				return &FieldError{"headers", fmt.Sprintf("value of %q contains a control character", k)}
-			}
+		if !ValidHeaderValue(v) {
+			return &FieldError{"headers", fmt.Sprintf("value of %q contains a control character", k)}
 		}
 		if v == RedactedHeaderValue {
 			return &FieldError{"headers", fmt.Sprintf("value of %q is the placeholder %s that reads return; send the real value", k, RedactedHeaderValue)}
 		}
 	}
 	return nil
+}
+
+// maxHeaderName is the longest endpoint header name, in bytes.
+const maxHeaderName = 256
+
+// ValidHeaderName reports whether name is an RFC 9110 token, as an HTTP header name must be.
+func ValidHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// ValidHeaderValue reports whether v holds no control character other than horizontal tab, as Go's HTTP
+// transport requires of a header value.
+func ValidHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func fillDuration(p **Duration, def time.Duration, field string, min, max time.Duration) error {
@@ -365,4 +387,23 @@ func redactURL(raw string) string {
 		u.User = url.User("…")
 	}
 	return u.String()
+}
+
+// notInURI reports whether r may not stand unescaped in a URI (RFC 3986 section 2): controls, space, non-ASCII
+// and the characters the RFC excludes, " < > \ ^ ` { | }. Go's url.Parse accepts some of them, and the
+// request line would then carry them as they are.
+func notInURI(r rune) bool {
+	return r <= ' ' || r >= 0x7f || strings.ContainsRune("\"<>\\^`{|}", r)
+}
+
+// oneOf sets an empty *v to def and returns a *FieldError naming field unless *v is def or alt.
+func oneOf[T ~string](field string, v *T, def, alt T) error {
+	switch *v {
+	case "":
+		*v = def
+	case def, alt:
+	default:
+		return &FieldError{field, fmt.Sprintf("must be %q or %q, got %q", def, alt, *v)}
+	}
+	return nil
 }

@@ -8,8 +8,9 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrIDConflict: an event with the same client-chosen id exists with other content.
 	ErrIDConflict = errors.New("event id already used with other content")
-	// ErrLeaseLost: the fenced write matched nothing because another worker took the attempt over (its lock
-	// token changed) or the attempt is no longer pending.
+	// ErrLeaseLost: the lease is no longer this worker's. Returned by a fenced write that matched nothing
+	// because another worker took the attempt over (its fencing token changed) or the attempt is no longer
+	// pending; also the cancellation cause of work whose lease was not renewed in time (lease.Keeper).
 	ErrLeaseLost = errors.New("lease lost")
 	// ErrNotTerminal: a retry was asked for a delivery that is still pending.
 	ErrNotTerminal = errors.New("delivery is not terminal")

@@ -23,8 +23,8 @@ const Jitter = 0.2
 // It returns retry=false when the failure is terminal: a terminal response, at-most-once, event_expired,
 // endpoint_deleted, unsubscribed, or retries used up. The delay is the exponential backoff of cenkalti/backoff with ±20% jitter, capped by
 // MaxDelay, then raised (never lowered) to retryAfter, and capped by MaxDelay again.
-func (p RetryPolicy) Next(number int, code string, terminal bool, retryAfter time.Duration) (retry bool, delay time.Duration) {
-	if terminal || p.AtMostOnce || Ended(code) || number > p.MaxRetries {
+func (p RetryPolicy) Next(number int, code ErrorCode, terminal bool, retryAfter time.Duration) (retry bool, delay time.Duration) {
+	if terminal || p.AtMostOnce || code.Ended() || number > p.MaxRetries {
 		return false, 0
 	}
 	b := backoff.NewExponentialBackOff(
@@ -39,4 +39,27 @@ func (p RetryPolicy) Next(number int, code string, terminal bool, retryAfter tim
 	}
 	delay = min(max(delay, retryAfter), p.MaxDelay)
 	return true, delay
+}
+
+// Decide returns what follows attempt number (1-based; Attempt.Counted, so that attempts that disabled their
+// endpoint do not count) that ended with res (docs/delivery.md, "Lifecycle"): success ends the delivery; an
+// attempt ended by a cancel (code cancelled) ends it as cancelled; an attempt answered 410 Gone (code
+// endpoint_gone, which disabled the endpoint) gets attempt number+1 at once, Uncounted (it waits for the
+// endpoint's resume), except with at-most-once, where it ends the delivery; another
+// error gets attempt number+1 while Next allows it (res.Terminal, res.Error's code and res.RetryAfter
+// count), and otherwise ends the delivery with res.Error. It reads nothing and writes nothing.
+func (p RetryPolicy) Decide(number int, res AttemptResult) NextStep {
+	if res.Status == StatusSuccess {
+		return NextStep{EndStatus: StatusSuccess}
+	}
+	if res.Error.CodeOrEmpty() == CodeCancelled { // a cancel that stopped before ending its delivery
+		return NextStep{EndStatus: StatusCancelled, EndError: res.Error}
+	}
+	if res.Error.CodeOrEmpty() == CodeEndpointGone && !p.AtMostOnce {
+		return NextStep{Retry: true, Uncounted: true}
+	}
+	if retry, delay := p.Next(number, res.Error.CodeOrEmpty(), res.Terminal, res.RetryAfter); retry {
+		return NextStep{Retry: true, Delay: delay}
+	}
+	return NextStep{EndStatus: StatusError, EndError: res.Error}
 }

@@ -27,7 +27,7 @@ func TestRetryPolicyNextStops(t *testing.T) {
 		name      string
 		policy    pulsetype.RetryPolicy
 		number    int
-		code      string
+		code      pulsetype.ErrorCode
 		terminal  bool
 		wantRetry bool
 	}{
@@ -126,5 +126,47 @@ func TestRetryPolicyNextCapsAndRetryAfter(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Decide ends a delivery on success, schedules the next attempt while the policy allows, and otherwise ends
+// the delivery with the attempt's error.
+func TestRetryPolicyDecide(t *testing.T) {
+	t.Parallel()
+	handler := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}
+	cancelled := &pulsetype.ErrorInfo{Code: pulsetype.CodeCancelled, Message: "cancelled"}
+	tests := []struct {
+		name      string
+		number    int
+		res       pulsetype.AttemptResult
+		wantRetry bool
+		wantEnd   pulsetype.Status
+		wantErr   *pulsetype.ErrorInfo
+	}{
+		{name: "success ends", number: 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusSuccess}, wantEnd: pulsetype.StatusSuccess},
+		{name: "error retries", number: 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: handler}, wantRetry: true},
+		{name: "terminal error ends", number: 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: handler, Terminal: true},
+			wantEnd: pulsetype.StatusError, wantErr: handler},
+		{name: "a cancelled attempt ends as cancelled", number: 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: cancelled},
+			wantEnd: pulsetype.StatusCancelled, wantErr: cancelled},
+		{name: "retries used up end", number: pulsetype.DefaultMaxRetries + 1, res: pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: handler},
+			wantEnd: pulsetype.StatusError, wantErr: handler},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			next := defaultPolicy().Decide(tt.number, tt.res)
+			if next.Retry != tt.wantRetry || next.EndStatus != tt.wantEnd || next.EndError != tt.wantErr {
+				t.Fatalf("Decide(%d, %+v) = %+v, want retry %v, end %q with %v", tt.number, tt.res, next, tt.wantRetry, tt.wantEnd, tt.wantErr)
+			}
+			if next.Retry && next.Delay <= 0 {
+				t.Fatalf("Decide retries after %s, want > 0", next.Delay)
+			}
+		})
+	}
+	// The receiver's Retry-After raises the delay.
+	next := defaultPolicy().Decide(1, pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: handler, RetryAfter: 30 * time.Second})
+	if !next.Retry || next.Delay != 30*time.Second {
+		t.Fatalf("Decide with Retry-After 30s = %+v, want a retry after 30s", next)
 	}
 }

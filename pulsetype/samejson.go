@@ -9,16 +9,10 @@ import (
 	"strings"
 )
 
-// SameJSON reports whether a and b hold the same JSON value, whatever their spelling. It is the rule of
-// idempotent publish (the same id with the same data answers 200, other data 409):
-//   - whitespace and the order of object members do not matter;
-//   - strings compare after unescaping ("\u00e9" and "é" are the same);
-//   - numbers compare by exact decimal value: 1, 1.0, 1e0 and 10e-1 are the same, -0 is 0, and large
-//     integers are not rounded through float64 (9007199254740993 differs from 9007199254740992);
-//   - arrays compare element by element, in order;
-//   - of an object's repeated member names the last one counts, as most parsers read them.
-//
-// Input that is not exactly one valid JSON value is never the same as anything.
+// SameJSON reports whether a and b hold the same JSON value, the rule of idempotent publish: whitespace and
+// member order do not matter, strings compare unescaped, numbers by exact decimal value (1, 1.0 and 10e-1
+// are equal, -0 is 0, large integers are not rounded), arrays in order, and of repeated member names the
+// last counts. Input that is not exactly one JSON value is never the same as anything.
 func SameJSON(a, b []byte) bool {
 	va, err := decodeValue(a)
 	if err != nil {

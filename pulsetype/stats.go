@@ -11,21 +11,21 @@ const LatencySampleSize = 1000
 
 // GroupStats are one consumer group's figures at one time, as GET /v1/stats shows them.
 type GroupStats struct {
-	ConsumerGroup string `json:"consumerGroup"`
+	ConsumerGroup string
 	// Pending counts the group's pending deliveries.
-	Pending int64 `json:"pending"`
+	Pending int64
 	// OldestPendingAt is the createdAt of the oldest pending delivery, and OldestPendingAgeMs its age in
 	// milliseconds; nil and 0 when nothing is pending.
-	OldestPendingAt    *time.Time `json:"oldestPendingAt,omitempty"`
-	OldestPendingAgeMs int64      `json:"oldestPendingAgeMs"`
+	OldestPendingAt    *time.Time
+	OldestPendingAgeMs int64
 	// Succeeded1h and Failed1h count the attempts that ended in the window with status success or error.
 	// Failed1h leaves out attempts ended for a reason that is not the receiver's (Ended codes:
 	// event_expired, endpoint_deleted, unsubscribed, cancelled).
-	Succeeded1h int64 `json:"succeeded1h"`
-	Failed1h    int64 `json:"failed1h"`
+	Succeeded1h int64
+	Failed1h    int64
 	// LatencyP50Ms is the median duration in milliseconds of the window's most recent POSTs (up to
 	// LatencySampleSize attempts, success or error); nil when none ended in the window.
-	LatencyP50Ms *int64 `json:"latencyP50Ms"`
+	LatencyP50Ms *int64
 	// LatencySample is how many attempts LatencyP50Ms was taken over.
-	LatencySample int `json:"latencySample"`
+	LatencySample int
 }

@@ -1,7 +1,6 @@
 package pulsetype
 
 import (
-	"bytes"
 	"encoding/json"
 	"strings"
 	"time"
@@ -24,53 +23,59 @@ func (s Status) Terminal() bool {
 	return s == StatusSuccess || s == StatusError || s == StatusCancelled
 }
 
-// Error codes written to an attempt's history (docs/delivery.md, "Retries").
+// ErrorCode says why an attempt or a delivery failed: one of the Code constants (docs/delivery.md, "Retries").
+type ErrorCode string
+
+// Error codes written to an attempt's history.
 const (
-	CodeHandlerError = "handler_error" // the webhook answered with a failure, or could not be reached
-	CodeWorkerLost   = "worker_lost"   // the attempt's lease expired before it completed
-	CodeEventExpired = "event_expired" // retention removed the event before the attempt ran
+	CodeHandlerError ErrorCode = "handler_error" // the webhook answered with a failure, or could not be reached
+	CodeWorkerLost   ErrorCode = "worker_lost"   // the attempt's lease expired before it completed
+	CodeEventExpired ErrorCode = "event_expired" // retention removed the event before the attempt ran
 	// CodeEndpointDeleted ends the pending deliveries of a deleted consumer group (and any attempt of an
 	// earlier registration of a group registered again): a normal outcome, not a failure of the receiver.
-	CodeEndpointDeleted = "endpoint_deleted"
+	CodeEndpointDeleted ErrorCode = "endpoint_deleted"
 	// CodeUnsubscribed ends the pending deliveries of a topic that a PUT removed from the consumer group.
-	CodeUnsubscribed = "unsubscribed"
+	CodeUnsubscribed ErrorCode = "unsubscribed"
 	// CodeCancelled is the error of a delivery cancelled through the API (status StatusCancelled) and of the
 	// attempt that the cancel ended or kept from running.
-	CodeCancelled = "cancelled"
+	CodeCancelled ErrorCode = "cancelled"
 )
 
 // Ended reports whether code ends a delivery whatever retries remain: the event is gone, the consumer group
 // no longer wants it, or the delivery was cancelled.
-func Ended(code string) bool {
-	return code == CodeEventExpired || code == CodeEndpointDeleted || code == CodeUnsubscribed || code == CodeCancelled
+func (c ErrorCode) Ended() bool {
+	return c == CodeEventExpired || c == CodeEndpointDeleted || c == CodeUnsubscribed || c == CodeCancelled
 }
 
-// Lock states of a pending attempt, as shown by the inspection API.
+// LeaseState is the lease state of a pending attempt, as the inspection API shows it (field lockState).
+type LeaseState string
+
+// Lease states of a pending attempt.
 const (
-	LockQueued  = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
-	LockActive  = "active"  // leased and the lease has not expired: a worker is running it
-	LockExpired = "expired" // leased but the lease expired: the worker stopped renewing
+	LeaseQueued  LeaseState = "queued"  // no lease: waiting to be claimed or for nextAttemptAt
+	LeaseActive  LeaseState = "active"  // leased and the lease has not expired: a worker is running it
+	LeaseExpired LeaseState = "expired" // leased but the lease expired: the worker stopped renewing
 )
 
 // Event is one published event. Data holds the JSON exactly as the application sent it (compacted), so the
 // webhook body carries it byte-equal.
 type Event struct {
-	ID      string            `json:"id"`
-	Topic   string            `json:"topic"`
-	Data    json.RawMessage   `json:"data"`
-	Headers map[string]string `json:"headers,omitempty"`
+	ID      string
+	Topic   string
+	Data    json.RawMessage
+	Headers map[string]string
 	// OrderingKey, when set (1 to MaxOrderingKey characters), puts the event in its own line of an ordered
 	// consumer group: such a group delivers in order per (topic, orderingKey), and events without a key form
 	// one line per topic.
-	OrderingKey string    `json:"orderingKey,omitempty"`
-	CreatedAt   time.Time `json:"createdAt"`
+	OrderingKey string
+	CreatedAt   time.Time
 	// TraceParent and TraceState are the W3C trace context of the publish span; each webhook attempt is a
 	// child span of it. They are not part of the event's content (a re-publish may carry another).
-	TraceParent string `json:"-"`
-	TraceState  string `json:"-"`
+	TraceParent string
+	TraceState  string
 	// ExpiresAt is when retention removes the event (createdAt + PULSE_EVENT_RETENTION); nil keeps it
 	// forever. No attempt may start at or after it: such an attempt ends as event_expired.
-	ExpiresAt *time.Time `json:"-"`
+	ExpiresAt *time.Time
 }
 
 // ExpiredAt reports whether retention has removed the event by time now.
@@ -78,50 +83,6 @@ func (e *Event) ExpiredAt(now time.Time) bool { return e.ExpiresAt != nil && !no
 
 // MaxOrderingKey is the longest ordering key an event may carry, in characters (Unicode code points).
 const MaxOrderingKey = 200
-
-// Envelope returns the webhook body of the event: {"id","topic","createdAt","data","headers"}, followed by
-// "orderingKey" when the event has one, createdAt in
-// TimeLayout (milliseconds, as stored, so the in-memory event of the first attempt and the stored one of a
-// retry give the same bytes). It is the same
-// bytes on every attempt because every field comes from the stored event, and data is copied verbatim (no
-// re-encoding, no HTML escaping).
-func (e *Event) Envelope() []byte {
-	str := func(s string) []byte {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(s)
-		return bytes.TrimRight(b.Bytes(), "\n")
-	}
-	headers := []byte("{}")
-	if len(e.Headers) > 0 {
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(e.Headers) // map keys are sorted: stable bytes
-		headers = bytes.TrimRight(b.Bytes(), "\n")
-	}
-	data := e.Data
-	if len(data) == 0 {
-		data = json.RawMessage("null")
-	}
-	out := make([]byte, 0, len(data)+len(headers)+128)
-	out = append(out, `{"id":`...)
-	out = append(out, str(e.ID)...)
-	out = append(out, `,"topic":`...)
-	out = append(out, str(e.Topic)...)
-	out = append(out, `,"createdAt":`...)
-	out = append(out, str(FormatTime(e.CreatedAt))...)
-	out = append(out, `,"data":`...)
-	out = append(out, data...)
-	out = append(out, `,"headers":`...)
-	out = append(out, headers...)
-	if e.OrderingKey != "" {
-		out = append(out, `,"orderingKey":`...)
-		out = append(out, str(e.OrderingKey)...)
-	}
-	return append(out, '}')
-}
 
 // CloudEventSource is the ce-source of an event published without one (not as a CloudEvent).
 const CloudEventSource = "/pulse-sidecar"
@@ -160,28 +121,28 @@ func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
 
 // ErrorInfo is the code and human message of a failed attempt or terminal delivery.
 type ErrorInfo struct {
-	Code    string `json:"code" bson:"code"`
-	Message string `json:"message" bson:"message"`
+	Code    ErrorCode `bson:"code"`
+	Message string    `bson:"message"`
 }
 
 // Delivery is the durable record of one event for one consumer group.
 type Delivery struct {
-	ID             string     `json:"id"`
-	EventID        string     `json:"eventId"`
-	ConsumerGroup  string     `json:"consumerGroup"`
-	Topic          string     `json:"topic"`
-	OrderingKey    string     `json:"orderingKey,omitempty"`
-	Status         Status     `json:"status"`
-	EventCreatedAt time.Time  `json:"eventCreatedAt"`
-	CreatedAt      time.Time  `json:"createdAt"`
-	UpdatedAt      time.Time  `json:"updatedAt"`
-	EndedAt        *time.Time `json:"endedAt,omitempty"`
-	FinalAttempt   int        `json:"finalAttempt,omitempty"`
-	Error          *ErrorInfo `json:"error,omitempty"`
+	ID             string
+	EventID        string
+	ConsumerGroup  string
+	Topic          string
+	OrderingKey    string
+	Status         Status
+	EventCreatedAt time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	EndedAt        *time.Time
+	FinalAttempt   int
+	Error          *ErrorInfo
 	// ReopenedAttempt is the attempt number a manual retry or replay asked for (0 if none).
-	ReopenedAttempt int `json:"-"`
+	ReopenedAttempt int
 	// Incarnation is the registration of the consumer group this delivery belongs to (Endpoint.Incarnation).
-	Incarnation string `json:"-"`
+	Incarnation string
 }
 
 // Line is one line of an ordered consumer group: its deliveries of one topic and one ordering key (""
@@ -194,6 +155,8 @@ type Line struct {
 // and the registration (incarnation) of the group it was created for.
 type DeliveryRef struct {
 	DeliveryID, EventID, ConsumerGroup, Topic, Incarnation string
+	// Uncounted is what the next attempt carries as Attempt.Uncounted.
+	Uncounted int
 }
 
 // Ref returns the delivery's reference.
@@ -203,51 +166,55 @@ func (d *Delivery) Ref() DeliveryRef {
 
 // Ref returns the reference of the attempt's delivery.
 func (a *Attempt) Ref() DeliveryRef {
-	return DeliveryRef{DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic, Incarnation: a.Incarnation}
+	return DeliveryRef{DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic, Incarnation: a.Incarnation,
+		Uncounted: a.Uncounted}
 }
 
 // Attempt is one history document: one try of a delivery. Lease fields are set while a worker holds it.
 type Attempt struct {
-	ID            string     `json:"-"`
-	DeliveryID    string     `json:"-"`
-	EventID       string     `json:"-"`
-	ConsumerGroup string     `json:"-"`
-	Topic         string     `json:"-"`
-	Number        int        `json:"attempt"`
-	Status        Status     `json:"status"`
-	LockState     string     `json:"lockState,omitempty"`
-	HTTPStatus    int        `json:"httpStatus,omitempty"`
-	DurationMs    int64      `json:"durationMs,omitempty"`
-	Error         *ErrorInfo `json:"error,omitempty"`
-	ResponseBody  string     `json:"responseBody,omitempty"`
-	CreatedAt     time.Time  `json:"createdAt"`
-	NextAttemptAt time.Time  `json:"nextAttemptAt"`
-	StartedAt     *time.Time `json:"startedAt,omitempty"`
-	EndedAt       *time.Time `json:"endedAt,omitempty"`
-	LockOwner     string     `json:"-"`
-	LockToken     string     `json:"-"`
-	LockedUntil   *time.Time `json:"-"`
+	ID            string
+	DeliveryID    string
+	EventID       string
+	ConsumerGroup string
+	Topic         string
+	Number        int
+	Status        Status
+	LeaseState    LeaseState
+	HTTPStatus    int
+	DurationMs    int64
+	Error         *ErrorInfo
+	ResponseBody  string
+	CreatedAt     time.Time
+	NextAttemptAt time.Time
+	StartedAt     *time.Time
+	EndedAt       *time.Time
+	LeaseOwner    string
+	FencingToken  string
+	LeasedUntil   *time.Time
 	// Terminal is true when the failure ended the delivery regardless of retries left (a terminal HTTP status).
-	Terminal bool `json:"-"`
+	Terminal bool
 	// Incarnation is the registration of the consumer group the attempt's delivery was created for; an
 	// attempt runs only while it equals the group's current Endpoint.Incarnation.
-	Incarnation string `json:"-"`
+	Incarnation string
 	// RetryAfter is the receiver's Retry-After on this failed attempt (0 when none), kept so that a retry
 	// the reconciler creates after a crash waits as long as the one the worker would have created.
-	RetryAfter time.Duration `json:"-"`
+	RetryAfter time.Duration
+	// Uncounted is how many earlier attempts of its delivery do not count against maxRetries: those answered
+	// 410 Gone (CodeEndpointGone), which disabled the endpoint instead of using up the delivery's retries.
+	Uncounted int
 }
 
-// LockStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
-func (a *Attempt) LockStateAt(now time.Time) string {
+// LeaseStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.
+func (a *Attempt) LeaseStateAt(now time.Time) LeaseState {
 	switch {
 	case a.Status != StatusPending:
 		return ""
-	case a.LockedUntil == nil:
-		return LockQueued
-	case a.LockedUntil.After(now):
-		return LockActive
+	case a.LeasedUntil == nil:
+		return LeaseQueued
+	case a.LeasedUntil.After(now):
+		return LeaseActive
 	default:
-		return LockExpired
+		return LeaseExpired
 	}
 }
 
@@ -297,27 +264,30 @@ type LeaseKey struct {
 	Token     string
 }
 
-// Key returns the attempt's lease key (its id and lock token).
-func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.LockToken} }
+// Key returns the attempt's lease key (its id and fencing token).
+func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.FencingToken} }
 
 // NextStep is what follows an ended attempt, by the lifecycle of docs/delivery.md: either attempt Number+1 is created,
 // due after Delay, or the delivery ends with EndStatus and EndError.
 type NextStep struct {
-	Retry     bool
-	Delay     time.Duration
+	Retry bool
+	Delay time.Duration
+	// Uncounted is set when the ended attempt does not count against maxRetries (CodeEndpointGone): attempt
+	// Number+1 carries Attempt.Uncounted+1.
+	Uncounted bool
 	EndStatus Status     // when !Retry: StatusSuccess, StatusError, or StatusCancelled (an attempt ended by a cancel)
 	EndError  *ErrorInfo // when !Retry and EndStatus is StatusError or StatusCancelled
 }
 
 // Completion is a leased attempt's result together with what follows it.
 type Completion struct {
-	Attempt *Attempt // as leased: ID and LockToken fence the write
+	Attempt *Attempt // as leased: ID and FencingToken fence the write
 	Result  AttemptResult
 	Next    NextStep
 }
 
 // CodeOrEmpty returns e's code, or "" for a nil e (no error).
-func (e *ErrorInfo) CodeOrEmpty() string {
+func (e *ErrorInfo) CodeOrEmpty() ErrorCode {
 	if e == nil {
 		return ""
 	}

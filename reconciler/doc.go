@@ -1,6 +1,6 @@
-// Package reconciler holds the sidecar's recovery steps (docs/delivery.md, "Recovery after a crash"): reaping
-// attempts whose lease expired as worker_lost, and repairing every partial state a crash can leave between
-// two writes:
+// Package reconciler holds the sidecar's reconciliation (docs/delivery.md, "Recovery after a crash"): Reap
+// records attempts whose lease expired as worker_lost, and Repair mends every partial state a crash can
+// leave between two writes:
 //   - a delivery whose first attempt does not exist → create attempt 1 (attempt reopenedAttempt of a
 //     delivery reopened by a retry or replay);
 //   - a successful attempt whose delivery is still pending → finish the delivery;

@@ -11,7 +11,7 @@ import (
 // FollowUpStore is the storage FollowUp needs.
 type FollowUpStore interface {
 	CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n int, delay time.Duration) (bool, error)
-	EndDelivery(ctx context.Context, deliveryID string, status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo) (bool, error)
+	EndDelivery(ctx context.Context, p pulsetype.EndDeliveryParams) (bool, error)
 }
 
 // Step is what FollowUp did after an attempt ended.
@@ -22,35 +22,18 @@ type Step struct {
 	Created bool          // this call wrote the change (false: another replica had already done it)
 }
 
-// Decide returns what follows attempt number n that ended with status and e (docs/delivery.md, "Lifecycle"): success
-// ends the delivery; an attempt ended by a cancel (code cancelled) ends it as cancelled; another error gets
-// attempt n+1 while policy allows it (terminal reports a non-retryable answer, retryAfter a receiver's
-// Retry-After), and otherwise ends the delivery with that error. It reads nothing and writes nothing.
-func Decide(n int, status pulsetype.Status, e *pulsetype.ErrorInfo, terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) pulsetype.NextStep {
-	if status == pulsetype.StatusSuccess {
-		return pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}
-	}
-	if e.CodeOrEmpty() == pulsetype.CodeCancelled { // a cancel that stopped before ending its delivery
-		return pulsetype.NextStep{EndStatus: pulsetype.StatusCancelled, EndError: e}
-	}
-	if retry, delay := policy.Next(n, e.CodeOrEmpty(), terminal, retryAfter); retry {
-		return pulsetype.NextStep{Retry: true, Delay: delay}
-	}
-	return pulsetype.NextStep{EndStatus: pulsetype.StatusError, EndError: e}
-}
-
-// FollowUp moves a delivery on after its attempt a ended with status and e, as Decide says, with one write.
+// FollowUp moves a delivery on after its attempt a ended with res, as policy.Decide says, with one write.
 // It is idempotent: called twice, or by several replicas at once, it changes the database once.
-func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, status pulsetype.Status, e *pulsetype.ErrorInfo,
-	terminal bool, retryAfter time.Duration, policy pulsetype.RetryPolicy) (Step, error) {
-	next := Decide(a.Number, status, e, terminal, retryAfter, policy)
+func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, res pulsetype.AttemptResult, policy pulsetype.RetryPolicy) (Step, error) {
+	next := policy.Decide(a.Counted(), res)
 	if next.Retry {
-		created, err := store.CreateAttempt(ctx, a.Ref(), a.Number+1, next.Delay)
+		created, err := store.CreateAttempt(ctx, pulsetype.NextRef(a, next), a.Number+1, next.Delay)
 		if err != nil {
 			return Step{}, fmt.Errorf("create attempt %d: %w", a.Number+1, err)
 		}
 		return Step{Retry: true, Delay: next.Delay, Created: created}, nil
 	}
-	ended, err := store.EndDelivery(ctx, a.DeliveryID, next.EndStatus, a.Number, next.EndError)
+	ended, err := store.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: next.EndStatus,
+		FinalAttempt: a.Number, Error: next.EndError})
 	return Step{Ended: true, Created: ended}, err
 }

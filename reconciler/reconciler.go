@@ -21,7 +21,7 @@ type Store interface {
 	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
 	Backfill(ctx context.Context, owner string, batch int) (int, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
-	EndPending(ctx context.Context, group string, topics []string, code, msg string) error
+	EndPending(ctx context.Context, p pulsetype.EndPendingParams) error
 }
 
 // Observer is told about each recovery; metrics and tests hook in here. Nil methods are fine to skip.
@@ -46,20 +46,20 @@ const BatchSize = 100
 // Reconciler reaps expired leases and repairs partial states. It is safe for concurrent use; each method
 // does a bounded amount of work and returns.
 type Reconciler struct {
-	store       Store
-	owner       string
-	lockTimeout time.Duration
-	observer    Observer
-	log         zerolog.Logger
+	store        Store
+	owner        string
+	leaseTimeout time.Duration
+	observer     Observer
+	log          zerolog.Logger
 
 	mu     sync.Mutex
 	cursor string // last delivery id examined by the repair scan; wraps to "" at the end
 }
 
-// New returns a Reconciler. owner is this process's lock owner id (for discovery leases); lockTimeout is also
+// New returns a Reconciler. owner is this process's lease owner id (for discovery leases); leaseTimeout is also
 // the age after which a still-marked event counts as an interrupted fan-out. observer may be nil.
-func New(store Store, owner string, lockTimeout time.Duration, observer Observer, log zerolog.Logger) *Reconciler {
-	return &Reconciler{store: store, owner: owner, lockTimeout: lockTimeout, observer: observer, log: log.With().Str("component", "reconciler").Logger()}
+func New(store Store, owner string, leaseTimeout time.Duration, observer Observer, log zerolog.Logger) *Reconciler {
+	return &Reconciler{store: store, owner: owner, leaseTimeout: leaseTimeout, observer: observer, log: log.With().Str("component", "reconciler").Logger()}
 }
 
 // policy returns the consumer group's retry policy; a group without endpoint gets no retries.
@@ -74,10 +74,10 @@ func (r *Reconciler) policy(ctx context.Context, group string) (pulsetype.RetryP
 	return ep.Policy(), nil
 }
 
-// ReapOne turns one expired attempt into error/worker_lost and follows up: at-least-once creates exactly
-// the next numbered attempt, at-most-once (or no retries left) ends the delivery. It returns whether it
-// reaped one.
-func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
+// Reap turns one expired attempt into error/worker_lost and follows up: at-least-once creates exactly the
+// next numbered attempt, at-most-once (or no retries left) ends the delivery. It returns whether it reaped
+// one.
+func (r *Reconciler) Reap(ctx context.Context) (bool, error) {
 	a, err := r.store.ReapOne(ctx)
 	if err != nil || a == nil {
 		return false, err
@@ -86,7 +86,7 @@ func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	step, err := FollowUp(ctx, r.store, a, pulsetype.StatusError, a.Error, false, 0, policy)
+	step, err := FollowUp(ctx, r.store, a, pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: a.Error}, policy)
 	if err != nil {
 		return true, fmt.Errorf("follow up reaped attempt: %w", err)
 	}
@@ -94,14 +94,14 @@ func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
 		r.observer.WorkerLost(a.ConsumerGroup)
 	}
 	r.log.Error().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).Str("delivery_id", a.DeliveryID).
-		Int("attempt", a.Number).Str("error_code", pulsetype.CodeWorkerLost).Str("lock_owner", a.LockOwner).
+		Int("attempt", a.Number).Str("error_code", string(pulsetype.CodeWorkerLost)).Str("lease_owner", a.LeaseOwner).
 		Bool("retry", step.Retry).Msg("lease expired: attempt recorded as worker_lost")
 	return true, nil
 }
 
 // Repair examines the pending deliveries among the next BatchSize queued ones (the store's queue of pending
 // work, with the attempts it holds of each) and repairs each partial state it finds, fans out events whose
-// fan-out was interrupted more than one lock timeout ago, and advances the backfill of an earliest-offset
+// fan-out was interrupted more than one lease timeout ago, and advances the backfill of an earliest-offset
 // consumer group. It returns how many repairs and backfilled deliveries it made. Repeated calls walk all
 // pending deliveries and start over; none reads the retained history.
 //
@@ -109,7 +109,7 @@ func (r *Reconciler) ReapOne(ctx context.Context) (bool, error) {
 // keep the others from running; their errors are joined.
 func (r *Reconciler) Repair(ctx context.Context) (int, error) {
 	repaired, errRepair := r.repairDeliveries(ctx)
-	n, err := r.store.FanOutStale(ctx, r.lockTimeout, BatchSize)
+	n, err := r.store.FanOutStale(ctx, r.leaseTimeout, BatchSize)
 	var errFanOut error
 	if err != nil {
 		errFanOut = fmt.Errorf("fan out stale events: %w", err)
@@ -155,7 +155,8 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 			policies[d.ConsumerGroup] = ep.Policy()
 		}
 		if gone[d.ConsumerGroup] {
-			if err := r.store.EndPending(ctx, d.ConsumerGroup, nil, pulsetype.CodeEndpointDeleted, "the consumer group was deleted"); err != nil {
+			if err := r.store.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: d.ConsumerGroup,
+				Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}); err != nil {
 				return 0, err
 			}
 			r.report(KindDeletedGroup, d, 1)
@@ -203,7 +204,8 @@ func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attem
 		}
 		return created, err
 	}
-	step, err := FollowUp(ctx, r.store, last, last.Status, last.Error, last.Terminal, last.RetryAfter, policy)
+	res := pulsetype.AttemptResult{Status: last.Status, Error: last.Error, Terminal: last.Terminal, RetryAfter: last.RetryAfter}
+	step, err := FollowUp(ctx, r.store, last, res, policy)
 	if err != nil || !step.Created {
 		return false, err
 	}

@@ -50,7 +50,7 @@ func setup(t *testing.T, n int) *bundle {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Disconnect(context.Background()) })
-		b.stores = append(b.stores, pmongo.New(c, pmongo.Options{Database: dbName, CollectionPrefix: "pulse", LockTimeout: time.Second}))
+		b.stores = append(b.stores, pmongo.New(c, pmongo.Options{Database: dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Second}))
 	}
 	if _, err := b.stores[0].EnsureSchema(context.Background()); err != nil {
 		t.Fatal(err)
@@ -222,7 +222,7 @@ func TestRacingReapersReapOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok, err := reconciler.New(s, "r", time.Second, obs, zerolog.Nop()).ReapOne(context.Background())
+			ok, err := reconciler.New(s, "r", time.Second, obs, zerolog.Nop()).Reap(context.Background())
 			if err != nil {
 				t.Error(err)
 			}

@@ -1,7 +1,7 @@
 // Package webhook sends one delivery attempt to a webhook endpoint and classifies the answer.
 //
-// It knows nothing about events, leases or retry schedules: the caller builds a Request, calls Client.Send and
-// acts on the Result. It imports no other package of this project.
+// It knows nothing about leases or retry schedules: the caller builds a Request (its body with Envelope, the
+// webhook's wire format), calls Client.Send and acts on the Result. Of this project it imports pulsetype only.
 //
 // Invariants:
 //

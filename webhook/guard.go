@@ -109,7 +109,8 @@ func (g *guard) control(network, address string, _ syscall.RawConn) error {
 // taken as a single-host prefix (/32 or /128), blanks around entries are ignored, and an empty string yields
 // an empty list. Prefixes are masked ("10.1.2.3/8" becomes "10.0.0.0/8") and IPv4-mapped IPv6 prefixes are
 // turned into their IPv4 form, matching how dialed addresses are checked. It returns an error naming the first
-// entry that is not a prefix or an address; it is meant for configuration validation.
+// entry that is not a prefix or an address. It is the one parser of PULSE_DENY_CIDRS and PULSE_ALLOW_CIDRS (config
+// validates with it).
 func ParseCIDRs(s string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for entry := range strings.SplitSeq(s, ",") {

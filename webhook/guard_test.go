@@ -131,6 +131,8 @@ func TestParseCIDRs(t *testing.T) {
 		{"10.0.0.0/8", []string{"10.0.0.0/8"}, ""},
 		{" 10.1.2.3/8 ,fd00::/8,, 192.168.1.1 , ::1", []string{"10.0.0.0/8", "fd00::/8", "192.168.1.1/32", "::1/128"}, ""},
 		{"::ffff:10.0.0.0/104", []string{"10.0.0.0/8"}, ""},
+		{"192.168.0.0/16,fe80::/10", []string{"192.168.0.0/16", "fe80::/10"}, ""},
+		{"10.0.0.1", []string{"10.0.0.1/32"}, ""},
 		{"10.0.0.0/33", nil, `parse CIDR "10.0.0.0/33": want an address/prefix-length such as 10.0.0.0/8`},
 		{"10.0.0.0/8,example.com", nil, `parse CIDR "example.com": want an address/prefix-length such as 10.0.0.0/8`},
 		{"fe80::1%eth0", nil, `parse CIDR "fe80::1%eth0": want an address/prefix-length such as 10.0.0.0/8`},

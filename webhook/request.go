@@ -11,6 +11,8 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // Request is one delivery attempt to send. The zero values of Timeout and Timestamp are replaced by defaults;
@@ -104,10 +106,10 @@ func newHTTPRequest(ctx context.Context, r *Request, ts time.Time, userAgent str
 	req.GetBody = nil
 	h := req.Header
 	for name, value := range r.Headers {
-		if !validHeaderName(name) {
+		if !pulsetype.ValidHeaderName(name) {
 			return nil, invalid("endpoint header name " + strconv.Quote(name) + " is not a valid token")
 		}
-		if !validHeaderValue(value) {
+		if !pulsetype.ValidHeaderValue(value) {
 			return nil, invalid("endpoint header " + strconv.Quote(name) + " has a control character in its value")
 		}
 		if reservedHeaders[http.CanonicalHeaderKey(name)] {
@@ -118,7 +120,7 @@ func newHTTPRequest(ctx context.Context, r *Request, ts time.Time, userAgent str
 
 	h.Set("Content-Type", "application/json")
 	for name, value := range r.BodyHeaders {
-		if !validHeaderName(name) || !validHeaderValue(value) {
+		if !pulsetype.ValidHeaderName(name) || !pulsetype.ValidHeaderValue(value) {
 			return nil, invalid("body header " + strconv.Quote(name) + " is not a valid header")
 		}
 		if k := http.CanonicalHeaderKey(name); k == "Content-Type" || !reservedHeaders[k] {
@@ -165,31 +167,4 @@ func sign(secret, id string, ts time.Time, body []byte) (string, error) {
 		return "", invalid("cannot sign: " + err.Error())
 	}
 	return sig, nil
-}
-
-// validHeaderName reports whether name is an RFC 9110 token.
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// validHeaderValue rejects control characters other than horizontal tab, as Go's transport would.
-func validHeaderValue(v string) bool {
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }

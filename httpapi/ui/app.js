@@ -262,10 +262,6 @@
       say((action === "pause" ? "Paused " : "Resumed ") + group + ".");
       await loadGroups();
     } catch (e) {
-      if (e instanceof APIError && (e.status === 405 || (e.status === 404 && e.code !== "endpoint_not_found"))) {
-        say("This sidecar cannot " + action + " endpoints: POST /v1/endpoints/{consumerGroup}/" + action + " answered " + e.status + " (not in this version).", true);
-        return;
-      }
       sayError(action + " " + group, e);
     }
   }

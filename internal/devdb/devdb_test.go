@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/internal/cli"
 	"github.com/pulse-sidecar/pulse/internal/devdb"
+	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
 func startServer(t *testing.T, cfg devdb.Config) *devdb.Server {
@@ -103,7 +103,7 @@ func TestRunCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	dataDir := t.TempDir()
-	var stderr syncBuffer
+	var stderr testdb.SyncBuffer
 
 	r, w := io.Pipe()
 	done := make(chan error, 1)
@@ -174,24 +174,6 @@ func TestRunCommand(t *testing.T) {
 	if err != nil || !strings.Contains(string(log), "expireAfterSeconds") {
 		t.Errorf("%s has no warning about the TTL index (%v):\n%s", devdb.DatabaseLogName, err, log)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestRunCommandRejectsBadFlags(t *testing.T) {

@@ -117,8 +117,7 @@ func TestInterleavedWritesAnswerAsLinearized(t *testing.T) {
 	defer cancel()
 	outcomes := map[testdb.Serialization][]string{}
 	for _, s := range []testdb.Serialization{testdb.Linearized, testdb.Interleaved} {
-		client, dbName := database(t, s)
-		outcomes[s] = writeScript(ctx, t, client.Database(dbName).Collection("c"))
+		outcomes[s] = writeScript(ctx, t, collection(t, s, "c"))
 	}
 	lin, inter := outcomes[testdb.Linearized], outcomes[testdb.Interleaved]
 	if len(lin) != len(inter) {
@@ -141,15 +140,14 @@ func TestInterleavedMultiDocumentUpdatesInterleave(t *testing.T) {
 	t.Parallel()
 	skipUnlessEmbedded(t)
 	const docs, maxRounds = 100, 50
-	eachSerialization(t, func(t *testing.T, s testdb.Serialization) {
+	eachSerialization(t, "c", func(t *testing.T, s testdb.Serialization, coll *mongo.Collection) {
 		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 		defer cancel()
-		client, dbName := database(t, s)
 		pending := make([]any, docs)
 		for i := range pending {
 			pending[i] = bson.D{{Key: "_id", Value: i}, {Key: "owner", Value: ""}}
 		}
-		if _, err := client.Database(dbName).Collection("c").InsertMany(ctx, pending); err != nil {
+		if _, err := coll.InsertMany(ctx, pending); err != nil {
 			t.Fatal(err)
 		}
 		var colls [2]*mongo.Collection
@@ -162,7 +160,7 @@ func TestInterleavedMultiDocumentUpdatesInterleave(t *testing.T) {
 			if err := c.Ping(ctx, nil); err != nil {
 				t.Fatal(err)
 			}
-			colls[i] = c.Database(dbName).Collection("c")
+			colls[i] = c.Database(coll.Database().Name()).Collection("c")
 		}
 		rounds := 5
 		if s == testdb.Interleaved {

@@ -1,0 +1,262 @@
+package dispatcher
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+	"github.com/pulse-sidecar/pulse/webhook"
+)
+
+type executorBundle struct {
+	store *memStore
+	snd   *sender
+	obs   *observer
+	exec  *executor
+	ended chan string
+}
+
+// newTestExecutor returns an executor over store and snd, with its completer started.
+func newTestExecutor(t *testing.T, store *memStore, snd *sender) *executorBundle {
+	t.Helper()
+	b := &executorBundle{store: store, snd: snd, obs: &observer{}, ended: make(chan string, 100)}
+	endpoints := newEndpointCache(store, time.Second)
+	c := newCompleter(store, b.obs, func() {}, nil, zerolog.Nop())
+	if err := c.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	b.exec = &executor{store: store, sender: snd, endpoints: endpoints, keeper: idleKeeper(), completer: c,
+		slots: newSlots(4, endpoints.limit, func() {}), now: time.Now, observer: b.obs, log: zerolog.Nop(),
+		ended: func(group string) { b.ended <- group }}
+	b.exec.start(t.Context())
+	t.Cleanup(func() { b.exec.stop(time.Second) })
+	return b
+}
+
+// claim publishes an event of topic t and leases its attempt for group g.
+func (b *executorBundle) claim(t *testing.T, ev *pulsetype.Event) *pulsetype.Attempt {
+	t.Helper()
+	b.store.publish(ev)
+	attempts, err := b.store.ClaimBatch(context.Background(), "me", nil, 1)
+	if err != nil || len(attempts) != 1 {
+		t.Fatalf("ClaimBatch = %v, %v; want one attempt", attempts, err)
+	}
+	return attempts[0]
+}
+
+// The executor turns the POST's result into what follows it by the group's retry policy, and ends without a
+// POST an attempt its group no longer wants or whose event expired.
+func TestExecutorDecides(t *testing.T) {
+	t.Parallel()
+	past := time.Now().Add(-time.Minute)
+	handler := func(r webhook.Result) func(webhook.Request) webhook.Result {
+		return func(webhook.Request) webhook.Result { return r }
+	}
+	tests := []struct {
+		name      string
+		endpoint  func(*pulsetype.Endpoint)
+		event     pulsetype.Event
+		answer    func(webhook.Request) webhook.Result
+		unknownEv bool // the job does not carry the event: the executor reads it
+		wantPOST  bool
+		wantRetry bool
+		wantDelay time.Duration // when wantRetry and not 0
+		wantEnd   pulsetype.Status
+		wantCode  pulsetype.ErrorCode
+	}{
+		{name: "success ends the delivery", wantPOST: true, wantEnd: pulsetype.StatusSuccess},
+		{name: "a failure is retried", answer: handler(webhook.Result{Outcome: webhook.OutcomeRetry, HTTPStatus: 500, Message: "HTTP 500"}),
+			wantPOST: true, wantRetry: true},
+		{name: "Retry-After sets the delay", answer: handler(webhook.Result{Outcome: webhook.OutcomeRetry, HTTPStatus: 429, RetryAfter: 30 * time.Second}),
+			wantPOST: true, wantRetry: true, wantDelay: 30 * time.Second},
+		{name: "a terminal answer ends the delivery", answer: handler(webhook.Result{Outcome: webhook.OutcomeTerminal, HTTPStatus: 404}),
+			wantPOST: true, wantEnd: pulsetype.StatusError, wantCode: pulsetype.CodeHandlerError},
+		{name: "no retries left", endpoint: func(ep *pulsetype.Endpoint) { ep.MaxRetries = new(0) },
+			answer: handler(webhook.Result{Outcome: webhook.OutcomeRetry, HTTPStatus: 500}), wantPOST: true,
+			wantEnd: pulsetype.StatusError, wantCode: pulsetype.CodeHandlerError},
+		{name: "another incarnation of the group", endpoint: func(ep *pulsetype.Endpoint) { ep.Incarnation = "registered again" },
+			wantEnd: pulsetype.StatusError, wantCode: pulsetype.CodeEndpointDeleted},
+		{name: "the group dropped the topic", endpoint: func(ep *pulsetype.Endpoint) { ep.Topics = []string{"other"} },
+			wantEnd: pulsetype.StatusError, wantCode: pulsetype.CodeUnsubscribed},
+		{name: "the event expired", event: pulsetype.Event{ExpiresAt: &past},
+			wantEnd: pulsetype.StatusError, wantCode: pulsetype.CodeEventExpired},
+		{name: "the event is read when not carried", unknownEv: true, wantPOST: true, wantEnd: pulsetype.StatusSuccess},
+		{name: "the group is deleted while the POST runs", wantPOST: true, wantEnd: pulsetype.StatusError, wantCode: pulsetype.CodeEndpointDeleted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			store := newMemStore(endpoint(t, "g", []string{"t"}))
+			snd := &sender{answer: tt.answer}
+			if tt.name == "the group is deleted while the POST runs" {
+				snd.answer = func(webhook.Request) webhook.Result {
+					store.mu.Lock()
+					delete(store.endpoints, "g")
+					store.mu.Unlock()
+					return webhook.Result{Outcome: webhook.OutcomeRetry, HTTPStatus: 503}
+				}
+			}
+			b := newTestExecutor(t, store, snd)
+			ev := tt.event
+			ev.ID, ev.Topic, ev.Data = "e1", "t", []byte(`{"n":1}`)
+			a := b.claim(t, &ev)
+			if tt.endpoint != nil { // changed after the fan-out
+				ep := endpoint(t, "g", []string{"t"}, tt.endpoint)
+				store.mu.Lock()
+				store.endpoints["g"] = ep
+				store.mu.Unlock()
+			}
+			j := job{a: a, ev: &ev, evKnown: true}
+			if tt.unknownEv {
+				j = job{a: a}
+			}
+			c, ok := b.exec.run(t.Context(), j, zerolog.Nop())
+			if !ok {
+				t.Fatal("the attempt was abandoned")
+			}
+			if started, _ := snd.posts(); started != map[bool]int{true: 1}[tt.wantPOST] {
+				t.Fatalf("%d POSTs, want POST %v", started, tt.wantPOST)
+			}
+			if c.Attempt != a || c.Next.Retry != tt.wantRetry || !tt.wantRetry && c.Next.EndStatus != tt.wantEnd {
+				t.Fatalf("completion %+v, want retry %v or end %s", c, tt.wantRetry, tt.wantEnd)
+			}
+			if tt.wantRetry && (c.Next.Delay <= 0 || tt.wantDelay != 0 && c.Next.Delay != tt.wantDelay) {
+				t.Fatalf("retry after %s, want %s (or > 0)", c.Next.Delay, tt.wantDelay)
+			}
+			if tt.wantCode != "" && (c.Next.EndError == nil || c.Next.EndError.Code != tt.wantCode) {
+				t.Fatalf("ended with %v, want code %s", c.Next.EndError, tt.wantCode)
+			}
+			if tt.unknownEv && store.count("GetEvent") != 1 {
+				t.Fatalf("%d GetEvent, want 1", store.count("GetEvent"))
+			}
+		})
+	}
+}
+
+// A 410 Gone disables the endpoint before the delivery moves on, and the delivery waits: its next attempt
+// follows at once without counting against maxRetries (with at-most-once the delivery ends instead). An
+// attempt of a paused endpoint is given back unstarted, without a POST.
+func TestExecutorGoneAndPaused(t *testing.T) {
+	t.Parallel()
+	gone := func(webhook.Request) webhook.Result {
+		return webhook.Result{Outcome: webhook.OutcomeTerminal, HTTPStatus: 410, Message: "HTTP 410 Gone"}
+	}
+	for _, atMostOnce := range []bool{false, true} {
+		store := newMemStore(endpoint(t, "g", []string{"t"}, func(ep *pulsetype.Endpoint) {
+			ep.MaxRetries = new(0)
+			if atMostOnce {
+				ep.Delivery = pulsetype.AtMostOnce
+			}
+		}))
+		b := newTestExecutor(t, store, &sender{answer: gone})
+		ev := pulsetype.Event{ID: "e1", Topic: "t", Data: []byte(`1`)}
+		a := b.claim(t, &ev)
+		c, ok := b.exec.run(t.Context(), job{a: a, ev: &ev, evKnown: true}, zerolog.Nop())
+		if !ok || c.Result.HTTPStatus != 410 || c.Result.Error.CodeOrEmpty() != pulsetype.CodeEndpointGone || c.Result.Terminal {
+			t.Fatalf("at-most-once %v: result %+v (ok %v), want HTTP 410 recorded as endpoint_gone", atMostOnce, c.Result, ok)
+		}
+		if want := !atMostOnce; c.Next.Retry != want || c.Next.Uncounted != want || c.Next.Delay != 0 {
+			t.Fatalf("at-most-once %v: next %+v, want retry %v at once, uncounted", atMostOnce, c.Next, want)
+		}
+		if ep, _ := store.GetEndpoint(t.Context(), "g"); ep.State != pulsetype.EndpointDisabled || ep.StateReason != pulsetype.ReasonGone {
+			t.Fatalf("at-most-once %v: endpoint %s/%s, want disabled/gone", atMostOnce, ep.State, ep.StateReason)
+		}
+		if ref := pulsetype.NextRef(a, c.Next); !atMostOnce && ref.Uncounted != 1 {
+			t.Fatalf("the next attempt carries uncounted %d, want 1", ref.Uncounted)
+		}
+	}
+
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	snd := &sender{}
+	b := newTestExecutor(t, store, snd)
+	ev := pulsetype.Event{ID: "e2", Topic: "t", Data: []byte(`1`)}
+	a := b.claim(t, &ev)
+	store.setState("g", pulsetype.EndpointPaused, pulsetype.ReasonPaused)
+	a.Number = 2 // a retry reads its endpoint fresh
+	if _, ok := b.exec.run(t.Context(), job{a: a, ev: &ev, evKnown: true}, zerolog.Nop()); ok {
+		t.Fatal("an attempt of a paused endpoint was run")
+	}
+	if started, _ := snd.posts(); started != 0 || store.count("ReleaseAttempt") != 1 {
+		t.Fatalf("%d POSTs and %d releases, want none and one", started, store.count("ReleaseAttempt"))
+	}
+	if !b.exec.endpoints.isInactive("g") {
+		t.Fatal("the cache does not hold the group as paused")
+	}
+}
+
+// An attempt whose lease is lost while its POST runs is abandoned: nothing is recorded, the loss is
+// reported.
+func TestExecutorLeaseLost(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	ctx, cancel := context.WithCancelCause(t.Context())
+	snd := &sender{answer: func(webhook.Request) webhook.Result {
+		cancel(pulsetype.ErrLeaseLost) // what the keeper does when a renewal finds the lease gone
+		return webhook.Result{Outcome: webhook.OutcomeSuccess, HTTPStatus: 200}
+	}}
+	b := newTestExecutor(t, store, snd)
+	ev := &pulsetype.Event{ID: "e1", Topic: "t"}
+	a := b.claim(t, ev)
+	if _, ok := b.exec.run(ctx, job{a: a, ev: ev, evKnown: true}, zerolog.Nop()); ok {
+		t.Fatal("an attempt whose lease was lost was not abandoned")
+	}
+	if _, lost := b.obs.counts(); lost != 1 {
+		t.Fatalf("%d leases lost reported, want 1", lost)
+	}
+}
+
+// launch runs the attempt in a worker slot, records its result through the completer, gives the slot back
+// and reports the group as ended.
+func TestExecutorLaunchRecords(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	snd := &sender{gate: make(chan struct{})}
+	b := newTestExecutor(t, store, snd)
+	ev := &pulsetype.Event{ID: "e1", Topic: "t"}
+	a := b.claim(t, ev)
+	b.exec.launch(job{a: a, ev: ev, evKnown: true})
+	if free := b.exec.slots.free(); free != 3 {
+		t.Fatalf("free slots while the POST runs = %d, want 3", free)
+	}
+	snd.gate <- struct{}{}
+	select {
+	case g := <-b.ended:
+		if g != "g" {
+			t.Fatalf("ended %q, want g", g)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the attempt did not end")
+	}
+	if status, _ := store.delivery(a.DeliveryID); status != pulsetype.StatusSuccess {
+		t.Fatalf("delivery %s, want success", status)
+	}
+	if free := b.exec.slots.free(); free != 4 {
+		t.Fatalf("free slots after the POST = %d, want 4", free)
+	}
+}
+
+// stop aborts the attempts still running after the grace period; they record nothing.
+func TestExecutorStopAborts(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	snd := &sender{gate: make(chan struct{})} // never opened: the POST ends only by cancellation
+	b := newTestExecutor(t, store, snd)
+	ev := &pulsetype.Event{ID: "e1", Topic: "t"}
+	a := b.claim(t, ev)
+	b.exec.launch(job{a: a, ev: ev, evKnown: true})
+	eventually(t, "the POST to start", func() bool { started, _ := snd.posts(); return started == 1 })
+	b.exec.stop(10 * time.Millisecond)
+	if _, running := snd.posts(); running != 0 {
+		t.Fatal("stop returned with a POST running")
+	}
+	if n := store.count("FinishAttempts"); n != 0 {
+		t.Fatalf("an aborted attempt was recorded (%d FinishAttempts)", n)
+	}
+	if status, _ := store.delivery(a.DeliveryID); status != pulsetype.StatusPending {
+		t.Fatalf("delivery %s, want pending (left to lease expiry)", status)
+	}
+}

@@ -1,0 +1,321 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// loop finds and claims work: it fans out the events published here, clears their fanout marks, runs the
+// reconciliation on its periods, claims the heads of ordered lines, the attempts its fan-out created and the
+// due attempts found by polling, and hands each leased attempt to the executor. One goroutine runs it;
+// only Published is called from others.
+type loop struct {
+	store     Store
+	rec       Reconciler
+	owner     string
+	opts      Options
+	endpoints *endpointCache
+	slots     *slots
+	limits    *rateLimits
+	ready     *readyQueue
+	marks     *fanOutMarks
+	moved     *moved
+	exec      *executor
+	wake      <-chan struct{} // poll the database now (change stream, retry timer, endpoint change)
+	kick      chan struct{}   // local work: events published here, a freed worker slot
+	log       zerolog.Logger
+
+	mu     sync.Mutex
+	queued []*pulsetype.Event // published here, not fanned out yet
+
+	// Owned by the loop's goroutine.
+	backlog  bool // the database may hold due attempts this process had no capacity for
+	lastPoll time.Time
+	reap     chore
+	repair   chore
+}
+
+// chore is a step the loop runs every period (jittered), sooner while it finds work.
+type chore struct {
+	period time.Duration
+	next   time.Time
+}
+
+// due reports whether the chore runs at now.
+func (c *chore) due(now time.Time) bool { return !now.Before(c.next) }
+
+// ran schedules the next run after one that started at now: at once when it worked, else a period later.
+func (c *chore) ran(now time.Time, worked bool) {
+	if !worked {
+		c.next = now.Add(pulsetype.Jittered(c.period))
+	}
+}
+
+// publish queues events stored by this process for the next turn's fan-out.
+func (l *loop) publish(events []*pulsetype.Event) {
+	l.mu.Lock()
+	l.queued = append(l.queued, events...)
+	l.mu.Unlock()
+	signal(l.kick)
+}
+
+// run runs turns until ctx ends, sleeping at most a poll interval (jittered) between turns without work.
+func (l *loop) run(ctx context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	poll := true
+	for {
+		worked := l.turn(ctx, poll)
+		if ctx.Err() != nil {
+			return
+		}
+		if worked {
+			poll = true
+			continue
+		}
+		timer.Reset(pulsetype.Jittered(l.opts.PollInterval))
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.wake:
+			poll = true
+		case <-l.kick:
+			poll = false
+		case <-timer.C:
+			poll = true
+		}
+	}
+}
+
+// reapInterval is the reaper's period: a lease cannot be seen expired more precisely than a fraction of
+// the lease timeout, so reaping more often than a quarter of it (or the poll interval) only costs queries.
+func reapInterval(opts Options) time.Duration {
+	return max(opts.PollInterval, opts.LeaseTimeout/4)
+}
+
+// turn runs one pass of the loop and reports whether the reconciliation did work that may have more to do.
+// Reap and Repair run on their own periods (reap every reap interval, repair every repair interval, sooner
+// while they find work). The database is asked for due work when poll is set (a poll interval without
+// local work, a wake-up, reconciliation work), when a backlog may wait there, and at least every reap
+// interval while local work keeps the loop busy; local work (fan-out, claims of attempts created here) runs
+// always.
+func (l *loop) turn(ctx context.Context, poll bool) bool {
+	worked := false
+	l.fanOut(ctx)
+	l.flushMarks(ctx, false)
+	if now := time.Now(); l.reap.due(now) {
+		reaped, err := l.rec.Reap(ctx)
+		if err != nil {
+			l.logErr(ctx, err, "reap")
+		}
+		l.reap.ran(now, reaped)
+		worked = worked || reaped
+	}
+	if now := time.Now(); l.repair.due(now) {
+		n, err := l.rec.Repair(ctx)
+		if err != nil {
+			l.logErr(ctx, err, "repair")
+		}
+		l.repair.ran(now, n > 0)
+		worked = worked || n > 0
+	}
+	poll = poll || time.Since(l.lastPoll) >= reapInterval(l.opts)
+	ordered := l.claimOrdered(ctx, poll)
+	l.claimReady(ctx)
+	if poll || l.backlog {
+		l.lastPoll = time.Now()
+		l.claimDue(ctx, ordered)
+	}
+	return worked
+}
+
+// fanOut creates the deliveries and first attempts of the events published here since the last turn, in
+// one batch, and keeps the attempts in the ready queue with their events for claimReady.
+func (l *loop) fanOut(ctx context.Context) {
+	l.mu.Lock()
+	events := l.queued
+	l.queued = nil
+	l.mu.Unlock()
+	if len(events) == 0 {
+		return
+	}
+	attempts, err := l.store.FanOut(ctx, events)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")
+		}
+		return
+	}
+	// Every group's limits (maxConcurrency, ordered) are known before its attempts are admitted: a group
+	// registered through another replica a moment ago is read now.
+	for _, a := range attempts {
+		if !l.endpoints.known(a.ConsumerGroup) {
+			if _, err := l.endpoints.get(ctx, a.ConsumerGroup, false); err != nil {
+				l.logErr(ctx, err, "read the endpoint of a fanned-out attempt")
+			}
+		}
+	}
+	byID := make(map[string]*pulsetype.Event, len(events))
+	ids := make([]string, len(events))
+	for i, e := range events {
+		byID[e.ID] = e
+		ids[i] = e.ID
+	}
+	l.marks.add(ids, time.Now())
+	for _, a := range attempts {
+		if l.endpoints.isInactive(a.ConsumerGroup) {
+			continue // paused or disabled: polling finds it after the resume
+		}
+		if l.endpoints.isOrdered(a.ConsumerGroup) {
+			l.moved.add(a.ConsumerGroup) // only the head-of-line claim may take it
+			continue
+		}
+		if !l.ready.push(job{a: a, ev: byID[a.EventID], evKnown: true}) {
+			l.backlog = true // left to polling
+		}
+	}
+}
+
+// flushMarks clears the fanout marks of fanned-out events with one write once markFlushBatch of them wait
+// or the oldest waited a quarter of the lease timeout (or when force is set). A failed clear is left to the
+// reconciler, whose repeated fan-out is a no-op.
+func (l *loop) flushMarks(ctx context.Context, force bool) {
+	ids := l.marks.due(time.Now(), force)
+	if len(ids) == 0 {
+		return
+	}
+	if err := l.store.ClearFanOut(ctx, ids); err != nil {
+		l.logErr(ctx, err, "clear fanout marks")
+	}
+}
+
+// claimReady leases, one round trip per batch, the attempts fanned out here that fit the free capacity, and
+// runs them with the events they were published with.
+func (l *loop) claimReady(ctx context.Context) {
+	for ctx.Err() == nil {
+		batch := l.takeReady()
+		if len(batch) == 0 {
+			return
+		}
+		attempts := make([]*pulsetype.Attempt, len(batch))
+		events := make(map[string]*pulsetype.Event, len(batch))
+		tokens := map[string]bool{}
+		for i, j := range batch {
+			attempts[i] = j.a
+			events[j.a.EventID] = j.ev
+			tokens[j.a.ID] = j.token
+		}
+		leased, err := l.store.ClaimAttempts(ctx, l.owner, attempts)
+		if err != nil {
+			l.logErr(ctx, err, "claim attempts created here")
+			l.backlog = true // left to polling
+			return
+		}
+		jobs := make([]job, len(leased))
+		for i, a := range leased {
+			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: true, token: tokens[a.ID]}
+		}
+		l.launchAll(ctx, jobs)
+	}
+}
+
+// takeReady removes from the ready queue up to maxReadyClaim attempts that the free capacity admits: the
+// worker slots left, each consumer group's maxConcurrency and the reserve (see slots.admit), and the tokens
+// of rate-limited groups.
+func (l *loop) takeReady() []job {
+	if l.slots.free() <= 0 || l.ready.len() == 0 {
+		return nil
+	}
+	jobs := l.ready.take(maxReadyClaim, func(group string, takenGroup, takenAll int) bool {
+		return l.slots.admit(group, takenGroup, takenAll) && l.limits.allows(group, takenGroup)
+	})
+	// The tokens are taken now, so that the claim's round trips overlap the next token's wait (the
+	// rate reached is then not cut by them); a job that is not claimed after all leaves its token unused.
+	for i := range jobs {
+		jobs[i].token = l.limits.take(jobs[i].a.ConsumerGroup)
+	}
+	return jobs
+}
+
+// claimDue leases due attempts found by polling the database, a batch per round trip while capacity lasts,
+// and reads their events with one query per batch. ordered groups are left to the head-of-line claim.
+func (l *loop) claimDue(ctx context.Context, ordered []string) {
+	for ctx.Err() == nil {
+		known := l.endpoints.groups()
+		exclude, free := l.slots.capacity(known)
+		exclude = append(append(exclude, ordered...), l.endpoints.inactive()...)
+		// A rate-limited group takes part while it has tokens, and a batch never takes more of its attempts
+		// than it has tokens (as with maxConcurrency).
+		for _, g := range l.limits.limited(known) {
+			if n := l.limits.available(g); n == 0 {
+				exclude = append(exclude, g)
+			} else if !slices.Contains(exclude, g) {
+				free = min(free, n)
+			}
+		}
+		if free == 0 {
+			l.backlog = true
+			return
+		}
+		batch, err := l.store.ClaimBatch(ctx, l.owner, exclude, min(free, maxClaimBatch))
+		if err != nil {
+			l.logErr(ctx, err, "claim")
+			return
+		}
+		if len(batch) == 0 {
+			l.backlog = false
+			return
+		}
+		ids := make([]string, len(batch))
+		for i, a := range batch {
+			ids[i] = a.EventID
+		}
+		events, err := l.store.GetEvents(ctx, ids)
+		if err != nil {
+			l.logErr(ctx, err, "read events of claimed attempts") // each executor reads its own
+		}
+		jobs := make([]job, len(batch))
+		for i, a := range batch {
+			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: err == nil}
+		}
+		// Groups found ordered only now stay out of this turn's claims: their attempts were given back and
+		// would be claimed again at once.
+		ordered = append(ordered, l.launchAll(ctx, jobs)...)
+	}
+}
+
+// launchAll hands leased attempts to the executor, except those of a group this process did not know as
+// ordered yet (registered or changed through another replica), given back for the head-of-line claim, and
+// those beyond their group's maxConcurrency or rate limit (claimed before the limit was known), given back
+// for a later claim; their groups are returned.
+func (l *loop) launchAll(ctx context.Context, jobs []job) (released []string) {
+	for _, j := range jobs {
+		ep, err := l.endpoints.get(ctx, j.a.ConsumerGroup, false)
+		if err == nil && ep != nil && ep.Ordered || l.slots.full(j.a.ConsumerGroup) || !j.token && !l.limits.take(j.a.ConsumerGroup) {
+			if err := l.store.ReleaseAttempt(ctx, j.a); err != nil {
+				l.logErr(ctx, err, "release attempt of an ordered, full or rate-limited group")
+			}
+			l.endpoints.relist()
+			if !slices.Contains(released, j.a.ConsumerGroup) {
+				released = append(released, j.a.ConsumerGroup)
+			}
+			continue
+		}
+		l.exec.launch(j)
+	}
+	return released
+}
+
+func (l *loop) logErr(ctx context.Context, err error, step string) {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	l.log.Error().Err(err).Str("step", step).Msg("worker loop step failed")
+}

@@ -1,0 +1,205 @@
+package dispatcher
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+	"github.com/pulse-sidecar/pulse/webhook"
+)
+
+// startDispatcher starts a Dispatcher over store and snd with workers worker slots; a POST never gives its
+// slot back early (slowAfter is an hour), so slot counts are exact.
+func startDispatcher(t *testing.T, store *memStore, snd *sender, workers int) *Dispatcher {
+	t.Helper()
+	d := New(store, snd, noReconciler{}, idleKeeper(), Options{Owner: "me", Workers: workers, PollInterval: 20 * time.Millisecond,
+		LeaseTimeout: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
+	d.loop.slots.slowAfter = time.Hour
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	return d
+}
+
+func events(prefix, topic string, n int) []*pulsetype.Event {
+	out := make([]*pulsetype.Event, n)
+	for i := range out {
+		out[i] = &pulsetype.Event{ID: fmt.Sprintf("%s%02d", prefix, i), Topic: topic, Data: []byte(`{}`),
+			CreatedAt: time.Now().Add(time.Duration(i) * time.Millisecond)}
+	}
+	return out
+}
+
+// succeeded counts the deliveries of group that ended in success.
+func (s *memStore) succeeded(group string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, d := range s.deliveries {
+		if d.ConsumerGroup == group && d.status == pulsetype.StatusSuccess {
+			n++
+		}
+	}
+	return n
+}
+
+// The loop claims the due attempts it finds by polling (created by another replica) and delivers them.
+func TestLoopClaimsDueWork(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	store.publish(events("e", "t", 5)...)
+	snd := &sender{}
+	startDispatcher(t, store, snd, 4)
+	eventually(t, "5 deliveries to succeed", func() bool { return store.succeeded("g") == 5 })
+	if started, _ := snd.posts(); started != 5 {
+		t.Fatalf("%d POSTs for 5 deliveries, want 5", started)
+	}
+}
+
+// Events published here are fanned out and their first attempts claimed by id and POSTed with the event
+// in memory: no event is read back.
+func TestLoopRunsPublishedEvents(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}), endpoint(t, "h", []string{"t"}))
+	snd := &sender{}
+	d := startDispatcher(t, store, snd, 8)
+	d.Published(events("e", "t", 3))
+	eventually(t, "6 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 6 })
+	if store.count("ClaimAttempts") == 0 || store.count("GetEvent")+store.count("GetEvents") != 0 {
+		t.Fatalf("%d ClaimAttempts, %d GetEvent, %d GetEvents; want the attempts claimed by id, no event read",
+			store.count("ClaimAttempts"), store.count("GetEvent"), store.count("GetEvents"))
+	}
+	d.Stop()
+	if store.count("ClearFanOut") == 0 {
+		t.Fatal("Stop did not clear the fanout marks it owed")
+	}
+}
+
+// release opens the gate for POSTs until every one of want deliveries of groups succeeded.
+func release(t *testing.T, store *memStore, snd *sender, want int, groups ...string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		done := 0
+		for _, g := range groups {
+			done += store.succeeded(g)
+		}
+		if done == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d deliveries succeeded within 20s", done, want)
+		}
+		select {
+		case snd.gate <- struct{}{}:
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// No more POSTs run at once than there are worker slots, and the last one (the reserve) goes to a group
+// with nothing in flight.
+func TestLoopRespectsWorkerSlots(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "busy", []string{"t"}), endpoint(t, "idle", []string{"u"}))
+	store.publish(events("e", "t", 20)...)
+	snd := &sender{gate: make(chan struct{})}
+	startDispatcher(t, store, snd, 4)
+	eventually(t, "3 POSTs to run", func() bool { _, running := snd.posts(); return running == 3 })
+	store.publish(events("f", "u", 1)...)
+	eventually(t, "the idle group's POST to run", func() bool { _, running := snd.posts(); return running == 4 })
+	release(t, store, snd, 21, "busy", "idle")
+	if all, byGroup := snd.peaks(); all != 4 || byGroup["busy"] != 3 {
+		t.Fatalf("at most %d POSTs ran at once (%v by group) with 4 worker slots, want 4 (3 of the busy group)", all, byGroup)
+	}
+}
+
+// A consumer group never has more POSTs in flight than its maxConcurrency, while another group uses the
+// slots it leaves.
+func TestLoopRespectsMaxConcurrency(t *testing.T) {
+	t.Parallel()
+	capped := endpoint(t, "capped", []string{"t"}, func(ep *pulsetype.Endpoint) { ep.MaxConcurrency = new(2) })
+	store := newMemStore(capped, endpoint(t, "free", []string{"t"}))
+	store.publish(events("e", "t", 10)...)
+	snd := &sender{gate: make(chan struct{})}
+	startDispatcher(t, store, snd, 16)
+	eventually(t, "12 POSTs to run", func() bool { _, running := snd.posts(); return running == 12 })
+	release(t, store, snd, 20, "capped", "free")
+	if _, byGroup := snd.peaks(); byGroup["capped"] != 2 || byGroup["free"] != 10 {
+		t.Fatalf("peaks %v, want capped 2 (its maxConcurrency) and free 10", byGroup)
+	}
+}
+
+// A failed attempt is retried once its delay comes due, and the retry is delivered.
+func TestLoopRetries(t *testing.T) {
+	t.Parallel()
+	fast := func(ep *pulsetype.Endpoint) {
+		ep.RetryDelay, ep.MaxRetryDelay = new(pulsetype.Duration(time.Millisecond)), new(pulsetype.Duration(time.Millisecond))
+	}
+	store := newMemStore(endpoint(t, "g", []string{"t"}, fast))
+	snd := &sender{}
+	snd.answer = func(r webhook.Request) webhook.Result {
+		if r.Attempt == 1 {
+			return webhook.Result{Outcome: webhook.OutcomeRetry, HTTPStatus: 500, Message: "HTTP 500"}
+		}
+		return webhook.Result{Outcome: webhook.OutcomeSuccess, HTTPStatus: 200}
+	}
+	d := startDispatcher(t, store, snd, 4)
+	d.Published(events("e", "t", 1))
+	eventually(t, "the delivery to succeed", func() bool { return store.succeeded("g") == 1 })
+	if status, n := store.delivery("g/e00"); status != pulsetype.StatusSuccess || n != 2 {
+		t.Fatalf("delivery %s after %d attempts, want success after 2", status, n)
+	}
+}
+
+// An ordered group's line is POSTed one attempt at a time, oldest event first, through head-of-line claims.
+func TestLoopOrderedLine(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "o", []string{"t"}, func(ep *pulsetype.Endpoint) { ep.Ordered = true }))
+	evs := events("e", "t", 5)
+	store.publish(evs...)
+	snd := &sender{}
+	startDispatcher(t, store, snd, 8)
+	eventually(t, "5 deliveries to succeed", func() bool { return store.succeeded("o") == 5 })
+	snd.mu.Lock()
+	defer snd.mu.Unlock()
+	var got []string
+	for _, r := range snd.requests {
+		got = append(got, r.EventID)
+	}
+	want := []string{"e00", "e01", "e02", "e03", "e04"}
+	if !slices.Equal(got, want) || snd.peakAll != 1 {
+		t.Fatalf("POSTed %v with up to %d at once, want %v one at a time", got, snd.peakAll, want)
+	}
+	if store.count("ClaimHead") == 0 {
+		t.Fatal("the ordered line was not claimed by its head")
+	}
+}
+
+// Stop waits for the POSTs in flight and records their results.
+func TestLoopStopRecordsInFlight(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	store.publish(events("e", "t", 2)...)
+	snd := &sender{gate: make(chan struct{})}
+	d := startDispatcher(t, store, snd, 4)
+	eventually(t, "2 POSTs to run", func() bool { _, running := snd.posts(); return running == 2 })
+	stopped := make(chan struct{})
+	go func() { d.Stop(); close(stopped) }()
+	snd.gate <- struct{}{}
+	snd.gate <- struct{}{}
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return")
+	}
+	if n := store.succeeded("g"); n != 2 {
+		t.Fatalf("%d of the 2 deliveries in flight at Stop were recorded, want 2", n)
+	}
+	d.Stop() // safe twice
+}

@@ -1,0 +1,35 @@
+package httpapi
+
+import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// pauseEndpoint answers POST /v1/endpoints/{consumerGroup}/pause: 200 with the endpoint as GET shows it
+// (state paused, stateReason paused, stateSince); 404 endpoint_not_found. Pausing a paused endpoint keeps
+// its stateSince. The body, if any, is ignored.
+func (s *Server) pauseEndpoint(w http.ResponseWriter, r *http.Request) {
+	s.setEndpointState(w, r, pulsetype.EndpointPaused, ActionEndpointPaused, "endpoint paused")
+}
+
+// resumeEndpoint answers POST /v1/endpoints/{consumerGroup}/resume: 200 with the endpoint (state active) after
+// a pause or a disable (410 Gone, disableAfter); 404 endpoint_not_found. Resuming an active endpoint
+// changes nothing.
+func (s *Server) resumeEndpoint(w http.ResponseWriter, r *http.Request) {
+	s.setEndpointState(w, r, pulsetype.EndpointActive, ActionEndpointResumed, "endpoint resumed")
+}
+
+func (s *Server) setEndpointState(w http.ResponseWriter, r *http.Request, state pulsetype.EndpointState, action, msg string) {
+	group := chi.URLParam(r, "consumerGroup")
+	ep, err := s.store.SetEndpointState(r.Context(), group, state)
+	if !s.endpointFound(w, r, group, err) {
+		return
+	}
+	// This process's dispatcher stops (or resumes) at once; the others check the state after each claim.
+	s.notify.EndpointChanged(group)
+	s.audit(r, action).Str("consumer_group", group).Msg(msg)
+	writeJSON(w, http.StatusOK, redacted(ep))
+}
