@@ -216,9 +216,9 @@ type queueDoc struct {
 	// LeasedUntil and FencingToken copy the attempt's lease when it was claimed (absent: claimable, as far as the
 	// queue knows); Ended is set once the attempt is known to have ended while its delivery's next step is
 	// not recorded yet. Claims skip both; the reaper and the repair scan check the attempt itself.
-	LeasedUntil *time.Time `bson:"lockedUntil,omitempty"`
-	FencingToken   string     `bson:"lockToken,omitempty"`
-	Ended       bool       `bson:"ended,omitempty"`
+	LeasedUntil  *time.Time `bson:"lockedUntil,omitempty"`
+	FencingToken string     `bson:"lockToken,omitempty"`
+	Ended        bool       `bson:"ended,omitempty"`
 }
 
 // queued returns the queue document of attempt a of the delivery d describes (eventCreatedAt and
