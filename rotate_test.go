@@ -240,10 +240,10 @@ func TestRotationReachesAnotherReplica(t *testing.T) {
 		waitFor(t, 20*time.Second, "a POST made by replica B", func() bool {
 			began = time.Now()
 			r = postOf(t, bb, rcv)
-			var at struct{ LeaseOwner string }
+			var at struct{ LockOwner string }
 			err := b.client.Database(b.dbName).Collection("pulse.history").FindOne(context.Background(),
 				bson.M{"eventId": r.Header.Get("webhook-id"), "attempt": 1}).Decode(&at)
-			return err == nil && at.LeaseOwner == owner
+			return err == nil && at.LockOwner == owner
 		})
 		return r, began
 	}
