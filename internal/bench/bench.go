@@ -40,24 +40,25 @@ type Sidecar func(ctx context.Context, getenv func(string) string, monitor *even
 
 // result holds the figures `pulse bench` prints.
 type result struct {
-	Deliveries, Duplicates int
-	Seconds                float64
-	PerSecond              float64
-	P50ms, P99ms           float64 // publish → POST
-	PublishP50ms           float64 // publish request → 202
-	PublishP99ms           float64
-	CommandsPerDelivery    float64
-	RawOpsPerSecond        float64
-	Efficiency             float64
-	PerRawOp               float64 // deliveries/s ÷ raw updates/s
-	CPUusPerDelivery       float64
-	PeakRSSMiB             float64
-	Warnings, Errors       int                      // the sidecars' log records at warn and error level, during the run
-	LogKinds               []string                 // those records by level, component and message
-	IdleDBCPUPercent       float64                  // the database process's CPU while the sidecars idled (-1: not measured)
-	IdleCommandsPerSecond  float64                  // the sidecars' database commands per second meanwhile
-	ByCommand              map[string]int64         // database commands by name, during the measured run
-	TimeByCommand          map[string]time.Duration // their summed round-trip times
+	Deliveries, Duplicates  int
+	Seconds                 float64
+	PerSecond               float64
+	P50ms, P99ms            float64 // publish → POST
+	PublishP50ms            float64 // publish request → 202
+	PublishP99ms            float64
+	CommandsPerDelivery     float64
+	RawOpsPerSecond         float64
+	Efficiency              float64
+	PerRawOp                float64 // deliveries/s ÷ raw updates/s
+	CPUusPerDelivery        float64 // the sidecars' share of ProcessCPUusPerDelivery (see startProfile)
+	ProcessCPUusPerDelivery float64 // this process's CPU: the sidecars, the receiver and the publishers
+	PeakRSSMiB              float64
+	Warnings, Errors        int                      // the sidecars' log records at warn and error level, during the run
+	LogKinds                []string                 // those records by level, component and message
+	IdleDBCPUPercent        float64                  // the database process's CPU while the sidecars idled (-1: not measured)
+	IdleCommandsPerSecond   float64                  // the sidecars' database commands per second meanwhile
+	ByCommand               map[string]int64         // database commands by name, during the measured run
+	TimeByCommand           map[string]time.Duration // their summed round-trip times
 }
 
 // synopsis starts the text of `pulse bench --help`.
@@ -142,7 +143,7 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 		return result{}, err
 	}
 	rsrv := &http.Server{Handler: rcv}
-	go func() { _ = rsrv.Serve(ln) }()
+	go harness(ctx, func(context.Context) { _ = rsrv.Serve(ln) })
 	defer rsrv.Close()
 
 	var commands atomic.Int64
@@ -150,10 +151,14 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 	byName := map[string]int64{}
 	timeByName := map[string]time.Duration{}
 	counting := atomic.Bool{}
-	took := func(name string, d time.Duration) {
+	started := map[int64]string{} // request id → command name and collection, while counting
+	took := func(id int64, d time.Duration) {
 		if counting.Load() {
 			byNameMu.Lock()
-			timeByName[name] += d
+			if name, ok := started[id]; ok {
+				timeByName[name] += d
+				delete(started, id)
+			}
 			byNameMu.Unlock()
 		}
 	}
@@ -161,13 +166,15 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 		Started: func(_ context.Context, e *event.CommandStartedEvent) {
 			commands.Add(1)
 			if counting.Load() {
+				name := commandName(e)
 				byNameMu.Lock()
-				byName[e.CommandName]++
+				byName[name]++
+				started[e.RequestID] = name
 				byNameMu.Unlock()
 			}
 		},
-		Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) { took(e.CommandName, e.Duration) },
-		Failed:    func(_ context.Context, e *event.CommandFailedEvent) { took(e.CommandName, e.Duration) },
+		Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) { took(e.RequestID, e.Duration) },
+		Failed:    func(_ context.Context, e *event.CommandFailedEvent) { took(e.RequestID, e.Duration) },
 	}
 	logs := newLogCounter()
 	sidecarCtx, stopSidecar := context.WithCancel(ctx)
@@ -224,11 +231,18 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 		return result{}, err
 	}
 	cpu0, start, cmd0 := cpuTime(), time.Now(), commands.Load()
-	if o.rate > 0 {
-		pub.openLoop(ctx, o.events, o.rate)
-	} else {
-		pub.closedLoop(ctx, o.events, o.concurrency)
-	}
+	harness(ctx, func(ctx context.Context) {
+		// A client of its own, so that its connections are dialled by (and labelled as) the harness.
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 64
+		pub.client = &http.Client{Transport: t}
+		defer t.CloseIdleConnections()
+		if o.rate > 0 {
+			pub.openLoop(ctx, o.events, o.rate)
+		} else {
+			pub.closedLoop(ctx, o.events, o.concurrency)
+		}
+	})
 	if pub.err != nil {
 		return result{}, pub.err
 	}
@@ -236,10 +250,13 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 		return result{}, fmt.Errorf("bench: %w (%d of %d deliveries arrived)", err, rcv.distinct()-before, want)
 	}
 	elapsed := time.Since(start)
-	stopProfile()
+	cpu := cpuTime() - cpu0
+	share, err := stopProfile()
+	if err != nil {
+		return result{}, err
+	}
 	cmds := commands.Load() - cmd0
 	counting.Store(false)
-	cpu := cpuTime() - cpu0
 	idle, idleCommands := -1.0, 0.0
 	if o.idle > 0 {
 		before := commands.Load()
@@ -261,9 +278,10 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 		P50ms: percentile(lat, 0.50), P99ms: percentile(lat, 0.99),
 		PublishP50ms: percentile(publat, 0.50), PublishP99ms: percentile(publat, 0.99),
 		CommandsPerDelivery: float64(cmds) / float64(want), RawOpsPerSecond: raw,
-		CPUusPerDelivery: float64(cpu.Microseconds()) / float64(want), PeakRSSMiB: peakRSSMiB(),
+		ProcessCPUusPerDelivery: float64(cpu.Microseconds()) / float64(want), PeakRSSMiB: peakRSSMiB(),
 		IdleDBCPUPercent: idle, IdleCommandsPerSecond: idleCommands,
 	}
+	r.CPUusPerDelivery = share * r.ProcessCPUusPerDelivery
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
 	r.Efficiency = r.PerSecond * r.CommandsPerDelivery / r.RawOpsPerSecond
 	r.PerRawOp = r.PerSecond / r.RawOpsPerSecond
@@ -322,7 +340,8 @@ func printResult(w io.Writer, r result, o flags) {
 		{"db commands per delivery", fmt.Sprintf("%.2f", r.CommandsPerDelivery)},
 		{"raw db updates by _id/s", fmt.Sprintf("%.1f", r.RawOpsPerSecond)}, {"efficiency", fmt.Sprintf("%.2f", r.Efficiency)},
 		{"deliveries per raw update", fmt.Sprintf("%.3f", r.PerRawOp)},
-		{"sidecar CPU per delivery", fmt.Sprintf("%.0f µs", r.CPUusPerDelivery)}, {"peak RSS", fmt.Sprintf("%.1f MiB", r.PeakRSSMiB)},
+		{"sidecar CPU per delivery", fmt.Sprintf("%.0f µs", r.CPUusPerDelivery)},
+		{"bench process CPU per delivery", fmt.Sprintf("%.0f µs (sidecars, receiver, publishers)", r.ProcessCPUusPerDelivery)}, {"peak RSS", fmt.Sprintf("%.1f MiB", r.PeakRSSMiB)},
 		{"log warnings, errors", fmt.Sprintf("%d, %d", r.Warnings, r.Errors)},
 	}
 	if r.IdleDBCPUPercent >= 0 {
@@ -338,11 +357,11 @@ func printResult(w io.Writer, r result, o flags) {
 	names := slices.SortedFunc(maps.Keys(r.ByCommand), func(a, b string) int { return cmp.Compare(r.ByCommand[b], r.ByCommand[a]) })
 	for _, name := range names {
 		n := r.ByCommand[name]
-		fmt.Fprintf(w, "  %-30s %d (%.2f per delivery, %.1f ms mean round trip)\n", "  db "+name, n,
+		fmt.Fprintf(w, "  %-40s %d (%.2f per delivery, %.1f ms mean round trip)\n", "  db "+name, n,
 			float64(n)/float64(max(r.Deliveries, 1)), float64(r.TimeByCommand[name].Microseconds())/1000/float64(n))
 	}
-	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f publish_p50_ms=%.1f publish_p99_ms=%.1f deliveries_per_raw_op=%.3f log_warnings=%d log_errors=%d",
-		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.PeakRSSMiB,
+	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f process_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f publish_p50_ms=%.1f publish_p99_ms=%.1f deliveries_per_raw_op=%.3f log_warnings=%d log_errors=%d",
+		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.ProcessCPUusPerDelivery, r.PeakRSSMiB,
 		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors)
 	if r.IdleDBCPUPercent >= 0 {
 		fmt.Fprintf(w, " idle_db_cpu_pct=%.2f idle_db_commands_per_s=%.2f", r.IdleDBCPUPercent, r.IdleCommandsPerSecond)
@@ -382,14 +401,35 @@ func startDevDB(ctx context.Context) (string, int, func(), error) {
 	return "", 0, nil, errors.New("bench: the development database did not start")
 }
 
+// commandName returns the command's name and, when its first field names one, its collection: "update
+// pulse.history".
+func commandName(e *event.CommandStartedEvent) string {
+	elems, err := e.Command.Elements()
+	if err != nil || len(elems) == 0 {
+		return e.CommandName
+	}
+	if coll, ok := elems[0].Value().StringValueOK(); ok && elems[0].Key() == e.CommandName {
+		return e.CommandName + " " + coll
+	}
+	return e.CommandName
+}
+
 // request sends body with method to url and returns an error unless the answer has status want.
 func request(ctx context.Context, method, url, body string, want int) error {
+	return send(ctx, nil, method, url, body, want)
+}
+
+// send is request through client (nil: http.DefaultClient).
+func send(ctx context.Context, client *http.Client, method, url, body string, want int) error {
+	if client == nil {
+		client = http.DefaultClient
+	}
 	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}

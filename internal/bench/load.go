@@ -17,6 +17,8 @@ type publisher struct {
 	apis []string
 	rcv  *receiver
 	keys int // give event i the ordering key k<i mod keys>; 0: none
+	// client sends the measured run's publishes (nil: http.DefaultClient).
+	client *http.Client
 
 	mu  sync.Mutex
 	lat []time.Duration // publish request → 202, per event of the measured run
@@ -37,7 +39,7 @@ func (p *publisher) body(id string, i int) string {
 func (p *publisher) one(ctx context.Context, i int, since time.Time) {
 	id := fmt.Sprintf("bench-%d", i)
 	p.rcv.published(id, since)
-	err := request(ctx, "POST", p.apis[i%len(p.apis)]+"/v1/events", p.body(id, i), http.StatusAccepted)
+	err := send(ctx, p.client, "POST", p.apis[i%len(p.apis)]+"/v1/events", p.body(id, i), http.StatusAccepted)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil && p.err == nil {

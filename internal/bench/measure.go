@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/pprof/profile"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -100,19 +102,59 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / clockTicks, nil
 }
 
-// startProfile starts a CPU profile of this process written to file ("": none) and returns the function
-// that stops it.
-func startProfile(file string) (stop func(), err error) {
-	if file == "" {
-		return func() {}, nil
+// harnessLabels mark the goroutines of the bench's own load (publishers, receiver) in the CPU profile, so
+// that the sidecars' share of this process's CPU can be told apart (cpuShares). Goroutines inherit the labels
+// of the goroutine that starts them, so the HTTP connections of both carry them too.
+var harnessLabels = pprof.Labels("pulse-bench", "harness")
+
+// harness runs f with harnessLabels.
+func harness(ctx context.Context, f func(context.Context)) { pprof.Do(ctx, harnessLabels, f) }
+
+// startProfile starts a CPU profile of this process, written to file as well when file is not "", and
+// returns the function that stops it and returns the share (0 to 1) of the profiled CPU time spent outside
+// the goroutines labelled harnessLabels: the sidecars'. The runtime's own background work (garbage
+// collection workers, the scheduler) carries no label and counts as the sidecars'.
+func startProfile(file string) (stop func() (float64, error), err error) {
+	var buf bytes.Buffer
+	if err := pprof.StartCPUProfile(&buf); err != nil {
+		return nil, err
 	}
-	f, err := os.Create(file)
+	return func() (float64, error) {
+		pprof.StopCPUProfile()
+		if file != "" {
+			if err := os.WriteFile(file, buf.Bytes(), 0o644); err != nil {
+				return 0, err
+			}
+		}
+		return sidecarShare(&buf)
+	}, nil
+}
+
+// sidecarShare reads a CPU profile and returns the share of its CPU time in samples without harnessLabels
+// (1 when it holds no samples).
+func sidecarShare(r io.Reader) (float64, error) {
+	prof, err := profile.Parse(r)
 	if err != nil {
-		return nil, err
+		return 0, fmt.Errorf("bench: read the CPU profile: %w", err)
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		_ = f.Close()
-		return nil, err
+	cpu := -1
+	for i, st := range prof.SampleType {
+		if st.Type == "cpu" {
+			cpu = i
+		}
 	}
-	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
+	if cpu < 0 {
+		return 0, errors.New("bench: the CPU profile has no cpu samples")
+	}
+	var total, harness int64
+	for _, s := range prof.Sample {
+		total += s.Value[cpu]
+		if slices.Contains(s.Label["pulse-bench"], "harness") {
+			harness += s.Value[cpu]
+		}
+	}
+	if total == 0 {
+		return 1, nil
+	}
+	return float64(total-harness) / float64(total), nil
 }

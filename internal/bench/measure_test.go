@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -22,6 +23,33 @@ func TestProcessCPUFollowsRusage(t *testing.T) {
 	}
 	if d := after - before; d < 250*time.Millisecond {
 		t.Fatalf("processCPU grew by %s while the process spent 300ms of CPU", d)
+	}
+}
+
+// The profile's split gives the sidecars the CPU of unlabelled goroutines only: one labelled and one
+// unlabelled goroutine each spend 300ms of CPU, so the sidecars' share is about half (one sample is 10ms).
+func TestSidecarShareLeavesOutTheHarness(t *testing.T) {
+	stop, err := startProfile("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spin := func() {
+		start := cpuTime()
+		for x := 0; cpuTime()-start < 300*time.Millisecond; x++ {
+		}
+	}
+	done := make(chan struct{})
+	harness(context.Background(), func(context.Context) {
+		go func() { spin(); close(done) }()
+	})
+	spin()
+	<-done
+	share, err := stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if share < 0.2 || share > 0.8 {
+		t.Fatalf("sidecar share = %.2f, want about 0.5 (half of the CPU was spent by a harness goroutine)", share)
 	}
 }
 
