@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	pmongo "github.com/pulse-sidecar/pulse/mongo"
 )
 
 // A retry the reconciler creates (the worker died after recording the failure) waits for the Retry-After
@@ -175,9 +177,16 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 			t.Errorf("torn delivery %s got POSTs of attempts [%s], want %v", tr.id, got, tr.want)
 		}
 	}
+	// At-least-once allows a second POST of an event only after its lease expired: on a loaded machine the
+	// database can stall a live POST's heartbeats past the lease, and the reaper then ends that attempt as
+	// worker_lost. Any other duplicate is a bug.
 	for k, p := range posts {
 		if len(p) > 1 && !strings.HasPrefix(k, "torn-") {
-			t.Errorf("event %s was POSTed %d times (attempts %v)", k, len(p), p)
+			if lost := b.count("history", bson.M{"deliveryId": pmongo.DeliveryID("g", k), "error.code": "worker_lost"}); lost < int64(len(p)-1) {
+				t.Errorf("event %s was POSTed %d times (attempts %v) with %d attempts ended by the reaper", k, len(p), p, lost)
+			} else {
+				t.Logf("event %s was POSTed %d times (attempts %v) after its lease expired (worker_lost)", k, len(p), p)
+			}
 		}
 	}
 }
