@@ -145,6 +145,15 @@ func (s *Store) hintQueue(ctx context.Context, attempts []*attemptDoc) error {
 	return nil
 }
 
+// leaseCopyStale reports whether queue document q's copy of the lease (lockedUntil, lockToken) differs from
+// the lease of its pending attempt a.
+func leaseCopyStale(q *queueDoc, a *attemptDoc) bool {
+	if q.LeasedUntil == nil || a.LeasedUntil == nil {
+		return q.LeasedUntil != a.LeasedUntil
+	}
+	return !q.LeasedUntil.Equal(*a.LeasedUntil) || q.FencingToken != a.FencingToken
+}
+
 // claimByID leases one attempt if it is still pending and unleased, and copies the lease to its queue
 // document; it returns nil when another replica leased it first.
 func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) (*pulsetype.Attempt, error) {
@@ -219,6 +228,13 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 		return nil, settled.Sub(s.now()), nil
 	}
 	now := s.now()
+	if at.Status == pulsetype.StatusPending && leaseCopyStale(q, &at) {
+		// Leased without its copy in the queue (its claimer died between the two writes): copied now, so
+		// that the reaper finds the lease once it expires and the line moves on.
+		if err := s.hintQueue(ctx, []*attemptDoc{&at}); err != nil {
+			return nil, 0, err
+		}
+	}
 	if at.Status != pulsetype.StatusPending || at.LeasedUntil != nil || at.NextAttemptAt.After(now) {
 		return nil, 0, nil
 	}

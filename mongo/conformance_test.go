@@ -297,5 +297,6 @@ var conformanceCases = []conformanceCase{
 	{name: "GroupCommitWritesConcurrentPublishesTogether", run: testGroupCommitWritesConcurrentPublishesTogether, race: true},
 	{name: "QueueHoldsPendingWorkOnly", run: testQueueHoldsPendingWorkOnly},
 	{name: "RepairScanWorksFromTheQueue", run: testRepairScanWorksFromTheQueue},
+	{name: "LeaseWithoutItsQueueCopyIsReaped", run: testLeaseWithoutItsQueueCopyIsReaped},
 	{name: "EnsureSchemaQueuesEarlierWork", run: testEnsureSchemaQueuesEarlierWork},
 }

@@ -26,7 +26,8 @@ import (
 // the way it removes what the queue holds for nothing, one lease timeout after it was queued where a writer
 // may still be under way: the documents of an ended delivery whose attempts are not pending; of a delivery
 // that does not exist (its fan-out died before writing it; the event's fanout mark makes it again); of an
-// ended attempt with a later one inserted; and of an attempt never inserted.
+// ended attempt with a later one inserted; and of an attempt never inserted. It also corrects lease copies
+// that differ from their pending attempts' leases (hintQueue), so that the reaper finds every expired lease.
 func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, map[string][]*pulsetype.Attempt, string, error) {
 	queued, more, err := s.queuedAfter(ctx, afterID, limit)
 	if err != nil || len(queued) == 0 {
@@ -62,6 +63,7 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 	now := s.now()
 	old, settling := now.Add(-s.opts.LeaseTimeout), now.Add(-s.opts.LeaseTimeout/2)
 	var unqueue []string
+	var stale []*attemptDoc
 	attempts := map[string][]*pulsetype.Attempt{}
 	var out []*pulsetype.Delivery
 	for i := 0; i < len(queued); {
@@ -108,6 +110,9 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 				unqueue = append(unqueue, q.ID) // a later attempt exists: this one's follow-up is done
 			case a != nil:
 				attempts[d.ID] = append(attempts[d.ID], a.attempt())
+				if a.Status == pulsetype.StatusPending && leaseCopyStale(&q, a) {
+					stale = append(stale, a)
+				}
 			case q.CreatedAt.Before(old):
 				unqueue = append(unqueue, q.ID) // its creator died before inserting it: the repair creates it
 				abandoned = true
@@ -121,6 +126,11 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": unqueue}}); err != nil {
 			return nil, nil, "", wrap("remove stale queue documents", err)
 		}
+	}
+	// Lease copies that differ from the attempts' leases (a claimer died between its claim and the copy, or
+	// the copy lost a race): corrected, so that claims skip leased attempts and the reaper finds expired ones.
+	if err := s.hintQueue(ctx, stale); err != nil {
+		return nil, nil, "", err
 	}
 	for _, as := range attempts {
 		slices.SortFunc(as, func(a, b *pulsetype.Attempt) int { return a.Number - b.Number })
