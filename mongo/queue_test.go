@@ -268,6 +268,37 @@ func testEnsureSchemaQueuesEarlierWork(t *testing.T, e *env) {
 	if q := b.count("queue", bson.M{}); q != 3 {
 		t.Fatalf("a second EnsureSchema left %d queued, want 3", q)
 	}
+	// An older replica that ran beside this version wrote work the queue does not hold; the recovery
+	// docs/mongodb-production.md gives (delete the record, restart one replica) queues it, keeping the rest.
+	if _, err := b.coll("deliveries").InsertOne(b.ctx, delivery("d-late")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("history").InsertOne(b.ctx, attempt("a-late", "d-late", "pending", nil)); err != nil {
+		t.Fatal(err)
+	}
+	b.store(nil, nil)
+	if n := b.count("queue", bson.M{"_id": "a-late"}); n != 0 {
+		t.Fatalf("a start with the migration recorded queued the older replica's attempt (%d): want it left to the recovery", n)
+	}
+	if _, err := b.client.Database(b.dbName).Collection(testPrefix+".readiness").DeleteOne(b.ctx, bson.M{"_id": queueMigration}); err != nil {
+		t.Fatal(err)
+	}
+	b.store(nil, nil)
+	// a-late is queued; the attempts queued before stay once each (d-bare, which has no attempt, gets a second
+	// queue document for its attempt 1: the repair below still inserts exactly one).
+	late, kept := b.count("queue", bson.M{"_id": "a-late"}), b.count("queue", bson.M{"_id": bson.M{"$in": []string{"a-leased", "a-succeeded"}}})
+	if late != 1 || kept != 2 {
+		t.Fatalf("after the recovery: a-late queued %d times, a-leased and a-succeeded %d in all; want 1 and 2", late, kept)
+	}
+	if _, err := b.coll("history").DeleteOne(b.ctx, bson.M{"_id": "a-late"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("queue").DeleteOne(b.ctx, bson.M{"_id": "a-late"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("deliveries").DeleteOne(b.ctx, bson.M{"_id": "d-late"}); err != nil {
+		t.Fatal(err)
+	}
 	reaped, err := s.ReapOne(b.ctx)
 	if err != nil || reaped == nil || reaped.ID != "a-leased" {
 		t.Fatalf("ReapOne = %+v, %v; want the migrated expired lease", reaped, err)
