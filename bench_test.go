@@ -36,7 +36,7 @@ func TestBenchPrintsFigures(t *testing.T) {
 	if sidecar <= 0 || sidecar > process {
 		t.Errorf("sidecar_cpu_us_per_delivery = %d, process_cpu_us_per_delivery = %d: want 0 < sidecar ≤ process", sidecar, process)
 	}
-	if !regexp.MustCompile(`(?m)^\s+db \w+ pulse\.events\s+\d+ \(`).MatchString(out.String()) {
+	if !regexp.MustCompile(`(?m)^\s+db insert pulse\.events\s+\d+ \(`).MatchString(out.String()) {
 		t.Errorf("the table lists no commands by name and collection:\n%s", out.String())
 	}
 }

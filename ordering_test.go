@@ -163,8 +163,7 @@ func (b *bundle) startBehindPauseProxy(env map[string]string) (*sidecar, *pauseP
 	return b.start(behind), proxy
 }
 
-// pauseProxy forwards TCP connections to upstream; while paused it holds every byte its clients send, or,
-// paused with a marker, the first write holding the marker and what follows it on that connection.
+// pauseProxy forwards TCP connections to upstream; while paused it holds every byte its clients send.
 type pauseProxy struct {
 	ln       net.Listener
 	upstream string
@@ -217,10 +216,7 @@ func (g gatedWriter) Write(b []byte) (int, error) {
 	select {
 	case <-gate:
 	default:
-		if len(marker) > 0 {
-			if !bytes.Contains(b, marker) {
-				break // paused for one write: the others pass
-			}
+		if len(marker) > 0 && bytes.Contains(b, marker) {
 			g.p.held <- struct{}{}
 		}
 		<-gate

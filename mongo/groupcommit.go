@@ -17,9 +17,9 @@ const maxGroupCommit = 256
 const groupCommitTimeout = time.Minute
 
 // groupCommit writes concurrent publishes of one event each together (Store.Publish). A caller that finds no
-// round running writes the events queued so far (its own first) in one round (publishRound, or publishOne
-// for a round of one event whose id is new); calls that arrive meanwhile queue for the next round, which the
-// first of them to be answered starts in a goroutine of its own. Each call returns once its own event's outcome is known. Events with an id already queued wait
+// round running writes the events queued so far (its own first) in one round (publishRound); calls that
+// arrive meanwhile queue for the next round, which the first of them to be answered starts in a goroutine of
+// its own. Each call returns once its own event's outcome is known. Events with an id already queued wait
 // for a later round, so a round holds distinct ids. It is safe for concurrent use.
 type groupCommit struct {
 	store *Store
@@ -80,18 +80,7 @@ func (g *groupCommit) round(ctx context.Context) {
 		events[i] = c.event
 	}
 	roundCtx, cancel := context.WithTimeout(ctx, groupCommitTimeout)
-	var outcomes []publishOutcome
-	var err error
-	if len(events) == 1 { // alone (the common case at a low rate): two commands when its id is new
-		var p pulsetype.Published
-		var ok bool
-		if p, ok, err = g.store.publishOne(roundCtx, events[0]); ok {
-			outcomes = []publishOutcome{{published: p}}
-		}
-	}
-	if outcomes == nil && err == nil {
-		outcomes, err = g.store.publishRound(roundCtx, events, false)
-	}
+	outcomes, err := g.store.publishRound(roundCtx, events, false)
 	cancel()
 	var again []*publishCall
 	for i, c := range batch {

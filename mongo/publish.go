@@ -29,7 +29,7 @@ func DeliveryID(consumerGroup, eventID string) string {
 // inserted staged (invisible), their outbox documents written, then each is committed by an update filtered
 // on staged (see publishRound); a crash before the commit leaves staged events that the sweeper removes.
 // Concurrent calls with one event each share one round (groupCommit), each returning once its own event is
-// durable, with its own outcome; a call alone with a new id costs two commands (publishOne). ExpiresAt is set here and the events carry fanout=true until FanOut created
+// durable, with its own outcome. ExpiresAt is set here and the events carry fanout=true until FanOut created
 // their deliveries. It returns pulsetype.ErrIDConflict when an id is already used with other content
 // (nothing is stored then).
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
@@ -265,55 +265,6 @@ func (s *Store) commitEvents(ctx context.Context, ids []string) (map[string]time
 		stamps[d.ID] = d.CreatedAt.UTC()
 	}
 	return stamps, nil
-}
-
-// publishOne stores one event with two commands: its outbox document, then an upsert that makes it visible
-// with its fanout mark, createdAt stamped by the database ($currentDate) in that same write. It returns
-// ok=false, having stored at most the outbox document, when the id is taken (published before, staged by an
-// array publish, or expired): publishRound then decides what the id means, and an outbox document left for
-// an event that needs none is removed by the fan-out repair (FanOutStale). Errors are the database's.
-func (s *Store) publishOne(ctx context.Context, e *pulsetype.Event) (p pulsetype.Published, ok bool, err error) {
-	mark := &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt}
-	if _, err := s.outbox.InsertOne(ctx, mark); err != nil && !mongo.IsDuplicateKeyError(err) {
-		return p, false, wrap("insert outbox document", err)
-	}
-	var stored eventDoc
-	// Every stored event has createdAt, so the filter matches none: a taken id fails on the unique _id
-	// (duplicate key) instead of being modified.
-	err = s.events.FindOneAndUpdate(ctx, bson.M{"_id": e.ID, "createdAt": bson.M{"$exists": false}},
-		bson.M{"$setOnInsert": s.newEventDoc(e, false).insertFields(), "$currentDate": bson.M{"createdAt": true}},
-		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&stored)
-	switch {
-	case err == nil:
-		e.CreatedAt = stored.CreatedAt.UTC()
-		return pulsetype.Published{Event: e}, true, nil
-	case mongo.IsDuplicateKeyError(err):
-		return p, false, nil
-	default:
-		return p, false, wrap("insert event", err)
-	}
-}
-
-// insertFields are the fields of a new, visible event's document but _id and createdAt (which the database
-// stamps).
-func (d *eventDoc) insertFields() bson.M {
-	f := bson.M{"topic": d.Topic, "data": d.Data, "fanout": d.Fanout}
-	if len(d.Headers) > 0 {
-		f["headers"] = d.Headers
-	}
-	if d.OrderingKey != "" {
-		f["orderingKey"] = d.OrderingKey
-	}
-	if d.TraceParent != "" {
-		f["traceparent"] = d.TraceParent
-	}
-	if d.TraceState != "" {
-		f["tracestate"] = d.TraceState
-	}
-	if d.ExpiresAt != nil {
-		f["expiresAt"] = d.ExpiresAt
-	}
-	return f
 }
 
 func (s *Store) newEventDoc(e *pulsetype.Event, staged bool) *eventDoc {

@@ -17,7 +17,7 @@ import (
 	"github.com/pulse-sidecar/pulse/reconciler"
 )
 
-// Concurrent publishes of one event each are written together: while the first one's write is held back,
+// Concurrent publishes of one event each are written together: while the first one's insert is held back,
 // the other 23 queue, and the second round writes all of them with one insert. Each call gets its own
 // event back, durable and stamped; a call whose id is taken with other content (in the same round as the
 // others) fails alone.
@@ -28,10 +28,7 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 	inserts, holding := 0, false // holding: the next insert of events waits for release
 	release := make(chan struct{})
 	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, ev *drvevent.CommandStartedEvent) {
-		// A round's first write of events: an insert, or the upsert of a round of one (publishOne).
-		insert, _ := ev.Command.Lookup("insert").StringValueOK()
-		upsert, _ := ev.Command.Lookup("findAndModify").StringValueOK()
-		if insert != testPrefix+".events" && upsert != testPrefix+".events" {
+		if coll, _ := ev.Command.Lookup("insert").StringValueOK(); coll != testPrefix+".events" {
 			return
 		}
 		mu.Lock()
@@ -58,7 +55,7 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 	}
 	results := make([]result, n)
 	var wg sync.WaitGroup
-	publish := func(i int) {
+	for i := range n {
 		wg.Go(func() {
 			ev := event(fmt.Sprintf("gc-%d", i), "t", fmt.Sprintf(`{"n":%d}`, i))
 			if i == n-1 {
@@ -71,31 +68,25 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 			results[i].err = err
 		})
 	}
-	waitUntil := func(what string, done func() bool) {
-		deadline := time.Now().Add(30 * time.Second)
-		for !done() {
-			if time.Now().After(deadline) {
-				t.Fatalf("no %s after 30s", what)
-			}
-			time.Sleep(5 * time.Millisecond) // poll
-		}
-	}
-	publish(0) // the first round: a new id alone, held back at its write
-	waitUntil("held first round", func() bool { mu.Lock(); defer mu.Unlock(); return inserts == 1 })
-	for i := 1; i < n; i++ {
-		publish(i)
-	}
-	waitUntil(fmt.Sprintf("%d publishes queued behind the first round", n-1), func() bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
 		s.publishes.mu.Lock()
-		defer s.publishes.mu.Unlock()
-		return len(s.publishes.queued) == n-1
-	})
+		queued := len(s.publishes.queued)
+		s.publishes.mu.Unlock()
+		if queued == n-1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d publishes queued behind the first round after 30s, want %d", queued, n-1)
+		}
+		time.Sleep(5 * time.Millisecond) // poll
+	}
 	close(release)
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
 	if inserts != 2 {
-		t.Errorf("%d rounds wrote events for %d publishes, want 2 (the first alone, then one for the %d queued)", inserts, n, n-1)
+		t.Errorf("%d inserts of events for %d publishes, want 2 (one round, then one for the %d queued)", inserts, n, n-1)
 	}
 	for i, r := range results {
 		if i == n-1 {
