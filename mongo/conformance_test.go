@@ -298,5 +298,6 @@ var conformanceCases = []conformanceCase{
 	{name: "QueueHoldsPendingWorkOnly", run: testQueueHoldsPendingWorkOnly},
 	{name: "RepairScanWorksFromTheQueue", run: testRepairScanWorksFromTheQueue},
 	{name: "LeaseWithoutItsQueueCopyIsReaped", run: testLeaseWithoutItsQueueCopyIsReaped},
+	{name: "StagedLeftoversDoNotHideAnInterruptedFanOut", run: testStagedLeftoversDoNotHideAnInterruptedFanOut},
 	{name: "EnsureSchemaQueuesEarlierWork", run: testEnsureSchemaQueuesEarlierWork},
 }

@@ -239,4 +239,7 @@ type outboxDoc struct {
 	Topic       string    `bson:"topic"`
 	OrderingKey string    `bson:"orderingKey,omitempty"`
 	CreatedAt   time.Time `bson:"createdAt"`
+	// DeferredUntil is set by the fan-out repair on the document of an event still staged or missing: it
+	// looks again after this time (see Store.FanOutStale).
+	DeferredUntil *time.Time `bson:"deferredUntil,omitempty"`
 }

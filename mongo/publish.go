@@ -89,19 +89,21 @@ type publishOutcome struct {
 	err       error
 }
 
-// publishRound stores events (distinct ids, each with its CreatedAt and ExpiresAt set) in at most five
-// commands, more only when the batch needs more than Capabilities.MaxUpdateStatements statements per update:
+// publishRound stores events (distinct ids, each with its CreatedAt and ExpiresAt set) in at most six
+// commands:
 //
 //  1. one insert of the documents, staged (invisible; a duplicate key means the id is taken);
 //  2. one read of the documents whose ids were taken, compared with what is published: the same content
 //     (pulsetype.SameJSON for the data) is the event published before (Existing), other content is
 //     pulsetype.ErrIDConflict, and a document still staged (a concurrent publish, or one that crashed before
-//     its commit) is committed here too;
+//     its commit) is committed here too, answered as a re-publish (Existing: the publish that staged it is
+//     the one that published it), its outbox document recalled from the fan-out repair's deferral;
 //  3. one insert of the outbox documents of the events it commits (a duplicate is one a concurrent or
 //     earlier round wrote, and stays);
-//  4. the commits: per event an update filtered on its id and staged that removes staged, sets the fanout
-//     mark and stamps createdAt ($currentDate), so of concurrent commits one applies;
-//  5. one read of the committed events' createdAt.
+//  4. the commit: one update filtered on the ids and staged that removes staged, sets the fanout mark and
+//     stamps createdAt ($currentDate) of each, so of concurrent commits one applies per event (a
+//     findAndModify for one event);
+//  5. one read of the committed events' createdAt (none for one event).
 //
 // With all set (an array), a conflict of one event removes what this round inserted and fails the whole
 // round with pulsetype.ErrIDConflict; otherwise each event has an outcome of its own. An event whose
@@ -175,6 +177,20 @@ func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all
 		undo()
 		return nil, wrap("insert outbox documents", err)
 	}
+	var adopted []string
+	for _, id := range ids {
+		if !slices.Contains(fresh, id) {
+			adopted = append(adopted, id)
+		}
+	}
+	if len(adopted) > 0 {
+		// Their outbox documents may have been put aside by the fan-out repair while they were staged
+		// (FanOutStale): the repair must see them again once they are committed.
+		if _, err := s.outbox.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": adopted}}, bson.M{"$unset": bson.M{"deferredUntil": ""}}); err != nil {
+			undo()
+			return nil, wrap("recall outbox documents", err)
+		}
+	}
 	stamps, err := s.commitEvents(ctx, ids)
 	if err != nil {
 		return nil, err // staged documents left behind are removed by the sweeper
@@ -189,7 +205,8 @@ func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all
 			continue
 		}
 		e.CreatedAt = t
-		out[i].published = pulsetype.Published{Event: e}
+		// An event another publish staged is that publish's: this one answers as a re-publish.
+		out[i].published = pulsetype.Published{Event: e, Existing: !slices.Contains(fresh, e.ID)}
 	}
 	return out, nil
 }
@@ -246,14 +263,10 @@ func (s *Store) commitEvents(ctx context.Context, ids []string) (map[string]time
 			return nil, wrap("commit event", err)
 		}
 		// Committed or removed by a concurrent publish: read which.
-	} else {
-		models := make([]mongo.WriteModel, len(ids))
-		for i, id := range ids {
-			models[i] = mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": id, "staged": true}).SetUpdate(update)
-		}
-		if _, err := s.bulkUpdate(ctx, s.events, models); err != nil {
-			return nil, wrap("commit events", err)
-		}
+	} else if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "staged": true}, update); err != nil {
+		// One command, so that a publisher that dies after sending it leaves an array all committed, not
+		// in part (the server completes it).
+		return nil, wrap("commit events", err)
 	}
 	committed, err := findAll[eventDoc](ctx, s.events, "read back committed events",
 		bson.M{"_id": bson.M{"$in": ids}, "staged": bson.M{"$ne": true}}, options.Find().SetProjection(bson.M{"createdAt": 1}))
@@ -449,14 +462,40 @@ func (s *Store) unqueueDuplicates(ctx context.Context, attempts []any, err error
 // FanOutStale runs FanOut for up to limit events still marked for fan-out whose outbox documents are older
 // than age: events whose publisher died before fanning them out (docs/delivery.md, "Recovery after a
 // crash"). It reads the outbox, never the retained events, and removes outbox documents left without a
-// mark: of events whose marks were cleared, and, after StagedTimeout, of publishes that never committed. It
-// returns how many first attempts it inserted.
+// mark: of events whose marks were cleared, and, after StagedTimeout, of publishes that never committed.
+// Until then it puts aside the documents of events still staged or missing (deferredUntil, deferFactor ×
+// age from now), so that a crowd of them never hides a newer interrupted fan-out; it reads on past a page of
+// such documents, up to maxFanOutPages pages. It returns how many first attempts it inserted.
 func (s *Store) FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error) {
+	total := 0
+	for range maxFanOutPages {
+		n, deferred, err := s.fanOutStalePage(ctx, age, limit)
+		total += n
+		if err != nil || deferred == 0 {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// maxFanOutPages bounds the pages of outbox documents one FanOutStale reads while it only finds documents to
+// put aside.
+const maxFanOutPages = 10
+
+// deferFactor × the age FanOutStale is given is how long it puts aside the outbox document of an event still
+// staged (its publish may yet commit it) or missing.
+const deferFactor = 10
+
+// fanOutStalePage is one page of FanOutStale: it returns the first attempts it inserted and how many outbox
+// documents it put aside.
+func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit int) (int, int, error) {
 	now := s.now()
-	marks, err := findAll[outboxDoc](ctx, s.outbox, "find unfinished fan-outs", bson.M{"createdAt": bson.M{"$lt": now.Add(-age)}},
+	filter := bson.M{"createdAt": bson.M{"$lt": now.Add(-age)},
+		"$or": bson.A{bson.M{"deferredUntil": bson.M{"$exists": false}}, bson.M{"deferredUntil": bson.M{"$lte": now}}}}
+	marks, err := findAll[outboxDoc](ctx, s.outbox, "find unfinished fan-outs", filter,
 		options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}).SetLimit(int64(limit)))
 	if err != nil || len(marks) == 0 {
-		return 0, err
+		return 0, 0, err
 	}
 	ids := make([]string, len(marks))
 	for i, m := range marks {
@@ -464,26 +503,36 @@ func (s *Store) FanOutStale(ctx context.Context, age time.Duration, limit int) (
 	}
 	docs, err := s.findEvents(ctx, ids)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var events []*pulsetype.Event
-	var done []string
+	var done, aside []string
 	for _, m := range marks {
 		d, ok := docs[m.ID]
 		switch {
 		case ok && d.Fanout && !d.Staged:
 			events = append(events, d.event())
 			done = append(done, m.ID)
-		case ok && d.Fanout: // marked and staged: not a document this version writes
-		case ok && !d.Staged || m.CreatedAt.Before(now.Add(-StagedTimeout)):
+		case ok && !d.Staged && !d.Fanout, m.CreatedAt.Before(now.Add(-StagedTimeout)):
 			done = append(done, m.ID) // fanned out already, or a publish that never committed
+		default: // staged (its publish may still commit it), or not written yet
+			aside = append(aside, m.ID)
+		}
+	}
+	if len(aside) > 0 {
+		if _, err := s.outbox.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": aside}},
+			bson.M{"$set": bson.M{"deferredUntil": now.Add(deferFactor * age)}}); err != nil {
+			return 0, 0, wrap("put aside outbox documents", err)
 		}
 	}
 	inserted, err := s.FanOut(ctx, events)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return len(inserted), s.ClearFanOut(ctx, done)
+	if len(aside) < len(marks) || len(marks) < limit {
+		aside = nil // the page held other work, or was the last: no need to read on
+	}
+	return len(inserted), len(aside), s.ClearFanOut(ctx, done)
 }
 
 // onlyDuplicates reports whether err is a bulk write error made only of duplicate-key errors ("already

@@ -381,3 +381,50 @@ func testLeaseWithoutItsQueueCopyIsReaped(t *testing.T, e *env) {
 		}
 	}
 }
+
+// Outbox documents of publishes that died before their commit (their events staged until the sweeper removes
+// them, an hour later) do not hide an interrupted fan-out behind them: the fan-out repair puts them aside and
+// reads on. A publish that finds such an event staged with its own content commits it and answers as a
+// re-publish (the publish that staged it published it), and the repair sees its outbox document again.
+func testStagedLeftoversDoNotHideAnInterruptedFanOut(t *testing.T, e *env) {
+	b := e.setup(t)
+	s := b.store(nil, func(o *Options) { o.LeaseTimeout = time.Second })
+	b.putEndpoint(s, "g", "t")
+	old := b.clock.Now() // after the group registered (offsetReset latest): its events are delivered
+	b.clock.Advance(time.Minute)
+	const leftovers = 150 // more than a page of the repair (its limit below)
+	var evs, marks []any
+	for i := range leftovers {
+		id := fmt.Sprintf("staged-%03d", i)
+		evs = append(evs, &eventDoc{ID: id, Topic: "t", Data: `1`, CreatedAt: old.Add(time.Duration(i) * time.Millisecond), Staged: true})
+		marks = append(marks, &outboxDoc{ID: id, Topic: "t", CreatedAt: old.Add(time.Duration(i) * time.Millisecond)})
+	}
+	// Committed and marked, but its publisher died before fanning it out: newer than every leftover.
+	evs = append(evs, &eventDoc{ID: "interrupted", Topic: "t", Data: `2`, CreatedAt: old.Add(time.Second), Fanout: true})
+	marks = append(marks, &outboxDoc{ID: "interrupted", Topic: "t", CreatedAt: old.Add(time.Second)})
+	if _, err := b.coll("events").InsertMany(b.ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("outbox").InsertMany(b.ctx, marks); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.FanOutStale(b.ctx, time.Second, 100); err != nil || n != 1 {
+		t.Fatalf("FanOutStale = %d, %v; want the interrupted event's 1 delivery behind %d staged leftovers", n, err, leftovers)
+	}
+	if n := b.count("deliveries", bson.M{"eventId": "interrupted"}); n != 1 {
+		t.Fatalf("the interrupted event has %d deliveries, want 1", n)
+	}
+	if n := b.count("outbox", bson.M{}); n != leftovers {
+		t.Errorf("%d outbox documents, want the %d leftovers (kept until StagedTimeout, put aside)", n, leftovers)
+	}
+	// A re-publish of a leftover with the same content commits it, as a re-publish, and recalls its outbox
+	// document: a fan-out repair now fans it out.
+	out, err := s.Publish(b.ctx, []*pulsetype.Event{event("staged-007", "t", `1`)})
+	if err != nil || !out[0].Existing {
+		t.Fatalf("Publish of a staged id = %+v, %v; want it committed and answered as a re-publish", out, err)
+	}
+	b.clock.Advance(2 * time.Second)
+	if n, err := s.FanOutStale(b.ctx, time.Second, 100); err != nil || n != 1 {
+		t.Fatalf("FanOutStale after the re-publish = %d, %v; want the committed leftover's 1 delivery", n, err)
+	}
+}

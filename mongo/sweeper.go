@@ -8,8 +8,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// StagedTimeout is how long an uncommitted (staged) event of an array publish may live: a publisher that
-// crashed between insert and commit leaves such events, and Sweep removes them after this.
+// StagedTimeout is how long an uncommitted (staged) event may live: a publisher that crashed between insert
+// and commit leaves such events (of an array or of single publishes), and Sweep removes them after this; the
+// fan-out repair removes their outbox documents then too.
 const StagedTimeout = time.Hour
 
 // Sweep deletes documents whose expiresAt has passed, from every collection, and staged events older than
