@@ -163,7 +163,10 @@ func (b *bundle) startBehindPauseProxy(env map[string]string) (*sidecar, *pauseP
 	return b.start(behind), proxy
 }
 
-// pauseProxy forwards TCP connections to upstream; while paused it holds every byte its clients send.
+// pauseProxy forwards TCP connections to upstream; while paused it holds every byte its clients send, or,
+// paused with a marker, only the first write holding the marker and what follows it on that connection (so
+// that the driver's other connections, new ones included, are not held: a pool that needed a new
+// connection while everything was held never sent the marked write).
 type pauseProxy struct {
 	ln       net.Listener
 	upstream string
@@ -216,7 +219,10 @@ func (g gatedWriter) Write(b []byte) (int, error) {
 	select {
 	case <-gate:
 	default:
-		if len(marker) > 0 && bytes.Contains(b, marker) {
+		if len(marker) > 0 {
+			if !bytes.Contains(b, marker) {
+				break // paused for one write: the others pass
+			}
 			g.p.held <- struct{}{}
 		}
 		<-gate
