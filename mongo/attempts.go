@@ -636,7 +636,7 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 			return wrap("end deliveries", err)
 		}
 	}
-	if err := s.createAttempts(ctx, retries); err != nil {
+	if _, err := s.createAttempts(ctx, retries); err != nil {
 		return wrap("create next attempts", err)
 	}
 	if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": done}}); err != nil {
@@ -648,13 +648,7 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 // createAttempts inserts pending attempts: their queue documents first (placed in their deliveries' lines,
 // read from the queue, see linesOf), then the attempts; a duplicate (another writer created that attempt
 // number) removes this call's queue document again. It returns which ones it created, by index.
-func (s *Store) createAttempts(ctx context.Context, attempts []*attemptDoc) error {
-	_, err := s.insertAttempts(ctx, attempts)
-	return err
-}
-
-// insertAttempts is createAttempts; it also reports which attempts it inserted.
-func (s *Store) insertAttempts(ctx context.Context, attempts []*attemptDoc) ([]bool, error) {
+func (s *Store) createAttempts(ctx context.Context, attempts []*attemptDoc) ([]bool, error) {
 	if len(attempts) == 0 {
 		return nil, nil
 	}
@@ -742,7 +736,7 @@ func endSet(status pulsetype.Status, finalAttempt int, e *pulsetype.ErrorInfo, n
 // unique index on deliveryId + attempt makes this exactly-once).
 func (s *Store) CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n int, delay time.Duration) (created bool, err error) {
 	now := s.now()
-	inserted, err := s.insertAttempts(ctx, []*attemptDoc{newAttemptDoc(ref, n, now, now.Add(delay))})
+	inserted, err := s.createAttempts(ctx, []*attemptDoc{newAttemptDoc(ref, n, now, now.Add(delay))})
 	if err != nil {
 		return false, wrap("create attempt", err)
 	}

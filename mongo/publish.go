@@ -143,8 +143,10 @@ func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all
 	for _, id := range fresh {
 		commit[id] = true
 	}
+	var adopted []string // ids another publish staged with the same content, committed here too
 	if len(taken) > 0 {
-		adopted, err := s.resolveTaken(ctx, events, taken, out)
+		var err error
+		adopted, err = s.resolveTaken(ctx, events, taken, out)
 		if err != nil {
 			undo()
 			return nil, err
@@ -177,12 +179,6 @@ func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all
 		undo()
 		return nil, wrap("insert outbox documents", err)
 	}
-	var adopted []string
-	for _, id := range ids {
-		if !slices.Contains(fresh, id) {
-			adopted = append(adopted, id)
-		}
-	}
 	if len(adopted) > 0 {
 		// Their outbox documents may have been put aside by the fan-out repair while they were staged
 		// (FanOutStale): the repair must see them again once they are committed.
@@ -206,7 +202,7 @@ func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all
 		}
 		e.CreatedAt = t
 		// An event another publish staged is that publish's: this one answers as a re-publish.
-		out[i].published = pulsetype.Published{Event: e, Existing: !slices.Contains(fresh, e.ID)}
+		out[i].published = pulsetype.Published{Event: e, Existing: slices.Contains(adopted, e.ID)}
 	}
 	return out, nil
 }
@@ -469,9 +465,9 @@ func (s *Store) unqueueDuplicates(ctx context.Context, attempts []any, err error
 func (s *Store) FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error) {
 	total := 0
 	for range maxFanOutPages {
-		n, deferred, err := s.fanOutStalePage(ctx, age, limit)
+		n, readOn, err := s.fanOutStalePage(ctx, age, limit)
 		total += n
-		if err != nil || deferred == 0 {
+		if err != nil || !readOn {
 			return total, err
 		}
 	}
@@ -486,16 +482,16 @@ const maxFanOutPages = 10
 // staged (its publish may yet commit it) or missing.
 const deferFactor = 10
 
-// fanOutStalePage is one page of FanOutStale: it returns the first attempts it inserted and how many outbox
-// documents it put aside.
-func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit int) (int, int, error) {
+// fanOutStalePage is one page of FanOutStale: it returns the first attempts it inserted and whether the
+// page was full and all put aside (the next page may hold work).
+func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit int) (int, bool, error) {
 	now := s.now()
 	filter := bson.M{"createdAt": bson.M{"$lt": now.Add(-age)},
 		"$or": bson.A{bson.M{"deferredUntil": bson.M{"$exists": false}}, bson.M{"deferredUntil": bson.M{"$lte": now}}}}
 	marks, err := findAll[outboxDoc](ctx, s.outbox, "find unfinished fan-outs", filter,
 		options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}).SetLimit(int64(limit)))
 	if err != nil || len(marks) == 0 {
-		return 0, 0, err
+		return 0, false, err
 	}
 	ids := make([]string, len(marks))
 	for i, m := range marks {
@@ -503,7 +499,7 @@ func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit in
 	}
 	docs, err := s.findEvents(ctx, ids)
 	if err != nil {
-		return 0, 0, err
+		return 0, false, err
 	}
 	var events []*pulsetype.Event
 	var done, aside []string
@@ -522,17 +518,15 @@ func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit in
 	if len(aside) > 0 {
 		if _, err := s.outbox.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": aside}},
 			bson.M{"$set": bson.M{"deferredUntil": now.Add(deferFactor * age)}}); err != nil {
-			return 0, 0, wrap("put aside outbox documents", err)
+			return 0, false, wrap("put aside outbox documents", err)
 		}
 	}
 	inserted, err := s.FanOut(ctx, events)
 	if err != nil {
-		return 0, 0, err
+		return 0, false, err
 	}
-	if len(aside) < len(marks) || len(marks) < limit {
-		aside = nil // the page held other work, or was the last: no need to read on
-	}
-	return len(inserted), len(aside), s.ClearFanOut(ctx, done)
+	readOn := len(aside) == limit
+	return len(inserted), readOn, s.ClearFanOut(ctx, done)
 }
 
 // onlyDuplicates reports whether err is a bulk write error made only of duplicate-key errors ("already
