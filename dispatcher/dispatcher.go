@@ -16,7 +16,7 @@ import (
 
 // Store is the storage the dispatcher needs; package mongo implements it.
 type Store interface {
-	FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulsetype.Attempt, error)
+	FanOutClaiming(ctx context.Context, owner string, events []*pulsetype.Event, claim func(group string) bool) ([]*pulsetype.Attempt, error)
 	ClearFanOut(ctx context.Context, eventIDs []string) error
 	ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error)
 	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)

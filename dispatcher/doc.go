@@ -3,7 +3,8 @@
 //   - the loop (loop.go, ordered.go) finds and claims work: it fans out events published here, runs the
 //     reconciliation (Reap, Repair) on its periods, claims the heads of ordered lines, the attempts its
 //     fan-out created and the due attempts found by polling, and hands each to the executor;
-//   - the ready queue (ready.go) holds the attempts the fan-out created, with their events, until claimed;
+//   - the ready queue (ready.go) holds the attempts the fan-out created but could not lease in its insert
+//     (no capacity at that moment), with their events, until claimed;
 //   - the slots (slots.go) count the POSTs in flight and admit new ones by the fairness rules;
 //   - the endpoint cache (endpoints.go) holds each consumer group's endpoint, the ordered groups and the
 //     groups last read paused or disabled (left out of the claims);
@@ -23,8 +24,9 @@
 //     coming due wakes it at once.
 //
 // Cost (issue 8): the database is the shared bottleneck, so the loop batches what those invariants allow. Events
-// published through this process are fanned out in batches and their first attempts are claimed by id with
-// the event already in memory (no query for due work, no read of the payload); attempts found by polling are
+// published through this process are fanned out in batches, and their first attempts are inserted already
+// leased when the capacity admits them at once, else claimed by id later, with the event already in memory
+// (no claim or query for due work, no read of the payload); attempts found by polling are
 // claimed several per round trip and their events read with one query; the results finished meanwhile are
 // recorded by one bulk update (plus one for the deliveries they end and one for the retries they create).
 // The database is polled for due work after a poll interval without local work, on a wake-up (change

@@ -143,11 +143,23 @@ func (s *memStore) tokenLocked() string {
 	return fmt.Sprintf("token-%d", s.tokens)
 }
 
-func (s *memStore) FanOut(_ context.Context, events []*pulsetype.Event) ([]*pulsetype.Attempt, error) {
+func (s *memStore) FanOutClaiming(_ context.Context, owner string, events []*pulsetype.Event, claim func(string) bool) ([]*pulsetype.Attempt, error) {
 	s.called("FanOut")
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.fanOutLocked(events), nil
+	created := s.fanOutLocked(events)
+	if claim == nil {
+		return created, nil
+	}
+	token := s.tokenLocked()
+	for i, a := range created {
+		if claim(a.ConsumerGroup) {
+			if c := s.leaseLocked(s.attempts[a.ID], owner, token); c != nil {
+				created[i] = c
+			}
+		}
+	}
+	return created, nil
 }
 
 func (s *memStore) ClearFanOut(context.Context, []string) error {

@@ -137,7 +137,8 @@ func (l *loop) turn(ctx context.Context, poll bool) bool {
 }
 
 // fanOut creates the deliveries and first attempts of the events published here since the last turn, in
-// one batch, and keeps the attempts in the ready queue with their events for claimReady.
+// one batch: the attempts claimAtInsert admits are inserted leased and run at once, the others are kept in
+// the ready queue with their events for claimReady.
 func (l *loop) fanOut(ctx context.Context) {
 	l.mu.Lock()
 	events := l.queued
@@ -146,7 +147,7 @@ func (l *loop) fanOut(ctx context.Context) {
 	if len(events) == 0 {
 		return
 	}
-	attempts, err := l.store.FanOut(ctx, events)
+	attempts, err := l.store.FanOutClaiming(ctx, l.owner, events, l.claimAtInsert())
 	if err != nil {
 		if ctx.Err() == nil {
 			l.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")
@@ -169,7 +170,12 @@ func (l *loop) fanOut(ctx context.Context) {
 		ids[i] = e.ID
 	}
 	l.marks.add(ids, time.Now())
+	var leased []job
 	for _, a := range attempts {
+		if a.FencingToken != "" { // inserted leased: run it now
+			leased = append(leased, job{a: a, ev: byID[a.EventID], evKnown: true, token: l.limits.take(a.ConsumerGroup)})
+			continue
+		}
 		if l.endpoints.isInactive(a.ConsumerGroup) {
 			continue // paused or disabled: polling finds it after the resume
 		}
@@ -180,6 +186,28 @@ func (l *loop) fanOut(ctx context.Context) {
 		if !l.ready.push(job{a: a, ev: byID[a.EventID], evKnown: true}) {
 			l.backlog = true // left to polling
 		}
+	}
+	l.launchAll(ctx, leased)
+}
+
+// claimAtInsert returns the claim function of this turn's fan-out (mongo's FanOutClaiming): it admits, up to
+// maxReadyClaim in all, the first attempts that claimReady would lease at once, those of consumer groups
+// known active and unordered that the free capacity and the rate limits admit (as takeReady admits them),
+// and only while the ready queue is empty (else they would overtake it). The fan-out inserts them leased,
+// so they cost no claim.
+func (l *loop) claimAtInsert() func(group string) bool {
+	if l.ready.len() > 0 {
+		return nil
+	}
+	taken, all := map[string]int{}, 0
+	return func(group string) bool {
+		if all >= maxReadyClaim || !l.endpoints.known(group) || l.endpoints.isInactive(group) || l.endpoints.isOrdered(group) ||
+			!l.slots.admit(group, taken[group], all) || !l.limits.allows(group, taken[group]) {
+			return false
+		}
+		taken[group]++
+		all++
+		return true
 	}
 }
 

@@ -46,7 +46,7 @@ func (s *Store) Backfill(ctx context.Context, owner string, batch int) (int, err
 			events = append(events, d.event())
 		}
 	}
-	created, err := s.insertDeliveries(ctx, events, []subscriptionDoc{sub})
+	created, err := s.insertDeliveries(ctx, events, []subscriptionDoc{sub}, "", nil)
 	if err != nil {
 		return 0, err
 	}

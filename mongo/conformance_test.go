@@ -300,4 +300,5 @@ var conformanceCases = []conformanceCase{
 	{name: "LeaseWithoutItsQueueCopyIsReaped", run: testLeaseWithoutItsQueueCopyIsReaped},
 	{name: "StagedLeftoversDoNotHideAnInterruptedFanOut", run: testStagedLeftoversDoNotHideAnInterruptedFanOut},
 	{name: "EnsureSchemaQueuesEarlierWork", run: testEnsureSchemaQueuesEarlierWork},
+	{name: "FanOutClaimingInsertsLeasedAttempts", run: testFanOutClaimingInsertsLeasedAttempts, race: true},
 }

@@ -428,3 +428,84 @@ func testStagedLeftoversDoNotHideAnInterruptedFanOut(t *testing.T, e *env) {
 		t.Fatalf("FanOutStale after the re-publish = %d, %v; want the committed leftover's 1 delivery", n, err)
 	}
 }
+
+// The fan-out of a dispatcher that runs what it fans out inserts the first attempts it claims already
+// leased, the lease copied into their queue documents: no claim of the queue takes them, the replicas racing
+// on one fan-out insert each attempt once (the losers' queue documents removed again), and a lease whose
+// holder never POSTs (it died) is reaped as worker_lost like any other.
+func testFanOutClaimingInsertsLeasedAttempts(t *testing.T, e *env) {
+	b := e.setup(t)
+	s := b.store(nil, func(o *Options) { o.LeaseTimeout = time.Second; o.Now = nil })
+	b.putEndpoint(s, "billing", "t")
+	b.putEndpoint(s, "audit", "t")
+	out, err := s.Publish(b.ctx, []*pulsetype.Event{event("evt-1", "t", `1`)})
+	if err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	ev := out[0].Event
+
+	const n = 4
+	created := make([][]*pulsetype.Attempt, n)
+	errs := make([]error, n)
+	concurrently(n, func(i int) {
+		claimBilling := func(group string) bool { return group == "billing" }
+		created[i], errs[i] = b.store(b.connect(), func(o *Options) { o.LeaseTimeout = time.Second; o.Now = nil }).
+			FanOutClaiming(b.ctx, fmt.Sprintf("worker-%d", i), []*pulsetype.Event{ev}, claimBilling)
+	})
+	var leased, unleased []*pulsetype.Attempt
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("FanOutClaiming #%d: %v", i, errs[i])
+		}
+		for _, a := range created[i] {
+			switch {
+			case a.ConsumerGroup == "billing" && a.FencingToken != "" && a.LeaseOwner == fmt.Sprintf("worker-%d", i) && a.LeasedUntil != nil:
+				leased = append(leased, a)
+			case a.ConsumerGroup == "audit" && a.FencingToken == "" && a.LeasedUntil == nil:
+				unleased = append(unleased, a)
+			default:
+				t.Errorf("FanOutClaiming #%d returned %+v: want billing's attempt leased to worker-%d, audit's unleased", i, a, i)
+			}
+		}
+	}
+	if len(leased) != 1 || len(unleased) != 1 {
+		t.Fatalf("the fan-outs returned %d leased and %d unleased first attempts, want 1 and 1", len(leased), len(unleased))
+	}
+	a := leased[0]
+	if d := b.historyDoc(a.ID); d.Status != pulsetype.StatusPending || d.FencingToken != a.FencingToken || d.LeasedUntil == nil || d.StartedAt == nil {
+		t.Errorf("history document of the leased attempt = %+v, want pending under token %s", d, a.FencingToken)
+	}
+	if got := b.count("queue", bson.M{"_id": a.ID, "lockToken": a.FencingToken, "lockedUntil": bson.M{"$ne": nil}}); got != 1 {
+		t.Errorf("%d queue documents carry the leased attempt's lease, want 1", got)
+	}
+	if got := b.count("queue", bson.M{}); got != 2 {
+		t.Errorf("%d queue documents, want 2 (one per attempt; the losers' removed)", got)
+	}
+	claimed, err := s.ClaimBatch(b.ctx, "other", nil, 10)
+	if err != nil {
+		t.Fatalf("ClaimBatch: %v", err)
+	}
+	if len(claimed) != 1 || claimed[0].ID != unleased[0].ID {
+		t.Errorf("ClaimBatch took %+v, want only audit's unleased attempt %s", claimed, unleased[0].ID)
+	}
+
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		r, err := s.ReapOne(b.ctx)
+		if err != nil {
+			t.Fatalf("ReapOne: %v", err)
+		}
+		if r != nil {
+			if r.ID != a.ID || r.Error == nil || r.Error.Code != pulsetype.CodeWorkerLost {
+				t.Fatalf("ReapOne reaped %+v, want billing's attempt %s as worker_lost", r, a.ID)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease of an attempt inserted leased was not reaped within 20s of a 1s lease")
+		}
+		<-tick.C
+	}
+}
