@@ -230,7 +230,9 @@ func pushdownFind(upstream net.Conn, m *message) ([]byte, bool, error) {
 
 // pushdownWrite serves an update or delete whose every statement is anchored on _id: for each statement and
 // each of its ids whose document the statement's filter matches, the statement with {_id: id} alone (one
-// document for an update without multi or a delete with limit 1). The reply adds up the steps' replies.
+// document for an update without multi or a delete with limit 1). The match is checked by one aggregate per
+// id, except for a filter that is {_id: {$in: [...]}} alone, whose writes by {_id: id} are sent without
+// one (an id without a document adds nothing). The reply adds up the steps' replies.
 func pushdownWrite(upstream net.Conn, m *message) ([]byte, bool, error) {
 	key := writeLists[m.name()]
 	stmts, ok := m.list(key)
@@ -261,14 +263,19 @@ func pushdownWrite(upstream net.Conn, m *message) ([]byte, bool, error) {
 			limit, _ := stmt.Lookup("limit").AsInt64OK()
 			many = limit == 0
 		}
+		// A filter that is its _id alone needs no check: the write by {_id: id} matches exactly the
+		// documents the check would find (for a statement of one document, only with one id).
+		check := len(elements(q)) > 1 || !many && len(anchors[i]) > 1
 		stop := false
 		for _, id := range anchors[i] {
-			doc, failed, err := matchOne(upstream, m, coll, id, q, bson.Raw(bsonDoc(bson.D{{Key: "_id", Value: 1}})))
-			if failed != nil || err != nil {
-				return failed, true, err
-			}
-			if doc == nil {
-				continue
+			if check {
+				doc, failed, err := matchOne(upstream, m, coll, id, q, bson.Raw(bsonDoc(bson.D{{Key: "_id", Value: 1}})))
+				if failed != nil || err != nil {
+					return failed, true, err
+				}
+				if doc == nil {
+					continue
+				}
 			}
 			one, err := bson.Marshal(withID(stmt, id, m.name()))
 			if err != nil {

@@ -47,6 +47,23 @@ func TestPushdownServesAnchoredFiltersByID(t *testing.T) {
 	if !strings.Contains(got[0], `{"$match": {"_id": "a"}},{"$match": {"_id": {"$in": ["a","b"]},"s": {"$numberInt":"1"}}}`) {
 		t.Errorf("the check of a = %s, want {_id: a} first, then the whole filter", got[0])
 	}
+	// A filter of ids alone needs no check: per id, the write by {_id: id}, and n adds up what they matched.
+	r = runCommand(t, c, bson.D{{Key: "delete", Value: "c"}, {Key: "deletes", Value: bson.A{
+		bson.D{{Key: "q", Value: bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{"a", "b"}}}}}}, {Key: "limit", Value: 0}},
+	}}, {Key: "$db", Value: "x"}}, "")
+	if n, _ := r.Lookup("n").AsInt64OK(); n != 2 {
+		t.Errorf("delete answered %s, want n 2", r)
+	}
+	got = up.took()
+	want = []string{`"deletes": [{"q": {"_id": "a"}`, `"deletes": [{"q": {"_id": "b"}`}
+	if len(got) != len(want) {
+		t.Fatalf("upstream got %d commands for a delete by ids alone, want %d (no aggregate): %q", len(got), len(want), got)
+	}
+	for i := range want {
+		if !strings.Contains(got[i], want[i]) {
+			t.Errorf("command %d upstream = %s, want it to contain %s", i, got[i], want[i])
+		}
+	}
 	for _, filter := range []bson.D{{{Key: "_id", Value: "a"}}, {{Key: "s", Value: 1}}} {
 		runCommand(t, c, bson.D{{Key: "find", Value: "c"}, {Key: "filter", Value: filter}, {Key: "$db", Value: "x"}}, "")
 		if got := up.took(); len(got) != 1 || !strings.HasPrefix(got[0], `{"find"`) {
@@ -127,6 +144,12 @@ func pushdownScript(ctx context.Context, t *testing.T, coll *mongo.Collection) [
 	note("updateOne ", res, err)
 	res, err = coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: "d17"}, {Key: "s", Value: "x"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "s", Value: "w"}}}})
 	note("updateOne unmatched ", res, err)
+	res, err = coll.UpdateMany(ctx, bson.D{{Key: "_id", Value: in("d20", "d21", "d97", "d20")}}, bson.D{{Key: "$set", Value: bson.D{{Key: "u", Value: 1}}}})
+	note("updateMany by ids alone ", res, err)
+	res, err = coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: in("d96", "d22", "d23")}}, bson.D{{Key: "$set", Value: bson.D{{Key: "u", Value: 2}}}})
+	note("updateOne by ids alone ", res, err)
+	del0, err := coll.DeleteMany(ctx, bson.D{{Key: "_id", Value: in("d24", "d95", "d25")}})
+	note("deleteMany by ids alone ", del0, err)
 	var doc bson.D
 	err = coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: "d18"}, {Key: "s", Value: "x"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "t", Value: 1}}}},
 		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
