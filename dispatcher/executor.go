@@ -79,10 +79,33 @@ func (e *executor) cancel() {
 	}
 }
 
+// launchBatch launches jobs (their worker slots taken already, or taken now), having asked the state gate
+// about all of them at once, so that one read answers the batch (see launch).
+func (e *executor) launchBatch(ctx context.Context, jobs []job) {
+	if len(jobs) == 0 {
+		return
+	}
+	if e.gate != nil {
+		groups := make([]string, len(jobs))
+		for i, j := range jobs {
+			groups[i] = j.a.ConsumerGroup
+		}
+		for i, q := range e.gate.ask(ctx, groups) {
+			jobs[i].gate = q
+		}
+	}
+	for _, j := range jobs {
+		e.launch(j)
+	}
+}
+
 // launch runs a leased attempt in a worker slot, in a goroutine of its own, and returns at once. When it
 // ends the slot is given back and ended is called with the attempt's consumer group.
 func (e *executor) launch(j job) {
-	release := e.slots.acquire(j.a.ConsumerGroup)
+	release := j.release
+	if release == nil {
+		release = e.slots.acquire(j.a.ConsumerGroup)
+	}
 	e.mu.Lock()
 	ctx := e.ctx
 	e.mu.Unlock()
@@ -129,7 +152,7 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		e.abandon(postCtx, a, log, err)
 		return pulsetype.Completion{}, false
 	}
-	if unsubscribed(ep, a) == nil && !e.active(postCtx, ep, a.ConsumerGroup) {
+	if unsubscribed(ep, a) == nil && !e.active(postCtx, ep, a.ConsumerGroup, j.gate) {
 		// Paused or disabled: given back unstarted, not consumed.
 		e.endpoints.stopped(a.ConsumerGroup)
 		if err := e.store.ReleaseAttempt(postCtx, a); err != nil {

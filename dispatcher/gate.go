@@ -22,7 +22,7 @@ type stateGate struct {
 	store stateStore
 
 	mu      sync.Mutex
-	asked   map[string][]chan gateAnswer // questions for the next read, by group
+	asked   map[string][]gateQuestion // questions for the next read, by group
 	reading bool
 }
 
@@ -32,23 +32,42 @@ type gateAnswer struct {
 }
 
 func newStateGate(store stateStore) *stateGate {
-	return &stateGate{store: store, asked: map[string][]chan gateAnswer{}}
+	return &stateGate{store: store, asked: map[string][]gateQuestion{}}
 }
 
 // inactive reports whether group is paused or disabled, read after the call began. It blocks until that read
 // returned or ctx ended, and returns the read's error.
 func (g *stateGate) inactive(ctx context.Context, group string) (bool, error) {
-	answer := make(chan gateAnswer, 1)
+	return g.ask(ctx, []string{group})[0].wait(ctx)
+}
+
+// ask asks about each of groups at once, so that one read answers them all (a batch of launches asks before
+// it starts its POSTs), and returns the pending answers in the order of groups: each is read after this call
+// began.
+func (g *stateGate) ask(ctx context.Context, groups []string) []gateQuestion {
+	out := make([]gateQuestion, len(groups))
 	g.mu.Lock()
-	g.asked[group] = append(g.asked[group], answer)
+	for i, group := range groups {
+		out[i] = make(gateQuestion, 1)
+		g.asked[group] = append(g.asked[group], out[i])
+	}
 	start := !g.reading
 	g.reading = true
 	g.mu.Unlock()
 	if start {
 		go g.read(context.WithoutCancel(ctx))
 	}
+	return out
+}
+
+// gateQuestion is a question asked of the state gate; its answer arrives once.
+type gateQuestion chan gateAnswer
+
+// wait blocks until the answer arrived or ctx ended, and returns whether the group is paused or disabled and
+// the read's error.
+func (q gateQuestion) wait(ctx context.Context) (bool, error) {
 	select {
-	case a := <-answer:
+	case a := <-q:
 		return a.inactive, a.err
 	case <-ctx.Done():
 		return false, context.Cause(ctx)
@@ -65,7 +84,7 @@ func (g *stateGate) read(ctx context.Context) {
 			g.mu.Unlock()
 			return
 		}
-		g.asked = map[string][]chan gateAnswer{}
+		g.asked = map[string][]gateQuestion{}
 		g.mu.Unlock()
 		rctx, cancel := context.WithTimeout(ctx, writeTimeout)
 		off, err := g.store.InactiveGroups(rctx, slices.Collect(maps.Keys(asked)))
@@ -79,15 +98,19 @@ func (g *stateGate) read(ctx context.Context) {
 }
 
 // active is the gate's check for one leased attempt of ep's group: false when it is paused or disabled,
-// by the cached ep or by a fresh read. A failed read leaves the cached answer.
-func (e *executor) active(ctx context.Context, ep *pulsetype.Endpoint, group string) bool {
+// by the cached ep or by a fresh read (the answer to asked when the launch asked already, else to a question
+// asked now). A failed read leaves the cached answer.
+func (e *executor) active(ctx context.Context, ep *pulsetype.Endpoint, group string, asked gateQuestion) bool {
 	if !ep.Active() {
 		return false
 	}
 	if e.gate == nil {
 		return true
 	}
-	off, err := e.gate.inactive(ctx, group)
+	if asked == nil {
+		asked = e.gate.ask(ctx, []string{group})[0]
+	}
+	off, err := asked.wait(ctx)
 	if err != nil {
 		e.log.Warn().Err(err).Str("consumer_group", group).Msg("reading the endpoint state before a POST failed: the cached state counts")
 		return true

@@ -82,3 +82,22 @@ func TestStateGateAnswersWithALaterRead(t *testing.T) {
 		t.Fatalf("reads %v, want %v", store.reads, want)
 	}
 }
+
+// The questions of one batch of launches, asked together, are answered by one read.
+func TestStateGateAnswersABatchWithOneRead(t *testing.T) {
+	t.Parallel()
+	store := &gateStore{off: map[string]bool{"paused": true}, proceed: make(chan struct{}, 10), started: make(chan struct{}, 10)}
+	g := newStateGate(store)
+	groups := []string{"a", "paused", "b", "a"}
+	asked := g.ask(t.Context(), groups)
+	store.proceed <- struct{}{}
+	for i, q := range asked {
+		off, err := q.wait(t.Context())
+		if err != nil || off != (groups[i] == "paused") {
+			t.Errorf("answer for %s = %v, %v; want inactive only for paused", groups[i], off, err)
+		}
+	}
+	if want := [][]string{{"a", "b", "paused"}}; !slices.EqualFunc(store.reads, want, slices.Equal) {
+		t.Fatalf("reads %v, want one read of every group asked: %v", store.reads, want)
+	}
+}

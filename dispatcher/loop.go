@@ -324,6 +324,7 @@ func (l *loop) claimDue(ctx context.Context, ordered []string) {
 // those beyond their group's maxConcurrency or rate limit (claimed before the limit was known), given back
 // for a later claim; their groups are returned.
 func (l *loop) launchAll(ctx context.Context, jobs []job) (released []string) {
+	var launch []job
 	for _, j := range jobs {
 		ep, err := l.endpoints.get(ctx, j.a.ConsumerGroup, false)
 		if err == nil && ep != nil && ep.Ordered || l.slots.full(j.a.ConsumerGroup) || !j.token && !l.limits.take(j.a.ConsumerGroup) {
@@ -336,8 +337,11 @@ func (l *loop) launchAll(ctx context.Context, jobs []job) (released []string) {
 			}
 			continue
 		}
-		l.exec.launch(j)
+		j.release = l.exec.slots.acquire(j.a.ConsumerGroup) // now: the next job's checks count it
+		launch = append(launch, j)
 	}
+	// One read of the state gate answers the whole batch (asked after the leases, before the POSTs).
+	l.exec.launchBatch(ctx, launch)
 	return released
 }
 

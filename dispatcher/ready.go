@@ -12,7 +12,9 @@ type job struct {
 	a       *pulsetype.Attempt
 	ev      *pulsetype.Event
 	evKnown bool
-	token   bool // the group's rate limit token was taken when the job was admitted
+	token   bool         // the group's rate limit token was taken when the job was admitted
+	gate    gateQuestion // the state gate's question asked at its launch with the others of its batch; nil: none yet
+	release func()       // gives back the worker slot taken for it before its launch; nil: launch takes one
 }
 
 // readyQueue holds the first attempts this process's fan-out created, with their events, until the loop
