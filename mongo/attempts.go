@@ -195,7 +195,7 @@ const maxOrderCheck = 100
 // pulse_queue_line), one read of their deliveries, one of the subscription, one of the head's attempt by id
 // and, when the head is due, those of earlierMayAppear; errors are the database's, wrapped.
 func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (a *pulsetype.Attempt, wait time.Duration, err error) {
-	head, q, err := s.lineHead(ctx, line)
+	head, q, passed, err := s.lineHead(ctx, line)
 	if head == nil || err != nil {
 		return nil, 0, err
 	}
@@ -241,24 +241,53 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	if blocked, err := s.earlierMayAppear(ctx, line, &sub, head); err != nil || blocked {
 		return nil, 0, err
 	}
+	// An earlier event's fan-out may have finished between the line's read and earlierMayAppear's (the repair
+	// of an interrupted fan-out: its queue documents written, then its outbox document removed): its queue
+	// document, written first, is found by one more read of the line.
+	if earlier, err := s.queuedBefore(ctx, line, head, passed); err != nil || earlier {
+		return nil, time.Millisecond, err
+	}
 	a, err = s.claimByID(ctx, owner, at.ID, now)
 	return a, 0, err
+}
+
+// queuedBefore reports whether the line's queue holds a document of an event before head's (by the event's
+// createdAt, then id) other than passed (the ids of those lineHead passed over: of ended deliveries), with one
+// query of the line's first queue documents.
+func (s *Store) queuedBefore(ctx context.Context, line pulsetype.Line, head *deliveryDoc, passed []string) (bool, error) {
+	queued, err := findAll[queueDoc](ctx, s.queue, "read the head of line again",
+		bson.M{"consumerGroup": line.ConsumerGroup, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey),
+			"eventCreatedAt": bson.M{"$lte": head.EventCreatedAt}},
+		options.Find().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1},
+			{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}).
+			SetLimit(int64(len(passed)+1)).SetProjection(bson.M{"eventCreatedAt": 1, "eventId": 1}))
+	if err != nil {
+		return false, err
+	}
+	for _, q := range queued {
+		before := q.EventCreatedAt.Before(head.EventCreatedAt) || q.EventCreatedAt.Equal(head.EventCreatedAt) && q.EventID < head.EventID
+		if before && !slices.Contains(passed, q.ID) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // lineScan bounds the queue documents one look at a line's head reads: deliveries that ended while their
 // queue documents wait to be removed come before the pending head.
 const lineScan = 8
 
-// lineHead returns the line's oldest pending delivery and the queue document of its latest attempt, or nil
-// when the line has none among its first lineScan queue documents. It removes the queue documents it finds
-// of ended deliveries whose attempts have ended (normally removed by the writer that ended them).
-func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, error) {
+// lineHead returns the line's oldest pending delivery, the queue document of its latest attempt and the ids
+// of the queue documents before it (of ended deliveries), or nil when the line has none among its first
+// lineScan queue documents. It removes the queue documents it finds of ended deliveries whose attempts have
+// ended (normally removed by the writer that ended them).
+func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, []string, error) {
 	queued, err := findAll[queueDoc](ctx, s.queue, "find head of line",
 		bson.M{"consumerGroup": line.ConsumerGroup, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)},
 		options.Find().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1},
 			{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}).SetLimit(lineScan))
 	if err != nil || len(queued) == 0 {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	ids := make([]string, 0, len(queued))
 	for _, q := range queued {
@@ -268,7 +297,7 @@ func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc
 	}
 	deliveries, err := findAll[deliveryDoc](ctx, s.deliveries, "read deliveries of a line", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	byID := map[string]*deliveryDoc{}
 	for i := range deliveries {
@@ -280,14 +309,18 @@ func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc
 		d, ok := byID[q.DeliveryID]
 		switch {
 		case !ok:
-			return nil, nil, nil // its fan-out is under way (queued before written): wait for it
+			return nil, nil, nil, nil // its fan-out is under way (queued before written): wait for it
 		case d.Status == pulsetype.StatusPending:
-			return d, q, s.unqueueEnded(ctx, ended)
+			passed := make([]string, i)
+			for k := range passed {
+				passed[k] = queued[k].ID
+			}
+			return d, q, passed, s.unqueueEnded(ctx, ended)
 		default:
 			ended = append(ended, q.ID)
 		}
 	}
-	return nil, nil, s.unqueueEnded(ctx, ended)
+	return nil, nil, nil, s.unqueueEnded(ctx, ended)
 }
 
 // unqueueEnded removes the queue documents ids (of deliveries that ended) whose attempts are not pending: one

@@ -301,4 +301,5 @@ var conformanceCases = []conformanceCase{
 	{name: "StagedLeftoversDoNotHideAnInterruptedFanOut", run: testStagedLeftoversDoNotHideAnInterruptedFanOut},
 	{name: "EnsureSchemaQueuesEarlierWork", run: testEnsureSchemaQueuesEarlierWork},
 	{name: "FanOutClaimingInsertsLeasedAttempts", run: testFanOutClaimingInsertsLeasedAttempts, race: true},
+	{name: "HeadWaitsForAFanOutRepairedDuringItsLook", run: testHeadWaitsForAFanOutRepairedDuringItsLook},
 }

@@ -509,3 +509,49 @@ func testFanOutClaimingInsertsLeasedAttempts(t *testing.T, e *env) {
 		<-tick.C
 	}
 }
+
+// The head of an ordered line is not claimed when an earlier event's interrupted fan-out is repaired while
+// the head is looked at: here the repair (another replica's FanOut and ClearFanOut of the earlier event)
+// runs right before the look's read of the outbox, after its read of the line, so that read finds the earlier
+// event neither unfinished in the outbox nor in the line it read first.
+func testHeadWaitsForAFanOutRepairedDuringItsLook(t *testing.T, e *env) {
+	b := e.setup(t)
+	other := b.store(b.connect(), nil)
+	ordered := b.endpoint("o", "t")
+	ordered.Ordered = true
+	if _, _, err := other.PutEndpoint(b.ctx, ordered); err != nil {
+		t.Fatalf("PutEndpoint: %v", err)
+	}
+	// e1's publisher died before its fan-out: only its outbox document says so. e2 is fanned out.
+	published, err := other.Publish(b.ctx, []*pulsetype.Event{event("e1", "t", `1`)})
+	if err != nil {
+		t.Fatalf("Publish(e1): %v", err)
+	}
+	first := published[0].Event
+	b.publishOne(other, "e2", "t")
+	b.clock.Advance(time.Minute) // past the settle window
+
+	var once sync.Once
+	var repairErr error
+	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, ev *drvevent.CommandStartedEvent) {
+		if coll, _ := ev.Command.Lookup("find").StringValueOK(); coll != testPrefix+".outbox" {
+			return
+		}
+		once.Do(func() { // the repair of e1's fan-out, between the look's two reads
+			if _, repairErr = other.FanOut(b.ctx, []*pulsetype.Event{first}); repairErr == nil {
+				repairErr = other.ClearFanOut(b.ctx, []string{first.ID})
+			}
+		})
+	}}
+	s := b.store(b.srv.Connect(options.Client().SetMonitor(monitor)), nil)
+	a, _, err := s.ClaimHead(b.ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t"})
+	if err != nil || repairErr != nil {
+		t.Fatalf("ClaimHead: %v; the repair: %v", err, repairErr)
+	}
+	if a != nil {
+		t.Fatalf("ClaimHead leased %s's attempt while the earlier %s had become pending in the line", a.EventID, first.ID)
+	}
+	if a, _, err = s.ClaimHead(b.ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t"}); err != nil || a == nil || a.EventID != first.ID {
+		t.Fatalf("the next look at the line = %+v, %v; want e1's attempt", a, err)
+	}
+}
