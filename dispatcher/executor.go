@@ -126,7 +126,7 @@ func (e *executor) execute(ctx context.Context, j job) {
 	a := j.a
 	postCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	e.keeper.Hold(a.Key(), cancel)
+	e.keeper.Hold(a.Key(), j.since, cancel)
 	defer e.keeper.Release(a.Key())
 	log := e.log.With().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).
 		Str("delivery_id", a.DeliveryID).Int("attempt", a.Number).Logger()
@@ -183,6 +183,14 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		// before the POST: no POST starts at or after the event's expiresAt.
 		if ev == nil || ev.ExpiredAt(e.now()) {
 			res = failed(pulsetype.CodeEventExpired, "the event was removed by retention before this attempt ran", true)
+		} else if !e.keeper.Fresh(a.Key()) {
+			// The checks outlasted two thirds of the lease without a renewal (an overloaded database): the
+			// reaper may end it before the next heartbeat, so no POST starts on it. Given back unstarted.
+			log.Warn().Msg("the lease ran low before the POST started: attempt given back unstarted")
+			if err := e.store.ReleaseAttempt(postCtx, a); err != nil {
+				log.Warn().Err(err).Msg("giving back the attempt failed: left to lease expiry")
+			}
+			return pulsetype.Completion{}, false
 		} else {
 			res = e.post(postCtx, a, ep, ev)
 		}

@@ -37,6 +37,13 @@ func newTestExecutor(t *testing.T, store *memStore, snd *sender) *executorBundle
 	return b
 }
 
+// run runs j as execute does, its lease held by the keeper from j.since, and returns what run returns.
+func (b *executorBundle) run(ctx context.Context, j job) (pulsetype.Completion, bool) {
+	b.exec.keeper.Hold(j.a.Key(), j.since, func(error) {})
+	defer b.exec.keeper.Release(j.a.Key())
+	return b.exec.run(ctx, j, zerolog.Nop())
+}
+
 // claim publishes an event of topic t and leases its attempt for group g.
 func (b *executorBundle) claim(t *testing.T, ev *pulsetype.Event) *pulsetype.Attempt {
 	t.Helper()
@@ -114,7 +121,7 @@ func TestExecutorDecides(t *testing.T) {
 			if tt.unknownEv {
 				j = job{a: a}
 			}
-			c, ok := b.exec.run(t.Context(), j, zerolog.Nop())
+			c, ok := b.run(t.Context(), j)
 			if !ok {
 				t.Fatal("the attempt was abandoned")
 			}
@@ -155,7 +162,7 @@ func TestExecutorGoneAndPaused(t *testing.T) {
 		b := newTestExecutor(t, store, &sender{answer: gone})
 		ev := pulsetype.Event{ID: "e1", Topic: "t", Data: []byte(`1`)}
 		a := b.claim(t, &ev)
-		c, ok := b.exec.run(t.Context(), job{a: a, ev: &ev, evKnown: true}, zerolog.Nop())
+		c, ok := b.run(t.Context(), job{a: a, ev: &ev, evKnown: true})
 		if !ok || c.Result.HTTPStatus != 410 || c.Result.Error.CodeOrEmpty() != pulsetype.CodeEndpointGone || c.Result.Terminal {
 			t.Fatalf("at-most-once %v: result %+v (ok %v), want HTTP 410 recorded as endpoint_gone", atMostOnce, c.Result, ok)
 		}
@@ -177,7 +184,7 @@ func TestExecutorGoneAndPaused(t *testing.T) {
 	a := b.claim(t, &ev)
 	store.setState("g", pulsetype.EndpointPaused, pulsetype.ReasonPaused)
 	a.Number = 2 // a retry reads its endpoint fresh
-	if _, ok := b.exec.run(t.Context(), job{a: a, ev: &ev, evKnown: true}, zerolog.Nop()); ok {
+	if _, ok := b.run(t.Context(), job{a: a, ev: &ev, evKnown: true}); ok {
 		t.Fatal("an attempt of a paused endpoint was run")
 	}
 	if started, _ := snd.posts(); started != 0 || store.count("ReleaseAttempt") != 1 {
@@ -201,7 +208,7 @@ func TestExecutorLeaseLost(t *testing.T) {
 	b := newTestExecutor(t, store, snd)
 	ev := &pulsetype.Event{ID: "e1", Topic: "t"}
 	a := b.claim(t, ev)
-	if _, ok := b.exec.run(ctx, job{a: a, ev: ev, evKnown: true}, zerolog.Nop()); ok {
+	if _, ok := b.run(ctx, job{a: a, ev: ev, evKnown: true}); ok {
 		t.Fatal("an attempt whose lease was lost was not abandoned")
 	}
 	if _, lost := b.obs.counts(); lost != 1 {
@@ -258,5 +265,27 @@ func TestExecutorStopAborts(t *testing.T) {
 	}
 	if status, _ := store.delivery(a.DeliveryID); status != pulsetype.StatusPending {
 		t.Fatalf("delivery %s, want pending (left to lease expiry)", status)
+	}
+}
+
+// No POST starts on a lease granted (or last renewed) two thirds of the lease timeout ago or more: the
+// attempt is given back unstarted, before the reaper could end it while its POST runs.
+func TestExecutorStartsNoPOSTOnALeaseRunningOut(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	snd := &sender{}
+	b := newTestExecutor(t, store, snd)
+	ev := &pulsetype.Event{ID: "e1", Topic: "t", Data: []byte(`1`)}
+	a := b.claim(t, ev)
+	if _, ok := b.run(t.Context(), job{a: a, ev: ev, evKnown: true, since: time.Now().Add(-time.Minute * 2 / 3)}); ok {
+		t.Fatal("an attempt whose lease ran low was run")
+	}
+	if started, _ := snd.posts(); started != 0 || store.count("ReleaseAttempt") != 1 {
+		t.Fatalf("%d POSTs, %d ReleaseAttempt; want none and the attempt given back", started, store.count("ReleaseAttempt"))
+	}
+	ev = &pulsetype.Event{ID: "e2", Topic: "t", Data: []byte(`1`)}
+	a = b.claim(t, ev)
+	if _, ok := b.run(t.Context(), job{a: a, ev: ev, evKnown: true, since: time.Now().Add(-time.Minute / 2)}); !ok {
+		t.Fatal("an attempt with more than a third of its lease left was not run")
 	}
 }

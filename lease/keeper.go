@@ -45,12 +45,26 @@ func NewKeeper(renew RenewFunc, leaseTimeout time.Duration, local func() time.Ti
 // Interval returns the heartbeat period: a third of the lease timeout, at least 10 ms.
 func (k *Keeper) Interval() time.Duration { return max(k.leaseTimeout/3, 10*time.Millisecond) }
 
-// Hold starts renewing the lease; cancel is called with pulsetype.ErrLeaseLost if it is lost (taken over by
-// another worker, reaped, or not renewed within the lease timeout).
-func (k *Keeper) Hold(l pulsetype.LeaseKey, cancel context.CancelCauseFunc) {
+// Hold starts renewing the lease, granted at since (local time taken before the write that granted it; zero:
+// now); cancel is called with pulsetype.ErrLeaseLost if it is lost (taken over by another worker, reaped, or
+// not renewed within the lease timeout).
+func (k *Keeper) Hold(l pulsetype.LeaseKey, since time.Time, cancel context.CancelCauseFunc) {
+	if since.IsZero() {
+		since = k.local()
+	}
 	k.mu.Lock()
-	k.held[l] = &held{cancel: cancel, renewed: k.local()}
+	k.held[l] = &held{cancel: cancel, renewed: since}
 	k.mu.Unlock()
+}
+
+// Fresh reports whether the held lease l was granted or last renewed less than two thirds of the lease timeout
+// ago by the local clock: at least a third of it is left, so work that starts now (a POST) starts on a lease
+// no reaper can end before the next heartbeat renews it. A lease not held is not fresh.
+func (k *Keeper) Fresh(l pulsetype.LeaseKey) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	h, ok := k.held[l]
+	return ok && k.local().Sub(h.renewed) < k.leaseTimeout*2/3
 }
 
 // Release stops renewing the lease (its work finished).
