@@ -35,12 +35,6 @@ func newStateGate(store stateStore) *stateGate {
 	return &stateGate{store: store, asked: map[string][]gateQuestion{}}
 }
 
-// inactive reports whether group is paused or disabled, read after the call began. It blocks until that read
-// returned or ctx ended, and returns the read's error.
-func (g *stateGate) inactive(ctx context.Context, group string) (bool, error) {
-	return g.ask(ctx, []string{group})[0].wait(ctx)
-}
-
 // ask asks about each of groups at once, so that one read answers them all (a batch of launches asks before
 // it starts its POSTs), and returns the pending answers in the order of groups: each is read after this call
 // began.

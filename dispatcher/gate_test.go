@@ -44,7 +44,7 @@ func TestStateGateAnswersWithALaterRead(t *testing.T) {
 	ask := func(groups ...string) {
 		for _, group := range groups {
 			go func() {
-				off, err := g.inactive(t.Context(), group)
+				off, err := g.ask(t.Context(), []string{group})[0].wait(t.Context())
 				if err != nil {
 					t.Error(err)
 				}
