@@ -255,12 +255,10 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 // createdAt, then id) other than passed (the ids of those lineHead passed over: of ended deliveries), with one
 // query of the line's first queue documents.
 func (s *Store) queuedBefore(ctx context.Context, line pulsetype.Line, head *deliveryDoc, passed []string) (bool, error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "read the head of line again",
-		bson.M{"consumerGroup": line.ConsumerGroup, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey),
-			"eventCreatedAt": bson.M{"$lte": head.EventCreatedAt}},
-		options.Find().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1},
-			{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}).
-			SetLimit(int64(len(passed)+1)).SetProjection(bson.M{"eventCreatedAt": 1, "eventId": 1}))
+	filter := lineFilter(line)
+	filter["eventCreatedAt"] = bson.M{"$lte": head.EventCreatedAt}
+	queued, err := findAll[queueDoc](ctx, s.queue, "read the head of line again", filter,
+		options.Find().SetSort(lineOrder).SetLimit(int64(len(passed)+1)).SetProjection(bson.M{"eventCreatedAt": 1, "eventId": 1}))
 	if err != nil {
 		return false, err
 	}
@@ -273,6 +271,16 @@ func (s *Store) queuedBefore(ctx context.Context, line pulsetype.Line, head *del
 	return false, nil
 }
 
+// lineFilter selects the queue documents of line.
+func lineFilter(line pulsetype.Line) bson.M {
+	return bson.M{"consumerGroup": line.ConsumerGroup, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)}
+}
+
+// lineOrder is the order of a line's queue documents (index pulse_queue_line): by the event's createdAt, then
+// its id, the latest attempt of each first.
+var lineOrder = bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1},
+	{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}
+
 // lineScan bounds the queue documents one look at a line's head reads: deliveries that ended while their
 // queue documents wait to be removed come before the pending head.
 const lineScan = 8
@@ -282,10 +290,8 @@ const lineScan = 8
 // lineScan queue documents. It removes the queue documents it finds of ended deliveries whose attempts have
 // ended (normally removed by the writer that ended them).
 func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, []string, error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "find head of line",
-		bson.M{"consumerGroup": line.ConsumerGroup, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)},
-		options.Find().SetSort(bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1},
-			{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}).SetLimit(lineScan))
+	queued, err := findAll[queueDoc](ctx, s.queue, "find head of line", lineFilter(line),
+		options.Find().SetSort(lineOrder).SetLimit(lineScan))
 	if err != nil || len(queued) == 0 {
 		return nil, nil, nil, err
 	}
