@@ -126,13 +126,23 @@ func (e *executor) execute(ctx context.Context, j job) {
 	a := j.a
 	postCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	e.keeper.Hold(a.Key(), j.since, cancel)
+	e.keeper.Hold(a.Key(), e.leaseLeft(a), cancel)
 	defer e.keeper.Release(a.Key())
 	log := e.log.With().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).
 		Str("delivery_id", a.DeliveryID).Int("attempt", a.Number).Logger()
 	if c, ok := e.run(postCtx, j, log); ok && !e.completer.complete(c, log) {
 		log.Warn().Msg("the completer stopped before this result was recorded: left to lease expiry")
 	}
+}
+
+// leaseLeft returns how long a's lease has left to run as granted (its lockedUntil against the database's
+// clock; at least 1ns, so that one that ran out is held as running out now), or 0 (a whole lease timeout)
+// when a carries none.
+func (e *executor) leaseLeft(a *pulsetype.Attempt) time.Duration {
+	if a.LeasedUntil == nil {
+		return 0
+	}
+	return max(a.LeasedUntil.Sub(e.now()), time.Nanosecond)
 }
 
 // run executes one leased attempt under postCtx (cancelled with its cause when the lease is lost or
@@ -183,11 +193,13 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		// before the POST: no POST starts at or after the event's expiresAt.
 		if ev == nil || ev.ExpiredAt(e.now()) {
 			res = failed(pulsetype.CodeEventExpired, "the event was removed by retention before this attempt ran", true)
-		} else if !e.keeper.Fresh(a.Key()) {
-			// The checks outlasted two thirds of the lease without a renewal (an overloaded database): the
-			// reaper may end it before the next heartbeat, so no POST starts on it. Given back unstarted.
-			log.Warn().Msg("the lease ran low before the POST started: attempt given back unstarted")
-			if err := e.store.ReleaseAttempt(postCtx, a); err != nil {
+		} else if !e.keeper.Live(a.Key()) {
+			// The checks outlasted the lease and no heartbeat renewed it (an overloaded database): the reaper
+			// may have ended it, so no POST starts on it. Given back unstarted when still possible.
+			log.Warn().Msg("the lease ran out before the POST started: attempt given back unstarted")
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(postCtx), writeTimeout)
+			defer cancel()
+			if err := e.store.ReleaseAttempt(rctx, a); err != nil && !errors.Is(err, pulsetype.ErrLeaseLost) {
 				log.Warn().Err(err).Msg("giving back the attempt failed: left to lease expiry")
 			}
 			return pulsetype.Completion{}, false

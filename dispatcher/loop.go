@@ -147,7 +147,6 @@ func (l *loop) fanOut(ctx context.Context) {
 	if len(events) == 0 {
 		return
 	}
-	since := time.Now()
 	attempts, err := l.store.FanOutClaiming(ctx, l.owner, events, l.claimAtInsert())
 	if err != nil {
 		if ctx.Err() == nil {
@@ -174,7 +173,7 @@ func (l *loop) fanOut(ctx context.Context) {
 	var leased []job
 	for _, a := range attempts {
 		if a.FencingToken != "" { // inserted leased: run it now
-			leased = append(leased, job{a: a, ev: byID[a.EventID], evKnown: true, token: l.limits.take(a.ConsumerGroup), since: since})
+			leased = append(leased, job{a: a, ev: byID[a.EventID], evKnown: true, token: l.limits.take(a.ConsumerGroup)})
 			continue
 		}
 		if l.endpoints.isInactive(a.ConsumerGroup) {
@@ -241,7 +240,6 @@ func (l *loop) claimReady(ctx context.Context) {
 			events[j.a.EventID] = j.ev
 			tokens[j.a.ID] = j.token
 		}
-		since := time.Now()
 		leased, err := l.store.ClaimAttempts(ctx, l.owner, attempts)
 		if err != nil {
 			l.logErr(ctx, err, "claim attempts created here")
@@ -250,7 +248,7 @@ func (l *loop) claimReady(ctx context.Context) {
 		}
 		jobs := make([]job, len(leased))
 		for i, a := range leased {
-			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: true, token: tokens[a.ID], since: since}
+			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: true, token: tokens[a.ID]}
 		}
 		l.launchAll(ctx, jobs)
 	}
@@ -294,7 +292,6 @@ func (l *loop) claimDue(ctx context.Context, ordered []string) {
 			l.backlog = true
 			return
 		}
-		since := time.Now()
 		batch, err := l.store.ClaimBatch(ctx, l.owner, exclude, min(free, maxClaimBatch))
 		if err != nil {
 			l.logErr(ctx, err, "claim")
@@ -314,7 +311,7 @@ func (l *loop) claimDue(ctx context.Context, ordered []string) {
 		}
 		jobs := make([]job, len(batch))
 		for i, a := range batch {
-			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: err == nil, since: since}
+			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: err == nil}
 		}
 		// Groups found ordered only now stay out of this turn's claims: their attempts were given back and
 		// would be claimed again at once.

@@ -109,11 +109,10 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			since := time.Now()
 			a, wait, err := l.store.ClaimHead(ctx, l.owner, line)
 			if a != nil {
 				if l.limits.take(group) {
-					l.exec.launch(job{a: a, since: since})
+					l.exec.launch(job{a: a})
 				} else if err := l.store.ReleaseAttempt(ctx, a); err != nil { // its token went to another line
 					l.logErr(ctx, err, "release head of a rate-limited line")
 				}

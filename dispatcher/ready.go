@@ -2,7 +2,6 @@ package dispatcher
 
 import (
 	"sync"
-	"time"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -16,7 +15,6 @@ type job struct {
 	token   bool         // the group's rate limit token was taken when the job was admitted
 	gate    gateQuestion // the state gate's question asked at its launch with the others of its batch; nil: none yet
 	release func()       // gives back the worker slot taken for it before its launch; nil: launch takes one
-	since   time.Time    // local time taken before the write that leased it (lease.Keeper.Hold)
 }
 
 // readyQueue holds the first attempts this process's fan-out created, with their events, until the loop

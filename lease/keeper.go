@@ -29,8 +29,8 @@ type Keeper struct {
 }
 
 type held struct {
-	cancel  context.CancelCauseFunc
-	renewed time.Time // local time of the last successful renewal (or of the claim)
+	cancel context.CancelCauseFunc
+	until  time.Time // local time the lease runs out: granted until then, or renewed a lease timeout before it
 }
 
 // NewKeeper returns a Keeper; local is the local clock (nil = time.Now).
@@ -45,26 +45,25 @@ func NewKeeper(renew RenewFunc, leaseTimeout time.Duration, local func() time.Ti
 // Interval returns the heartbeat period: a third of the lease timeout, at least 10 ms.
 func (k *Keeper) Interval() time.Duration { return max(k.leaseTimeout/3, 10*time.Millisecond) }
 
-// Hold starts renewing the lease, granted at since (local time taken before the write that granted it; zero:
-// now); cancel is called with pulsetype.ErrLeaseLost if it is lost (taken over by another worker, reaped, or
-// not renewed within the lease timeout).
-func (k *Keeper) Hold(l pulsetype.LeaseKey, since time.Time, cancel context.CancelCauseFunc) {
-	if since.IsZero() {
-		since = k.local()
+// Hold starts renewing the lease, which has left to run as granted (0: a whole lease timeout); cancel is
+// called with pulsetype.ErrLeaseLost if it is lost (taken over by another worker, reaped, or not renewed
+// before it runs out).
+func (k *Keeper) Hold(l pulsetype.LeaseKey, left time.Duration, cancel context.CancelCauseFunc) {
+	if left == 0 {
+		left = k.leaseTimeout
 	}
 	k.mu.Lock()
-	k.held[l] = &held{cancel: cancel, renewed: since}
+	k.held[l] = &held{cancel: cancel, until: k.local().Add(left)}
 	k.mu.Unlock()
 }
 
-// Fresh reports whether the held lease l was granted or last renewed less than two thirds of the lease timeout
-// ago by the local clock: at least a third of it is left, so work that starts now (a POST) starts on a lease
-// no reaper can end before the next heartbeat renews it. A lease not held is not fresh.
-func (k *Keeper) Fresh(l pulsetype.LeaseKey) bool {
+// Live reports whether the held lease l has not run out by the local clock (as granted, or a lease timeout
+// after the start of its last successful renewal). A lease not held is not live.
+func (k *Keeper) Live(l pulsetype.LeaseKey) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	h, ok := k.held[l]
-	return ok && k.local().Sub(h.renewed) < k.leaseTimeout*2/3
+	return ok && k.local().Before(h.until)
 }
 
 // Release stops renewing the lease (its work finished).
@@ -108,7 +107,7 @@ func (k *Keeper) beat(ctx context.Context) {
 		}
 		// Not renewed: a lease whose last renewal is older than the lease timeout may already be reaped.
 		for t, h := range k.held {
-			if k.local().Sub(h.renewed) >= k.leaseTimeout {
+			if !k.local().Before(h.until) {
 				h.cancel(pulsetype.ErrLeaseLost)
 				delete(k.held, t)
 			}
@@ -129,6 +128,6 @@ func (k *Keeper) beat(ctx context.Context) {
 			delete(k.held, t)
 			continue
 		}
-		h.renewed = start
+		h.until = start.Add(k.leaseTimeout)
 	}
 }

@@ -86,8 +86,8 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	defer keptCancel(nil)
 	lostCtx, lostCancel := context.WithCancelCause(context.Background())
 	defer lostCancel(nil)
-	k.Hold(kept, time.Time{}, keptCancel)
-	k.Hold(stolen, time.Time{}, lostCancel)
+	k.Hold(kept, 0, keptCancel)
+	k.Hold(stolen, 0, lostCancel)
 	mu.Lock()
 	lost[stolen] = true
 	mu.Unlock()

@@ -247,7 +247,7 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	if earlier, err := s.queuedBefore(ctx, line, head, passed); err != nil || earlier {
 		return nil, time.Millisecond, err
 	}
-	a, err = s.claimByID(ctx, owner, at.ID, now)
+	a, err = s.claimByID(ctx, owner, at.ID, s.now()) // the lease runs from now, after the checks' round trips
 	return a, 0, err
 }
 
