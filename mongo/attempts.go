@@ -317,11 +317,7 @@ func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc
 		case !ok:
 			return nil, nil, nil, nil // its fan-out is under way (queued before written): wait for it
 		case d.Status == pulsetype.StatusPending:
-			passed := make([]string, i)
-			for k := range passed {
-				passed[k] = queued[k].ID
-			}
-			return d, q, passed, s.unqueueEnded(ctx, ended)
+			return d, q, ended, s.unqueueEnded(ctx, ended) // every document before it is of an ended delivery
 		default:
 			ended = append(ended, q.ID)
 		}
