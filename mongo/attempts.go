@@ -3,7 +3,6 @@ package mongo
 import (
 	"context"
 	"errors"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -513,16 +512,17 @@ func fence(a *pulsetype.Attempt) bson.M {
 	return bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending}
 }
 
-// resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence.
+// resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence (durationMs and
+// responseBody).
 func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 	set := s.outcomeSet(r, now)
-	maps.Copy(set, evidenceSet(r))
+	set["durationMs"], set["responseBody"] = r.Duration.Milliseconds(), r.ResponseBody
 	return set
 }
 
-// outcomeSet is the part of a finished attempt's $set that attempts with the same outcome share: status,
-// HTTP status, terminal, error, the receiver's Retry-After (retryAfterMs, when any), endedAt and expiresAt
-// (now + history retention), so retention rides in the terminal update.
+// outcomeSet is the part of a finished attempt's $set that is not its evidence: status, HTTP status,
+// terminal, error, the receiver's Retry-After (retryAfterMs, when any), endedAt and expiresAt (now + history
+// retention), so retention rides in the terminal update. The reaper and a cancel write it alone.
 func (s *Store) outcomeSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 	set := bson.M{"status": r.Status, "endedAt": now, "httpStatus": r.HTTPStatus, "terminal": r.Terminal}
 	if r.RetryAfter > 0 {
@@ -537,51 +537,20 @@ func (s *Store) outcomeSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 	return set
 }
 
-// evidenceSet is the part of a finished attempt's $set that is its own: durationMs and responseBody.
-func evidenceSet(r pulsetype.AttemptResult) bson.M {
-	return bson.M{"durationMs": r.Duration.Milliseconds(), "responseBody": r.ResponseBody}
-}
-
-// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, in two bulk updates (more
-// past Capabilities.MaxUpdateStatements statements; docs/delivery.md, "Recording results"): one fenced
-// updateMany per distinct outcome, then each attempt's evidence by _id (best effort: a failure is logged). It
-// returns, in order, whether each result was recorded (false: the lease was lost, nothing was written).
+// FinishAttempts records the results of leased attempts, FinishAttempt for a batch, with one bulk update
+// (more past Capabilities.MaxUpdateStatements statements; docs/delivery.md, "Recording results"): one
+// statement per attempt, fenced by its id, its fencing token and status pending, that writes its whole
+// result (resultSet). It returns, in order, whether each result was recorded (false: the lease was lost,
+// nothing was written for that attempt), and the database's error.
 func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error) {
 	recorded := make([]bool, len(cs))
 	if len(cs) == 0 {
 		return recorded, nil
 	}
 	now := s.now().Truncate(time.Millisecond) // BSON dates hold milliseconds: the read-back compares endedAt
-	type outcome struct {
-		status     pulsetype.Status
-		httpStatus int
-		terminal   bool
-		code       pulsetype.ErrorCode
-		msg        string
-		retryAfter time.Duration
-	}
-	groups := map[outcome][]int{}
-	var order []outcome
+	models := make([]mongo.WriteModel, len(cs))
 	for i, c := range cs {
-		r := c.Result
-		k := outcome{status: r.Status, httpStatus: r.HTTPStatus, terminal: r.Terminal, code: r.Error.CodeOrEmpty(), retryAfter: r.RetryAfter}
-		if r.Error != nil {
-			k.msg = r.Error.Message
-		}
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
-		}
-		groups[k] = append(groups[k], i)
-	}
-	models := make([]mongo.WriteModel, 0, len(order))
-	for _, k := range order {
-		idx := groups[k]
-		ids, tokens := make([]string, len(idx)), make([]string, len(idx))
-		for j, i := range idx {
-			ids[j], tokens[j] = cs[i].Attempt.ID, cs[i].Attempt.FencingToken
-		}
-		filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
-		models = append(models, mongo.NewUpdateManyModel().SetFilter(filter).SetUpdate(bson.M{"$set": s.outcomeSet(cs[idx[0]].Result, now)}))
+		models[i] = mongo.NewUpdateOneModel().SetFilter(fence(c.Attempt)).SetUpdate(bson.M{"$set": s.resultSet(c.Result, now)})
 	}
 	matched, err := s.bulkUpdate(ctx, s.history, models)
 	if err != nil {
@@ -591,21 +560,10 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		for i := range recorded {
 			recorded[i] = true
 		}
-	} else if err := s.readBackFinished(ctx, cs, now, recorded); err != nil {
+		return recorded, nil
+	}
+	if err := s.readBackFinished(ctx, cs, now, recorded); err != nil {
 		return nil, err
-	}
-	var evidence []mongo.WriteModel
-	for i, c := range cs {
-		if recorded[i] && (c.Result.Duration > 0 || c.Result.ResponseBody != "") {
-			evidence = append(evidence, mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": c.Attempt.ID}).
-				SetUpdate(bson.M{"$set": evidenceSet(c.Result)}))
-		}
-	}
-	if len(evidence) > 0 {
-		if _, err := s.bulkUpdate(ctx, s.history, evidence); err != nil {
-			// The results are recorded; only their duration and response body are missing.
-			s.log.Warn().Err(err).Int("attempts", len(evidence)).Msg("recording attempt evidence (durationMs, responseBody) failed")
-		}
 	}
 	return recorded, nil
 }

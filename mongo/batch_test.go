@@ -150,10 +150,10 @@ func testFinishAttemptsIsFencedPerAttempt(t *testing.T, e *env) {
 	if d := b.historyDoc(leased[0].ID); d.Status != pulsetype.StatusSuccess || d.HTTPStatus != 200 || d.DurationMs != 7 || d.ExpiresAt == nil {
 		t.Errorf("recorded success = %+v", d)
 	}
-	if d := b.historyDoc(leased[3].ID); d.Status != pulsetype.StatusError || d.Error == nil || d.Error.Code != pulsetype.CodeWorkerLost || d.HTTPStatus != 0 {
+	if d := b.historyDoc(leased[3].ID); d.Status != pulsetype.StatusError || d.Error == nil || d.Error.Code != pulsetype.CodeWorkerLost || d.HTTPStatus != 0 || d.DurationMs != 0 {
 		t.Errorf("the reaped attempt was overwritten: %+v", d)
 	}
-	if d := b.historyDoc(leased[4].ID); d.Status != pulsetype.StatusPending || d.FencingToken != "" || d.HTTPStatus != 0 {
+	if d := b.historyDoc(leased[4].ID); d.Status != pulsetype.StatusPending || d.FencingToken != "" || d.HTTPStatus != 0 || d.DurationMs != 0 {
 		t.Errorf("the released attempt was overwritten: %+v", d)
 	}
 

@@ -149,7 +149,7 @@ func testUpdateCommandsHonourMaxUpdateStatements(t *testing.T, e *env) {
 				t.Fatalf("ClaimAttempts = %d, %v; want 20", len(leased), err)
 			}
 			cs := make([]pulsetype.Completion, len(leased))
-			for i, a := range leased { // distinct outcomes: one fenced statement and one end each
+			for i, a := range leased { // distinct outcomes: one end each
 				e := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: fmt.Sprintf("HTTP 410 #%d", i)}
 				cs[i] = pulsetype.Completion{Attempt: a,
 					Result: pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 410, Terminal: true, Duration: time.Millisecond, Error: e},
@@ -167,10 +167,10 @@ func testUpdateCommandsHonourMaxUpdateStatements(t *testing.T, e *env) {
 				stmts, _ := c.Lookup("updates").Array().Values()
 				updates = append(updates, len(stmts))
 			}
-			// Three bulk updates of 20 statements each: the fenced outcomes, the evidence, the delivery ends.
-			want := []int{20, 20, 20}
+			// Two bulk updates of 20 statements each: the fenced results, the delivery ends.
+			want := []int{20, 20}
 			if bound > 0 {
-				want = slices.Repeat([]int{bound}, 3*20/bound)
+				want = slices.Repeat([]int{bound}, 2*20/bound)
 			}
 			if fmt.Sprint(updates) != fmt.Sprint(want) {
 				t.Errorf("update commands carried %v statements, want %v", updates, want)

@@ -39,7 +39,6 @@ var scatterPlan = map[string]bool{
 	"history find lockedUntil,nextAttemptAt,status":         true, // claim window: due, unleased attempts
 	"history update _id,lockedUntil,status":                 true, // claim by id (no lease yet)
 	"history update _id,lockToken,status":                   true, // fenced result and renewal writes
-	"history update _id":                                    true, // an attempt's evidence (duration, response body)
 	"history find lockToken":                                true, // read back what a claim leased
 	"history find _id,lockToken,status":                     true, // read back renewed leases
 	"history find _id":                                      true, // read back finished attempts
