@@ -3,6 +3,8 @@ package devdb
 import (
 	"context"
 	"fmt"
+	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,6 +18,8 @@ import (
 //
 //	go test -run '^$' -bench OperationCost -benchtime 3x ./internal/devdb/
 //
+// With PULSE_TEST_POSTGRES_URL set (as for the test suite) it measures FerretDB on that PostgreSQL instead.
+//
 // An update by {_id} alone is the bench's raw single-document update; the others are the shapes of the
 // delivery path (batches of 100 ids). The figures explain deliveries per raw update: a batched insert costs
 // a small fraction of a raw update per document, while each document an update or delete touches costs about
@@ -23,7 +27,7 @@ import (
 func BenchmarkOperationCost(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	srv, err := Start(ctx, Config{DataDir: b.TempDir()})
+	srv, err := Start(ctx, Config{DataDir: b.TempDir(), PostgreSQLURL: os.Getenv("PULSE_TEST_POSTGRES_URL")})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -33,6 +37,9 @@ func BenchmarkOperationCost(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	if err := client.Database("opcost").Drop(ctx); err != nil { // left by an earlier run on PostgreSQL
+		b.Fatal(err)
+	}
 	coll := client.Database("opcost").Collection("docs")
 	const n, batch = 1000, 100
 	ids := make([]string, n)
@@ -75,6 +82,20 @@ func BenchmarkOperationCost(b *testing.B) {
 		{"updateMany of ids and a condition", batches(func(ids []string) error {
 			_, err := coll.UpdateMany(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "status", Value: "pending"}}, inc)
 			return err
+		})},
+		{"bulk of updates by _id and a condition", batches(func(ids []string) error {
+			// The fenced results' shape; 16 statements per command, as the store sends them to FerretDB
+			// (mongo.Capabilities.MaxUpdateStatements).
+			for chunk := range slices.Chunk(ids, 16) {
+				models := make([]mongo.WriteModel, len(chunk))
+				for i, id := range chunk {
+					models[i] = mongo.NewUpdateOneModel().SetFilter(bson.D{{Key: "_id", Value: id}, {Key: "status", Value: "pending"}}).SetUpdate(inc)
+				}
+				if _, err := coll.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false)); err != nil {
+					return err
+				}
+			}
+			return nil
 		})},
 		{"find of ids", batches(func(ids []string) error {
 			cur, err := coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
