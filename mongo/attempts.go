@@ -512,11 +512,16 @@ func fence(a *pulsetype.Attempt) bson.M {
 	return bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending}
 }
 
-// resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence (durationMs and
-// responseBody).
+// resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence, durationMs and
+// responseBody (each left out when zero, as the document omits it).
 func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 	set := s.outcomeSet(r, now)
-	set["durationMs"], set["responseBody"] = r.Duration.Milliseconds(), r.ResponseBody
+	if ms := r.Duration.Milliseconds(); ms != 0 {
+		set["durationMs"] = ms
+	}
+	if r.ResponseBody != "" {
+		set["responseBody"] = r.ResponseBody
+	}
 	return set
 }
 
