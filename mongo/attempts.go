@@ -546,41 +546,50 @@ func (s *Store) outcomeSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 // (more past Capabilities.MaxUpdateStatements statements; docs/delivery.md, "Recording results"): one
 // statement per attempt, fenced by its id, its fencing token and status pending, that writes its whole
 // result (resultSet). It returns, in order, whether each result was recorded (false: the lease was lost,
-// nothing was written for that attempt), and the database's error.
+// nothing was written for that attempt; a second result of one attempt in the batch is never written), and
+// the database's error.
 func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error) {
 	recorded := make([]bool, len(cs))
-	if len(cs) == 0 {
-		return recorded, nil
-	}
 	now := s.now().Truncate(time.Millisecond) // BSON dates hold milliseconds: the read-back compares endedAt
-	models := make([]mongo.WriteModel, len(cs))
+	var sent []int                            // indexes of cs written: the first result of each attempt
+	seen := make(map[string]bool, len(cs))
+	models := make([]mongo.WriteModel, 0, len(cs))
 	for i, c := range cs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(fence(c.Attempt)).SetUpdate(bson.M{"$set": s.resultSet(c.Result, now)})
+		if seen[c.Attempt.ID] {
+			continue
+		}
+		seen[c.Attempt.ID] = true
+		sent = append(sent, i)
+		models = append(models, mongo.NewUpdateOneModel().SetFilter(fence(c.Attempt)).SetUpdate(bson.M{"$set": s.resultSet(c.Result, now)}))
+	}
+	if len(models) == 0 {
+		return recorded, nil
 	}
 	matched, err := s.bulkUpdate(ctx, s.history, models)
 	if err != nil {
 		return nil, wrap("finish attempts", err)
 	}
-	if int(matched) == len(cs) {
-		for i := range recorded {
+	if int(matched) == len(sent) {
+		for _, i := range sent {
 			recorded[i] = true
 		}
 		return recorded, nil
 	}
-	if err := s.readBackFinished(ctx, cs, now, recorded); err != nil {
+	if err := s.readBackFinished(ctx, cs, sent, now, recorded); err != nil {
 		return nil, err
 	}
 	return recorded, nil
 }
 
-// readBackFinished sets recorded[i] for each attempt that now carries cs[i]'s result written at now.
-func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion, now time.Time, recorded []bool) error {
-	ids := make([]string, len(cs))
-	for i, c := range cs {
-		ids[i] = c.Attempt.ID
+// readBackFinished sets recorded[i], for each i of sent, when the attempt of cs[i] now carries its result
+// written at now: its fencing token, status, HTTP status, error code and endedAt.
+func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion, sent []int, now time.Time, recorded []bool) error {
+	ids := make([]string, len(sent))
+	for j, i := range sent {
+		ids[j] = cs[i].Attempt.ID
 	}
 	docs, err := findAll[attemptDoc](ctx, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
-		options.Find().SetProjection(bson.M{"lockToken": 1, "status": 1, "endedAt": 1, "error": 1}))
+		options.Find().SetProjection(bson.M{"lockToken": 1, "status": 1, "httpStatus": 1, "endedAt": 1, "error": 1}))
 	if err != nil {
 		return err
 	}
@@ -588,10 +597,11 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	for _, d := range docs {
 		byID[d.ID] = d
 	}
-	for i, c := range cs {
+	for _, i := range sent {
 		// A reaped attempt keeps its token but carries worker_lost and the reaper's endedAt.
+		c := cs[i]
 		d, ok := byID[c.Attempt.ID]
-		recorded[i] = ok && d.FencingToken == c.Attempt.FencingToken && d.Status == c.Result.Status &&
+		recorded[i] = ok && d.FencingToken == c.Attempt.FencingToken && d.Status == c.Result.Status && d.HTTPStatus == c.Result.HTTPStatus &&
 			d.EndedAt != nil && d.EndedAt.Equal(now) && d.Error.CodeOrEmpty() == c.Result.Error.CodeOrEmpty()
 	}
 	return nil

@@ -135,6 +135,8 @@ func testFinishAttemptsIsFencedPerAttempt(t *testing.T, e *env) {
 
 	ok := pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 200, Duration: 7 * time.Millisecond}
 	bad := pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500, Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "500"}}
+	badAgain := bad
+	badAgain.Duration, badAgain.ResponseBody = 9*time.Millisecond, "second"
 	gone := pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 410, Terminal: true, Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "410"}}
 	cs := []pulsetype.Completion{
 		{Attempt: leased[0], Result: ok, Next: pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}},
@@ -142,10 +144,16 @@ func testFinishAttemptsIsFencedPerAttempt(t *testing.T, e *env) {
 		{Attempt: leased[2], Result: gone, Next: pulsetype.NextStep{EndStatus: pulsetype.StatusError, EndError: gone.Error}},
 		{Attempt: leased[3], Result: ok, Next: pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}},
 		{Attempt: leased[4], Result: ok, Next: pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}},
+		// A second result of leased[1] in the same batch, the same outcome with other evidence: only the first
+		// one is written, and only the first reported recorded.
+		{Attempt: leased[1], Result: badAgain, Next: pulsetype.NextStep{Retry: true, Delay: 2 * time.Second}},
 	}
 	recorded, err := s.FinishAttempts(b.ctx, cs)
-	if want := []bool{true, true, true, false, false}; err != nil || !slices.Equal(recorded, want) {
+	if want := []bool{true, true, true, false, false, false}; err != nil || !slices.Equal(recorded, want) {
 		t.Fatalf("FinishAttempts = %v, %v; want %v", recorded, err, want)
+	}
+	if d := b.historyDoc(leased[1].ID); d.Status != pulsetype.StatusError || d.HTTPStatus != 500 || d.DurationMs != 0 || d.ResponseBody != "" {
+		t.Errorf("attempt with two results in one batch = %+v, want the first (HTTP 500, no evidence)", d)
 	}
 	if d := b.historyDoc(leased[0].ID); d.Status != pulsetype.StatusSuccess || d.HTTPStatus != 200 || d.DurationMs != 7 || d.ExpiresAt == nil {
 		t.Errorf("recorded success = %+v", d)
