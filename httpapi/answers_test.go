@@ -66,7 +66,7 @@ func fixAttempts() []*pulsetype.Attempt {
 	started, ended, leased := fixAt.Add(10*time.Millisecond), fixAt.Add(130*time.Millisecond), fixLater.Add(time.Minute)
 	return []*pulsetype.Attempt{
 		{ID: "att-1", DeliveryID: "dlv-pending", EventID: "evt-1", ConsumerGroup: "billing", Topic: "payment.captured", Number: 1,
-			Status: pulsetype.StatusError, HTTPStatus: 503, DurationMs: 120, ResponseBody: "<busy & down>",
+			Status: pulsetype.StatusError, HTTPStatus: 503, DurationMs: new(int64(120)), ResponseBody: "<busy & down>",
 			Error:     &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 503"},
 			CreatedAt: fixAt, NextAttemptAt: fixAt, StartedAt: &started, EndedAt: &ended, LeaseOwner: "w-1", FencingToken: "tok-1",
 			RetryAfter: time.Second, Terminal: false},

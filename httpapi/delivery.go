@@ -46,7 +46,7 @@ type attempt struct {
 	Status        pulsetype.Status     `json:"status"`
 	LeaseState    pulsetype.LeaseState `json:"lockState,omitempty"`
 	HTTPStatus    int                  `json:"httpStatus,omitempty"`
-	DurationMs    int64                `json:"durationMs,omitempty"`
+	DurationMs    *int64               `json:"durationMs,omitempty"`
 	Error         *errorInfo           `json:"error,omitempty"`
 	ResponseBody  string               `json:"responseBody,omitempty"`
 	CreatedAt     Timestamp            `json:"createdAt"`

@@ -512,12 +512,12 @@ func fence(a *pulsetype.Attempt) bson.M {
 	return bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending}
 }
 
-// resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence, durationMs and
-// responseBody (each left out when zero, as the document omits it).
+// resultSet is the $set of a finished attempt: its outcome (outcomeSet) and its evidence, durationMs (when a
+// POST ran, so a POST under a millisecond records 0) and responseBody (when not empty).
 func (s *Store) resultSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 	set := s.outcomeSet(r, now)
-	if ms := r.Duration.Milliseconds(); ms != 0 {
-		set["durationMs"] = ms
+	if r.Duration > 0 {
+		set["durationMs"] = r.Duration.Milliseconds()
 	}
 	if r.ResponseBody != "" {
 		set["responseBody"] = r.ResponseBody

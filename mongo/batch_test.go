@@ -137,7 +137,8 @@ func testFinishAttemptsIsFencedPerAttempt(t *testing.T, e *env) {
 	bad := pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500, Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "500"}}
 	badAgain := bad
 	badAgain.Duration, badAgain.ResponseBody = 9*time.Millisecond, "second"
-	gone := pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 410, Terminal: true, Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "410"}}
+	gone := pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 410, Terminal: true, Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "410"},
+		Duration: 400 * time.Microsecond} // a POST under a millisecond
 	cs := []pulsetype.Completion{
 		{Attempt: leased[0], Result: ok, Next: pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}},
 		{Attempt: leased[1], Result: bad, Next: pulsetype.NextStep{Retry: true, Delay: 2 * time.Second}},
@@ -152,16 +153,19 @@ func testFinishAttemptsIsFencedPerAttempt(t *testing.T, e *env) {
 	if want := []bool{true, true, true, false, false, false}; err != nil || !slices.Equal(recorded, want) {
 		t.Fatalf("FinishAttempts = %v, %v; want %v", recorded, err, want)
 	}
-	if d := b.historyDoc(leased[1].ID); d.Status != pulsetype.StatusError || d.HTTPStatus != 500 || d.DurationMs != 0 || d.ResponseBody != "" {
+	if d := b.historyDoc(leased[1].ID); d.Status != pulsetype.StatusError || d.HTTPStatus != 500 || d.DurationMs != nil || d.ResponseBody != "" {
 		t.Errorf("attempt with two results in one batch = %+v, want the first (HTTP 500, no evidence)", d)
 	}
-	if d := b.historyDoc(leased[0].ID); d.Status != pulsetype.StatusSuccess || d.HTTPStatus != 200 || d.DurationMs != 7 || d.ExpiresAt == nil {
+	if d := b.historyDoc(leased[0].ID); d.Status != pulsetype.StatusSuccess || d.HTTPStatus != 200 || d.DurationMs == nil || *d.DurationMs != 7 || d.ExpiresAt == nil {
 		t.Errorf("recorded success = %+v", d)
 	}
-	if d := b.historyDoc(leased[3].ID); d.Status != pulsetype.StatusError || d.Error == nil || d.Error.Code != pulsetype.CodeWorkerLost || d.HTTPStatus != 0 || d.DurationMs != 0 {
+	if d := b.historyDoc(leased[2].ID); d.HTTPStatus != 410 || d.DurationMs == nil || *d.DurationMs != 0 {
+		t.Errorf("attempt whose POST took 400µs = %+v, want durationMs 0 (present)", d)
+	}
+	if d := b.historyDoc(leased[3].ID); d.Status != pulsetype.StatusError || d.Error == nil || d.Error.Code != pulsetype.CodeWorkerLost || d.HTTPStatus != 0 || d.DurationMs != nil {
 		t.Errorf("the reaped attempt was overwritten: %+v", d)
 	}
-	if d := b.historyDoc(leased[4].ID); d.Status != pulsetype.StatusPending || d.FencingToken != "" || d.HTTPStatus != 0 || d.DurationMs != 0 {
+	if d := b.historyDoc(leased[4].ID); d.Status != pulsetype.StatusPending || d.FencingToken != "" || d.HTTPStatus != 0 || d.DurationMs != nil {
 		t.Errorf("the released attempt was overwritten: %+v", d)
 	}
 
@@ -266,7 +270,7 @@ func testLargeBatchesDoNotStallTheDatabase(t *testing.T, e *env) {
 	if err := s.FollowUps(ctx, cs); err != nil {
 		t.Fatalf("FollowUps(120 distinct ends): %v", err)
 	}
-	if d := b.historyDoc(leased[119].ID); d.DurationMs != 120 || d.HTTPStatus != 410 || d.Error == nil || d.Error.Message != "HTTP 410 #119" {
+	if d := b.historyDoc(leased[119].ID); d.DurationMs == nil || *d.DurationMs != 120 || d.HTTPStatus != 410 || d.Error == nil || d.Error.Message != "HTTP 410 #119" {
 		t.Errorf("last attempt of the batch = %+v, want its own evidence", d)
 	}
 	if got := b.count("deliveries", bson.M{"status": pulsetype.StatusError}); got != 120 {

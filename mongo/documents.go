@@ -172,7 +172,7 @@ type attemptDoc struct {
 	LeasedUntil   *time.Time           `bson:"lockedUntil,omitempty"`
 	HeartbeatAt   *time.Time           `bson:"heartbeatAt,omitempty"`
 	EndedAt       *time.Time           `bson:"endedAt,omitempty"`
-	DurationMs    int64                `bson:"durationMs,omitempty"`
+	DurationMs    *int64               `bson:"durationMs,omitempty"` // set (0 included) when a POST ran
 	HTTPStatus    int                  `bson:"httpStatus,omitempty"`
 	ResponseBody  string               `bson:"responseBody,omitempty"`
 	Terminal      bool                 `bson:"terminal,omitempty"`

@@ -147,7 +147,7 @@ func testConsoleReadsWith10000Deliveries(t *testing.T, e *env) {
 			a := newAttemptDoc(d.delivery().Ref(), 1, created, created)
 			if i%5 != 4 {
 				ended := created.Add(40 * time.Millisecond)
-				a.StartedAt, a.EndedAt, a.DurationMs, a.Status, a.HTTPStatus = &created, &ended, 40, pulsetype.StatusSuccess, 200
+				a.StartedAt, a.EndedAt, a.DurationMs, a.Status, a.HTTPStatus = &created, &ended, new(int64(40)), pulsetype.StatusSuccess, 200
 				if i%4 == 3 {
 					a.Status, a.HTTPStatus = pulsetype.StatusError, 500
 					a.Error = &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}

@@ -492,7 +492,7 @@ func testClaimIsFencedByFencingToken(t *testing.T, e *env) {
 	if err := s.FinishAttempt(b.ctx, a, result); err != nil {
 		t.Fatalf("FinishAttempt with the right token = %v, want nil", err)
 	}
-	if d := b.historyDoc(a.ID); d.Status != pulsetype.StatusSuccess || d.HTTPStatus != 200 || d.DurationMs != 15 || d.EndedAt == nil {
+	if d := b.historyDoc(a.ID); d.Status != pulsetype.StatusSuccess || d.HTTPStatus != 200 || d.DurationMs == nil || *d.DurationMs != 15 || d.EndedAt == nil {
 		t.Errorf("finished attempt = %+v", d)
 	}
 	if err := s.FinishAttempt(b.ctx, a, result); !errors.Is(err, pulsetype.ErrLeaseLost) {

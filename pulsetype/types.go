@@ -181,7 +181,7 @@ type Attempt struct {
 	Status        Status
 	LeaseState    LeaseState
 	HTTPStatus    int
-	DurationMs    int64
+	DurationMs    *int64 // the POST's duration in ms (0 for one under a millisecond); nil when no POST ran
 	Error         *ErrorInfo
 	ResponseBody  string
 	CreatedAt     time.Time
