@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -78,18 +80,48 @@ func (b *Endpoint) endpoint() *pulsetype.Endpoint {
 		StateSince: timePtr(b.StateSince)}
 }
 
+// badField returns a *pulsetype.FieldError for the first field of the JSON object body, in the order of the
+// struct t, whose value its own type refuses (a Duration's or Timestamp's error does not name its field), or
+// nil when body is not an object or each field decodes alone.
+func badField(body []byte, t reflect.Type) *pulsetype.FieldError {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return nil
+	}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		raw, ok := fields[name]
+		if !ok || name == "" || name == "-" {
+			continue
+		}
+		if err := json.Unmarshal(raw, reflect.New(f.Type).Interface()); err != nil {
+			return &pulsetype.FieldError{Field: name, Message: err.Error()}
+		}
+	}
+	return nil
+}
+
 // errTrailingData is DecodeEndpoint's error for a body holding more than one JSON value.
 var errTrailingData = errors.New("the body holds more than one JSON value")
 
 // DecodeEndpoint decodes one endpoint object in the shape of Endpoint (the PUT body, an entry of
-// PULSE_ENDPOINTS_FILE); unknown fields are errors. It returns the endpoint as sent, not normalized, or the
-// encoding/json error (its message starts with "json: " unless a duration or time is bad), or an error for
+// PULSE_ENDPOINTS_FILE); unknown fields are errors. It returns the endpoint as sent, not normalized, or a
+// *pulsetype.FieldError naming a field whose value is not a duration or time (`disableAfter: want a duration
+// such as "1s", got "abc"`), or the encoding/json error (its message starts with "json: "), or an error for
 // a body holding more than one JSON value.
 func DecodeEndpoint(body []byte) (*pulsetype.Endpoint, error) {
 	var b Endpoint
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		if errors.As(err, &te) || errors.As(err, &se) {
+			return nil, err // these name their field or offset already
+		}
+		if fe := badField(body, reflect.TypeFor[Endpoint]()); fe != nil {
+			return nil, fe
+		}
 		return nil, err
 	}
 	if dec.More() {
@@ -103,9 +135,12 @@ func DecodeEndpoint(body []byte) (*pulsetype.Endpoint, error) {
 // for a body that is not an endpoint.
 func decodePut(consumerGroup string, body []byte) (*pulsetype.Endpoint, error) {
 	ep, err := DecodeEndpoint(body)
+	var fe *pulsetype.FieldError
 	switch {
 	case errors.Is(err, errTrailingData):
 		return nil, err
+	case errors.As(err, &fe): // a value the field's JSON type refuses: answered as any other JSON error
+		return nil, fmt.Errorf("the body is not a valid endpoint: field %q: %s", fe.Field, fe.Message)
 	case err != nil:
 		return nil, fmt.Errorf("the body is not a valid endpoint: %s", describeJSONError(err))
 	}
