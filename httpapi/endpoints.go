@@ -80,25 +80,59 @@ func (b *Endpoint) endpoint() *pulsetype.Endpoint {
 		StateSince: timePtr(b.StateSince)}
 }
 
-// badField returns a *pulsetype.FieldError for the first field of the JSON object body, in the order of the
-// struct t, whose value its own type refuses (a Duration's or Timestamp's error does not name its field), or
-// nil when body is not an object or each field decodes alone.
+// badField returns a *pulsetype.FieldError for the first member of the JSON object body, in the body's
+// order, whose value the type of its field in the struct t refuses (a Duration's or Timestamp's error does
+// not name its field), or nil when body is not an object or each member decodes alone. Members match fields
+// as encoding/json matches them (the exact name first, else ignoring case); the error names the field.
 func badField(body []byte, t reflect.Type) *pulsetype.FieldError {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil
 	}
-	for f := range t.Fields() {
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		raw, ok := fields[name]
-		if !ok || name == "" || name == "-" {
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		key, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil
+		}
+		name, typ, ok := jsonField(t, key)
+		if !ok {
 			continue
 		}
-		if err := json.Unmarshal(raw, reflect.New(f.Type).Interface()); err != nil {
-			return &pulsetype.FieldError{Field: name, Message: err.Error()}
+		if err := json.Unmarshal(raw, reflect.New(typ).Interface()); err != nil {
+			msg := err.Error()
+			if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) {
+				msg = fmt.Sprintf("must be %s, not %s", jsonKind(te.Type.Kind().String()), te.Value)
+			}
+			return &pulsetype.FieldError{Field: name, Message: msg}
 		}
 	}
 	return nil
+}
+
+// jsonField returns the JSON name and the type of the field of struct t that encoding/json decodes the
+// member key into: the field named key, else the first whose name equals key ignoring case.
+func jsonField(t reflect.Type, key string) (string, reflect.Type, bool) {
+	var folded *reflect.StructField
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "" || name == "-":
+		case name == key:
+			return name, f.Type, true
+		case folded == nil && strings.EqualFold(name, key):
+			folded = &f
+		}
+	}
+	if folded == nil {
+		return "", nil, false
+	}
+	name, _, _ := strings.Cut(folded.Tag.Get("json"), ",")
+	return name, folded.Type, true
 }
 
 // errTrailingData is DecodeEndpoint's error for a body holding more than one JSON value.

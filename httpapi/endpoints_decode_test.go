@@ -21,6 +21,14 @@ func TestDecodeEndpointNamesTheBadField(t *testing.T) {
 		{`{` + base + `,"retryDelay":true}`, "retryDelay", `want a duration such as "1s"`},
 		{`{` + base + `,"timeout":"1s","maxRetryDelay":"soon"}`, "maxRetryDelay", `got "soon"`},
 		{`{` + base + `,"createdAt":"yesterday"}`, "createdAt", `"yesterday"`},
+		// encoding/json matches member names ignoring case; the field keeps its own name.
+		{`{` + base + `,"DisableAfter":"abc"}`, "disableAfter", `got "abc"`},
+		{`{` + base + `,"TIMEOUT":"soon"}`, "timeout", `got "soon"`},
+		// The first bad member in the body's order, also when a later duplicate is good.
+		{`{` + base + `,"disableAfter":"abc","disableAfter":"1s"}`, "disableAfter", `got "abc"`},
+		{`{` + base + `,"disableAfter":"abc","timeout":"soon"}`, "disableAfter", `got "abc"`},
+		{`{` + base + `,"disableAfter":"abc","topics":"t"}`, "disableAfter", `got "abc"`},
+		{`{"url":"http://127.0.0.1:9/x","timeout":"soon","topics":"t"}`, "timeout", `got "soon"`},
 		{`{` + base + `,"bogus":1}`, "", `unknown field "bogus"`},
 		{`{"url":"http://127.0.0.1:9/x","topics":"t"}`, "", `topics`},
 		{`{"url":`, "", `unexpected EOF`},
@@ -35,5 +43,13 @@ func TestDecodeEndpointNamesTheBadField(t *testing.T) {
 		case !strings.Contains(err.Error(), c.want):
 			t.Errorf("DecodeEndpoint(%s) = %q, want it to contain %q", c.body, err, c.want)
 		}
+	}
+}
+
+// null leaves a duration as if it were left out, as encoding/json does for other fields.
+func TestDecodeEndpointNullDuration(t *testing.T) {
+	ep, err := DecodeEndpoint([]byte(`{"url":"http://127.0.0.1:9/x","topics":["t"],"disableAfter":null,"retryDelay":null}`))
+	if err != nil || ep.DisableAfter != 0 || ep.RetryDelay != nil {
+		t.Fatalf("DecodeEndpoint with null durations = %+v, %v; want them unset", ep, err)
 	}
 }

@@ -64,9 +64,12 @@ type Duration time.Duration
 // MarshalJSON writes the duration as a string such as "1s".
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
 
-// UnmarshalJSON reads a Go duration string; a bare number is taken as milliseconds. Its errors say
-// `want a duration such as "1s"`.
+// UnmarshalJSON reads a Go duration string; a bare number is taken as milliseconds, and null changes
+// nothing (as for any JSON field left out). Its errors say `want a duration such as "1s"`.
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
 		var ms float64
