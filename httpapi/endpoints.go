@@ -106,7 +106,7 @@ func badField(body []byte, t reflect.Type) *pulsetype.FieldError {
 		if err := json.Unmarshal(raw, reflect.New(typ).Interface()); err != nil {
 			msg := err.Error()
 			if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) {
-				msg = fmt.Sprintf("must be %s, not %s", jsonKind(te.Type.Kind().String()), te.Value)
+				msg = mustBe(te)
 			}
 			return &pulsetype.FieldError{Field: name, Message: msg}
 		}
@@ -117,22 +117,18 @@ func badField(body []byte, t reflect.Type) *pulsetype.FieldError {
 // jsonField returns the JSON name and the type of the field of struct t that encoding/json decodes the
 // member key into: the field named key, else the first whose name equals key ignoring case.
 func jsonField(t reflect.Type, key string) (string, reflect.Type, bool) {
-	var folded *reflect.StructField
+	foldedName, foldedType := "", reflect.Type(nil)
 	for f := range t.Fields() {
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		switch {
 		case name == "" || name == "-":
 		case name == key:
 			return name, f.Type, true
-		case folded == nil && strings.EqualFold(name, key):
-			folded = &f
+		case foldedType == nil && strings.EqualFold(name, key):
+			foldedName, foldedType = name, f.Type
 		}
 	}
-	if folded == nil {
-		return "", nil, false
-	}
-	name, _, _ := strings.Cut(folded.Tag.Get("json"), ",")
-	return name, folded.Type, true
+	return foldedName, foldedType, foldedType != nil
 }
 
 // errTrailingData is DecodeEndpoint's error for a body holding more than one JSON value.

@@ -138,9 +138,14 @@ func strictUnmarshal(b []byte, v *inputEvent) error {
 func describeJSONError(err error) string {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		return fmt.Sprintf("field %q must be %s, not %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
+		return fmt.Sprintf("field %q %s", te.Field, mustBe(te))
 	}
 	return err.Error() // "json: unknown field \"x\"" and friends
+}
+
+// mustBe is the text of a JSON type error without its field: "must be a string, not number".
+func mustBe(te *json.UnmarshalTypeError) string {
+	return fmt.Sprintf("must be %s, not %s", jsonKind(te.Type.Kind().String()), te.Value)
 }
 
 func jsonKind(k string) string {
