@@ -13,6 +13,8 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/binding"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // postCE POSTs body to /v1/events with the given headers and returns the status and the decoded answer.
@@ -200,5 +202,47 @@ func TestCloudEventsOut(t *testing.T) {
 	if code := do(t, "PUT", s.URL+"/v1/endpoints/bad", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "format": "xml"}, &e); code != 400 ||
 		!strings.Contains(e.Error.Message, "format") {
 		t.Errorf("format xml answered %d %+v", code, e.Error)
+	}
+}
+
+// The same event arrives the same whatever mode it was published in: binary-mode headers are percent-decoded
+// on the way in and every ce-* value is percent-encoded once on the way out (the HTTP binding, §3.1.3.2), so
+// a receiver decoding the headers reads the attributes as published, source byte for byte. An envelope
+// receiver gets them unencoded in the body.
+func TestCloudEventsArriveTheSameInEveryMode(t *testing.T) {
+	b := setup(t)
+	s := b.start(b.fastEnv())
+	ce, env := newReceiver(t, 200), newReceiver(t, 200)
+	s.registerEndpoint(t, "ce", map[string]any{"url": ce.URL, "topics": []string{"order.created"}, "format": "cloudevents"})
+	s.registerEndpoint(t, "env", map[string]any{"url": env.URL, "topics": []string{"order.created"}})
+	const source, subject, pct = "https://Example.COM/Path/ é", "a b", "100%"
+	binary := map[string]string{"Ce-Specversion": "1.0", "Ce-Id": "bin-1", "Ce-Type": "order.created", "Content-Type": "application/json",
+		"Ce-Source": "https://Example.COM/Path/%20%C3%A9", "Ce-Subject": "a%20b", "Ce-Pct": "100%25"}
+	if code := postCE(t, s.URL, binary, `{"n":1}`, nil); code != 202 {
+		t.Fatalf("binary publish answered %d", code)
+	}
+	structured := `{"specversion":"1.0","id":"str-1","type":"order.created","source":"https://Example.COM/Path/ é","subject":"a b","pct":"100%","data":{"n":1}}`
+	if code := postCE(t, s.URL, map[string]string{"Content-Type": "application/cloudevents+json"}, structured, nil); code != 202 {
+		t.Fatalf("structured publish answered %d", code)
+	}
+	waitFor(t, 30*time.Second, "both events at both receivers", func() bool { return len(ce.received()) == 2 && len(env.received()) == 2 })
+	for _, r := range ce.received() {
+		for name, want := range map[string]string{"Ce-Source": "https://Example.COM/Path/%20%C3%A9", "Ce-Subject": "a%20b", "Ce-Pct": "100%25"} {
+			if got := r.Header.Get(name); got != want {
+				t.Errorf("event %s: %s: %q, want %q (encoded once)", r.Header.Get("Ce-Id"), name, got, want)
+			}
+		}
+		if got, err := pulsetype.PercentDecodeHeader(r.Header.Get("Ce-Source")); err != nil || got != source {
+			t.Errorf("event %s: ce-source decodes to %q, %v; want %q", r.Header.Get("Ce-Id"), got, err, source)
+		}
+	}
+	for _, r := range env.received() {
+		var body struct{ Headers map[string]string }
+		if err := json.Unmarshal(r.Body, &body); err != nil {
+			t.Fatal(err)
+		}
+		if body.Headers["ce-source"] != source || body.Headers["ce-subject"] != subject || body.Headers["ce-pct"] != pct {
+			t.Errorf("envelope headers %v, want source %q, subject %q, pct %q as published", body.Headers, source, subject, pct)
+		}
 	}
 }

@@ -28,12 +28,13 @@ func browserPath(t *testing.T) string {
 	return ""
 }
 
-// browser starts a headless Chromium (path) for the test, stopped in t.Cleanup, and returns its context: run
-// actions on it with page.
-func browser(t *testing.T, path string) context.Context {
+// browser starts a headless Chromium (path) for the test with the extra options, stopped in t.Cleanup, and
+// returns its context: run actions on it with page.
+func browser(t *testing.T, path string, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
 		chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1400, 1000))
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancelAlloc)
 	ctx, cancel := chromedp.NewContext(actx)

@@ -195,7 +195,8 @@ func serveWith(ctx context.Context, getenv func(string) string, stdout io.Writer
 		log.Warn().Msg("PULSE_TEST_CRASH_AFTER_PUBLISH: this process dies after its first publish, before fanning it out (testing only)")
 		notify = crashAfterPublish{disp}
 	}
-	api := httpapi.New(store, notify, httpapi.Options{APITokens: cfg.APITokens(), ReadTokens: cfg.APIReadTokens(), MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log, Tracer: tracer})
+	api := httpapi.New(store, notify, httpapi.Options{APITokens: cfg.APITokens(), ReadTokens: cfg.APIReadTokens(), MaxBodyBytes: cfg.MaxBodyBytes, Metrics: metrics, Logger: log, Tracer: tracer,
+		CheckHost: cfg.APIChecksHost(), AllowedHosts: cfg.AllowedHosts})
 
 	var endpointsHash [32]byte
 	if cfg.EndpointsFile != "" {

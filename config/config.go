@@ -76,6 +76,11 @@ type Config struct {
 	APIToken string `env:"PULSE_API_TOKEN"`
 	// APIReadToken is a comma-separated list of read-only bearer tokens: GET /v1 routes only. Needs APIToken.
 	APIReadToken string `env:"PULSE_API_READ_TOKEN"`
+	// AllowedHosts is a comma-separated list of host names (no port) the API listener answers besides IP
+	// addresses, localhost and names under .localhost, such as the service name other containers call it by.
+	// The API listener refuses requests naming any other Host (a web page whose name resolves to 127.0.0.1)
+	// when Listen is a loopback address or AllowedHosts is set; see APIChecksHost.
+	AllowedHosts []string `env:"PULSE_ALLOWED_HOSTS" envSeparator:","`
 	// EncryptionKey is a comma-separated list of base64-encoded 32-byte keys (AES-256-GCM): the first encrypts
 	// endpoint secrets and header values at rest, every one decrypts (key rotation). Empty: stored in clear.
 	EncryptionKey string `env:"PULSE_ENCRYPTION_KEY"`
@@ -217,6 +222,11 @@ func (c *Config) Validate() error {
 	if len(tokens) == 0 && !IsLoopback(c.Listen) {
 		return fmt.Errorf("PULSE_LISTEN=%q exposes the API beyond loopback without a token: anyone who reaches this address could register webhooks, read events and replay deliveries; set PULSE_API_TOKEN (e.g. to the output of `openssl rand -hex 32`; clients send Authorization: Bearer <token>), or listen on 127.0.0.1", c.Listen)
 	}
+	for _, h := range c.AllowedHosts {
+		if !validHostName(h) {
+			return bad("PULSE_ALLOWED_HOSTS", strings.Join(c.AllowedHosts, ","), "a comma-separated list of host names without scheme or port, such as pulse,pulse.default.svc")
+		}
+	}
 	if _, err := ParseKeys(c.EncryptionKey); err != nil {
 		return secretBad("PULSE_ENCRYPTION_KEY", c.EncryptionKey, "a comma-separated list of base64-encoded 32-byte keys, such as the output of `openssl rand -base64 32` ("+err.Error()+")")
 	}
@@ -355,6 +365,30 @@ func ParseKeys(s string) ([][]byte, error) {
 		out = append(out, key)
 	}
 	return out, nil
+}
+
+// APIChecksHost reports whether the API listener answers only the Hosts of PULSE_ALLOWED_HOSTS besides IP
+// addresses and localhost names: when it listens on loopback, where browsers of the same machine reach it, or
+// when PULSE_ALLOWED_HOSTS is set.
+func (c *Config) APIChecksHost() bool { return IsLoopback(c.Listen) || len(c.AllowedHosts) > 0 }
+
+// validHostName reports whether h is a DNS host name as RFC 1123 §2.1 writes them: dot-separated labels of
+// 1-63 letters, digits and '-', neither starting nor ending with '-', 253 characters at most.
+func validHostName(h string) bool {
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // IsLoopback reports whether listen (host:port) binds only a loopback address: 127.0.0.0/8, ::1 or

@@ -271,8 +271,8 @@ func (answerStore) ProbeWrite(context.Context) error { return nil }
 // testdata/answers/<name>.golden.
 type answerCase struct {
 	name, method, path, body string
-	token                    string // "-": none; "": the full token
-	header                   map[string]string
+	token                    string            // "-": none; "": the full token
+	header                   map[string]string // set after the default Content-Type; "-" removes the header
 }
 
 var answerCases = []answerCase{
@@ -352,6 +352,17 @@ var answerCases = []answerCase{
 	{name: "read-only-token", method: "POST", path: "/v1/deliveries/dlv-failed/retry", token: "tok-read"},
 	{name: "no-route", method: "GET", path: "/v1/nothing"},
 	{name: "method-not-allowed", method: "PATCH", path: "/v1/endpoints/billing"},
+	{name: "publish-no-media-type", method: "POST", path: "/v1/events", body: `{"topic":"t","data":1}`, header: map[string]string{"Content-Type": "-"}},
+	{name: "put-endpoint-no-media-type", method: "PUT", path: "/v1/endpoints/fresh", body: `{"url":"https://h.example/","topics":["t"]}`,
+		header: map[string]string{"Content-Type": "-"}},
+	{name: "rotate-text-plain", method: "POST", path: "/v1/endpoints/billing/rotate-secret", body: `{"overlap":"0s"}`,
+		header: map[string]string{"Content-Type": "text/plain"}},
+	{name: "pause-cross-site", method: "POST", path: "/v1/endpoints/billing/pause", header: map[string]string{"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}},
+	{name: "read-cross-site", method: "GET", path: "/v1/endpoints", header: map[string]string{"Sec-Fetch-Site": "cross-site"}},
+	{name: "publish-cloudevent-control-character", method: "POST", path: "/v1/events", body: `{"specversion":"1.0","id":"ce-2","type":"t","source":"/s","subject":"a\r\nb"}`,
+		header: map[string]string{"Content-Type": "application/cloudevents+json"}},
+	{name: "publish-cloudevent-specversion", method: "POST", path: "/v1/events", body: `{}`,
+		header: map[string]string{"Ce-Specversion": "2.0", "Ce-Id": "ce-1", "Ce-Type": "t", "Ce-Source": "/s"}},
 }
 
 // The API's answers are pinned byte for byte, field order and timestamp format included: answers are a
@@ -379,7 +390,14 @@ func TestAnswersGolden(t *testing.T) {
 		default:
 			req.Header.Set("Authorization", "Bearer "+c.token)
 		}
+		if c.body != "" {
+			req.Header.Set("Content-Type", "application/json") // the documented media type, unless the case says
+		}
 		for k, v := range c.header {
+			if v == "-" {
+				req.Header.Del(k)
+				continue
+			}
 			req.Header.Set(k, v)
 		}
 		resp, err := http.DefaultClient.Do(req)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -14,7 +12,7 @@ import (
 // "attemptInFlight"} once the pending delivery is cancelled; 404 delivery_not_found; 409 delivery_terminal
 // when it is (or became meanwhile) success, error or cancelled.
 func (s *Server) cancelDelivery(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
+	id := pathParam(r, "id")
 	res, err := s.store.CancelDelivery(r.Context(), id)
 	if errors.Is(err, pulsetype.ErrTerminal) {
 		writeError(w, http.StatusConflict, "delivery_terminal", firstLine(err)+"; only a pending delivery can be cancelled (a terminal one can be retried)")

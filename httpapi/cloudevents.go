@@ -54,9 +54,28 @@ func isCloudEvents(h http.Header) bool {
 // *BadRequestError naming the problem: 400 invalid_cloudevent for a body the SDK cannot read or an event
 // missing required attributes (named), 400 invalid_topic / invalid_id / invalid_ordering_key / duplicate_id
 // as for JSON events, 415 for data that is not JSON.
+//
+// The HTTP binding's rules that the SDK leaves to its caller are kept here: in binary mode every ce-* header
+// is trimmed and percent-decoded before it is read (pulsetype.PercentDecodeHeader; 400 naming the header when
+// it is malformed); only specversion 1.0 is read (400 naming the version otherwise); a structured or batch body
+// is read whatever its insignificant whitespace; source and id are kept byte for byte as published (the SDK
+// would re-encode source as a URL); and an event whose attributes could not be sent back as ce-* headers is
+// refused (pulsetype.Event.CheckCEHeaders: 400 invalid_cloudevent naming the attribute).
 func DecodeCloudEvents(h http.Header, body []byte) (events []*pulsetype.Event, isArray bool, err error) {
+	binary := h.Get("Ce-Specversion") != ""
+	if binary {
+		if h, err = decodeCEHeaders(h); err != nil {
+			return nil, false, err
+		}
+	} else {
+		var b bytes.Buffer
+		if json.Compact(&b, body) == nil {
+			body = b.Bytes() // the SDK's reader fails on some insignificant whitespace ("data_base64": "...")
+		}
+	}
 	msg := cehttp.NewMessage(h, io.NopCloser(bytes.NewReader(body)))
 	var ces []event.Event
+	var sources []*string // each event's source as published, where it was a string
 	switch msg.ReadEncoding() {
 	case binding.EncodingBatch:
 		isArray = true
@@ -69,12 +88,37 @@ func DecodeCloudEvents(h http.Header, body []byte) (events []*pulsetype.Event, i
 		if len(ces) > MaxBatch {
 			return nil, true, badRequest("batch_too_large", "the batch holds %d events; at most %d are allowed per request", len(ces), MaxBatch)
 		}
-	case binding.EncodingStructured, binding.EncodingBinary:
+		var objs []map[string]json.RawMessage
+		if json.Unmarshal(body, &objs) == nil && len(objs) == len(ces) {
+			for i, o := range objs {
+				if err := specVersion(o, fmt.Sprintf("events[%d]: ", i)); err != nil {
+					return nil, true, err
+				}
+				sources = append(sources, stringMember(o, "source"))
+			}
+		}
+	case binding.EncodingStructured:
+		var o map[string]json.RawMessage
+		if json.Unmarshal(body, &o) == nil {
+			if err := specVersion(o, ""); err != nil {
+				return nil, false, err
+			}
+			sources = []*string{stringMember(o, "source")}
+		}
 		ev, err := binding.ToEvent(context.Background(), msg)
 		if err != nil {
 			return nil, false, badRequest("invalid_cloudevent", "the request is not a CloudEvent: %v", err)
 		}
 		ces = []event.Event{*ev}
+	case binding.EncodingBinary:
+		ev, err := binding.ToEvent(context.Background(), msg)
+		if err != nil {
+			return nil, false, badRequest("invalid_cloudevent", "the request is not a CloudEvent: %v", err)
+		}
+		ces = []event.Event{*ev}
+		if src, ok := h["Ce-Source"]; ok && len(src) > 0 {
+			sources = []*string{&src[0]}
+		}
 	default:
 		return nil, false, badRequest("invalid_cloudevent", "the request is not a CloudEvent: no ce-specversion header and Content-Type is not %s or %s", ceStructured, ceBatch)
 	}
@@ -84,7 +128,11 @@ func DecodeCloudEvents(h http.Header, body []byte) (events []*pulsetype.Event, i
 		if isArray {
 			where = fmt.Sprintf("events[%d]: ", i)
 		}
-		e, err := fromCloudEvent(&ce)
+		var source *string
+		if i < len(sources) {
+			source = sources[i]
+		}
+		e, err := fromCloudEvent(&ce, source)
 		if err != nil {
 			var br *BadRequestError
 			errors.As(err, &br)
@@ -100,8 +148,50 @@ func DecodeCloudEvents(h http.Header, body []byte) (events []*pulsetype.Event, i
 	return events, isArray, nil
 }
 
-// fromCloudEvent converts one validated CloudEvent; see DecodeCloudEvents.
-func fromCloudEvent(ce *event.Event) (*pulsetype.Event, error) {
+// decodeCEHeaders returns a copy of h whose ce-* headers are trimmed and percent-decoded, as the HTTP binding
+// reads them (§3.1.3.2), or a *BadRequestError naming a malformed one or a specversion other than 1.0.
+func decodeCEHeaders(h http.Header) (http.Header, error) {
+	out := h.Clone()
+	for name, values := range out {
+		if !strings.HasPrefix(strings.ToLower(name), CEHeaderPrefix) {
+			continue
+		}
+		for i, v := range values {
+			d, err := pulsetype.PercentDecodeHeader(v)
+			if err != nil {
+				return nil, badRequest("invalid_cloudevent", "header %s: %v", strings.ToLower(name), err)
+			}
+			values[i] = d
+		}
+	}
+	if v := out.Get("Ce-Specversion"); v != "1.0" {
+		return nil, badRequest("invalid_cloudevent", "ce-specversion %q is not supported: the sidecar reads CloudEvents 1.0", v)
+	}
+	return out, nil
+}
+
+// specVersion returns a *BadRequestError when a structured event's specversion is a string other than "1.0"
+// (the SDK would report it as missing); where prefixes the message.
+func specVersion(o map[string]json.RawMessage, where string) error {
+	if v := stringMember(o, "specversion"); v != nil && *v != "1.0" {
+		return badRequest("invalid_cloudevent", "%sspecversion %q is not supported: the sidecar reads CloudEvents 1.0", where, *v)
+	}
+	return nil
+}
+
+// stringMember returns the string value of member name of a JSON object, or nil when it is absent or not a
+// string.
+func stringMember(o map[string]json.RawMessage, name string) *string {
+	var v string
+	if raw, ok := o[name]; !ok || json.Unmarshal(raw, &v) != nil {
+		return nil
+	}
+	return &v
+}
+
+// fromCloudEvent converts one validated CloudEvent; source, when not nil, is its source as published, kept
+// instead of the SDK's re-encoded URL. See DecodeCloudEvents.
+func fromCloudEvent(ce *event.Event, source *string) (*pulsetype.Event, error) {
 	if err := ce.Validate(); err != nil {
 		var ve event.ValidationError
 		if errors.As(err, &ve) {
@@ -138,7 +228,11 @@ func fromCloudEvent(ce *event.Event) (*pulsetype.Event, error) {
 			e.Headers[CEHeaderPrefix+name] = v
 		}
 	}
-	put("source", ce.Source())
+	if source != nil {
+		put("source", *source)
+	} else {
+		put("source", ce.Source())
+	}
 	put("subject", ce.Subject())
 	if t := ce.Time(); !t.IsZero() {
 		put("time", t.UTC().Format(time.RFC3339Nano))
@@ -166,6 +260,9 @@ func fromCloudEvent(ce *event.Event) (*pulsetype.Event, error) {
 		if !eventHeaderKey.MatchString(k) {
 			return nil, badRequest("invalid_headers", "attribute name %q must be letters, digits, '_' or '-'", strings.TrimPrefix(k, CEHeaderPrefix))
 		}
+	}
+	if err := e.CheckCEHeaders(); err != nil {
+		return nil, badRequest("invalid_cloudevent", "%v", err)
 	}
 	return e, nil
 }

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -186,7 +184,7 @@ func decodePut(consumerGroup string, body []byte) (*pulsetype.Endpoint, error) {
 }
 
 func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
-	group := chi.URLParam(r, "consumerGroup")
+	group := pathParam(r, "consumerGroup")
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEndpointBody))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("an endpoint body is at most %d bytes", maxEndpointBody))
@@ -224,7 +222,7 @@ func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request) {
-	group := chi.URLParam(r, "consumerGroup")
+	group := pathParam(r, "consumerGroup")
 	ep, err := s.store.GetEndpoint(r.Context(), group)
 	if s.endpointFound(w, r, group, err) {
 		writeJSON(w, http.StatusOK, redacted(ep))
@@ -247,7 +245,7 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
-	group := chi.URLParam(r, "consumerGroup")
+	group := pathParam(r, "consumerGroup")
 	if !s.endpointFound(w, r, group, s.store.DeleteEndpoint(r.Context(), group)) {
 		return
 	}

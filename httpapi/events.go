@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +12,6 @@ import (
 	"regexp"
 	"unicode/utf8"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -194,6 +194,11 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 		}
 		e.OrderingKey = *in.OrderingKey
 	}
+	// The ce-* headers, the id, the topic and the ordering key go out as CloudEvents headers to a cloudevents
+	// endpoint: what could never be sent is refused now rather than failing every attempt.
+	if err := e.CheckCEHeaders(); err != nil {
+		return nil, badRequest("invalid_headers", "%s%v", where, err)
+	}
 	return e, nil
 }
 
@@ -208,11 +213,14 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "shutting_down", "the sidecar is shutting down; publish to another replica or retry")
 		return
 	}
+	// The body is read only with its documented media type: a web page can send text/plain, a form encoding or
+	// no Content-Type at all without a preflight (see browser.go). A binary-mode CloudEvent carries ce-*
+	// headers, which a page cannot send without one.
 	cloudEvents := isCloudEvents(r.Header)
-	if ct := r.Header.Get("Content-Type"); ct != "" && !cloudEvents {
+	if ct := r.Header.Get("Content-Type"); !cloudEvents {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
 			writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
-				"Content-Type must be application/json, "+ceStructured+" or "+ceBatch+" (or a binary-mode CloudEvent with ce-* headers), got "+ct)
+				"Content-Type must be application/json, "+ceStructured+" or "+ceBatch+" (or a binary-mode CloudEvent with ce-* headers), got "+cmp.Or(ct, "none"))
 			return
 		}
 	}
@@ -306,7 +314,7 @@ type eventDelivery struct {
 }
 
 func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
+	id := pathParam(r, "id")
 	ev, err := s.store.GetEvent(r.Context(), id)
 	if !s.found(w, r, err, "event_not_found", fmt.Sprintf("no event %q (it may have expired)", id)) {
 		return
@@ -336,7 +344,7 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
+	id := pathParam(r, "id")
 	d, attempts, err := s.store.GetDelivery(r.Context(), id)
 	if !s.deliveryFound(w, r, id, err) {
 		return

@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -42,7 +40,7 @@ func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
+	id := pathParam(r, "id")
 	n, err := s.store.RetryDelivery(r.Context(), id)
 	switch {
 	case errors.Is(err, pulsetype.ErrNotSubscribed):
@@ -65,7 +63,7 @@ type replayBody struct {
 }
 
 func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
-	group := chi.URLParam(r, "consumerGroup")
+	group := pathParam(r, "consumerGroup")
 	var b replayBody
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEndpointBody))
 	if err == nil && len(raw) > 0 {

@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -34,7 +32,7 @@ type rotateAnswer struct {
 // rotateAnswer; 400 invalid_json, invalid_secret (also the current secret again) or invalid_overlap (not a
 // duration from 0 to MaxSecretOverlap); 404 endpoint_not_found.
 func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request) {
-	group := chi.URLParam(r, "consumerGroup")
+	group := pathParam(r, "consumerGroup")
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEndpointBody))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("a rotation body is at most %d bytes", maxEndpointBody))

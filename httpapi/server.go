@@ -62,6 +62,13 @@ type Options struct {
 	Metrics *Metrics
 	// Tracer makes the publish spans; nil makes none (the request's traceparent is still kept).
 	Tracer trace.Tracer
+	// CheckHost makes the API listener answer only requests whose Host is an IP address, localhost, a name
+	// under .localhost, or one of AllowedHosts (see browser.go); set when the listener is on loopback or
+	// AllowedHosts is given. The probe listener never checks it.
+	CheckHost bool
+	// AllowedHosts are further host names (no port) the API listener answers under CheckHost
+	// (PULSE_ALLOWED_HOSTS).
+	AllowedHosts []string
 }
 
 // Server is the HTTP API. Its handler is safe for concurrent use.
@@ -87,13 +94,15 @@ func New(store Store, notify Notifier, opts Options) *Server {
 func (s *Server) Drain() { s.draining.Store(true) }
 
 // Handler returns the routes of the API listener (PULSE_LISTEN): /v1, the operator console at /ui/ (see
-// ui.go), and the probe routes too, so a sidecar without a probe listener is probed where it always was.
+// ui.go), and the probe routes too, so a sidecar without a probe listener is probed where it always was. Every
+// route follows the browser rules of browser.go: no request a web page of another origin makes is served.
 func (s *Server) Handler() http.Handler {
 	r := s.probeRouter()
 	r.Mount("/ui", consoleHandler())
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.auth)
 		r.Post("/events", s.publish)
+		r = r.With(requireJSON)
 		r.Get("/events/{id}", s.getEvent)
 		r.Get("/deliveries", s.listDeliveries)
 		r.Get("/deliveries/{id}", s.getDelivery)
@@ -109,7 +118,7 @@ func (s *Server) Handler() http.Handler {
 		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
 		r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
 	})
-	return r
+	return s.browserGuard(r)
 }
 
 // ProbeHandler returns the routes of the probe listener (PULSE_PROBE_LISTEN): /healthz, /readyz and /metrics
@@ -122,9 +131,7 @@ func (s *Server) probeRouter() chi.Router {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no route "+r.Method+" "+r.URL.Path)
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+r.URL.Path)
-	})
+	r.MethodNotAllowed(methodNotAllowed(r))
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

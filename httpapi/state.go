@@ -3,8 +3,6 @@ package httpapi
 import (
 	"net/http"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -23,7 +21,7 @@ func (s *Server) resumeEndpoint(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) setEndpointState(w http.ResponseWriter, r *http.Request, state pulsetype.EndpointState, action, msg string) {
-	group := chi.URLParam(r, "consumerGroup")
+	group := pathParam(r, "consumerGroup")
 	ep, err := s.store.SetEndpointState(r.Context(), group, state)
 	if !s.endpointFound(w, r, group, err) {
 		return

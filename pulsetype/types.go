@@ -92,7 +92,9 @@ const CloudEventSource = "/pulse-sidecar"
 // ce-time (the kept "ce-time", else createdAt in TimeLayout), ce-partitionkey (the ordering key) when set,
 // every other kept "ce-<name>" event header as ce-<name> (ce-subject among them), and Content-Type
 // application/json; the body is the data verbatim. Event headers not starting with "ce-" are not sent. Every
-// value comes from the stored event, so the request is the same on every attempt.
+// ce-* value is percent-encoded as the HTTP binding requires (PercentEncodeHeader), so a receiver's CloudEvents
+// SDK reads back the values as published. Every value comes from the stored event, so the request is the same
+// on every attempt.
 func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
 	headers = map[string]string{"Content-Type": "application/json"}
 	for k, v := range e.Headers {
@@ -111,6 +113,11 @@ func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
 	}
 	if e.OrderingKey != "" {
 		headers["ce-partitionkey"] = e.OrderingKey
+	}
+	for k, v := range headers {
+		if strings.HasPrefix(k, "ce-") {
+			headers[k] = PercentEncodeHeader(v)
+		}
 	}
 	body = e.Data
 	if len(body) == 0 {

@@ -1,0 +1,117 @@
+package httpapi_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/pulse-sidecar/pulse/httpapi"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// decodeOne decodes a single CloudEvent request and fails the test unless it decodes.
+func decodeOne(t *testing.T, h http.Header, body string) *pulsetype.Event {
+	t.Helper()
+	events, _, err := httpapi.DecodeCloudEvents(h, []byte(body))
+	if err != nil || len(events) != 1 {
+		t.Fatalf("decode %v %s: %v (%d events)", h, body, err, len(events))
+	}
+	return events[0]
+}
+
+func binaryHeader(kv ...string) http.Header {
+	h := http.Header{"Ce-Specversion": {"1.0"}, "Ce-Id": {"e-1"}, "Ce-Type": {"t"}, "Ce-Source": {"/s"}, "Content-Type": {"application/json"}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Set(kv[i], kv[i+1])
+	}
+	return h
+}
+
+// The same event published in binary and in structured mode is stored the same: binary-mode header values are
+// percent-decoded as the HTTP binding writes (§3.1.3.2), and source and id are kept as published, never
+// re-encoded as a URL.
+func TestCloudEventsBinaryAndStructuredStoreTheSame(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, header, structured, want string }{
+		{"subject", "a%20b", `"a b"`, "a b"},
+		{"pct", "100%25", `"100%"`, "100%"},
+		{"subject", "caf%C3%A9 %22q%22", `"café \"q\""`, `café "q"`},
+		{"subject", "  padded  ", `"padded"`, "padded"}, // header whitespace is trimmed (RFC 9110 §5.5)
+		{"subject", "%61bc", `"abc"`, "abc"},            // an escape that was not needed is accepted
+		{"source", "%20%20spaces%20%20", `"  spaces  "`, "  spaces  "},
+		{"source", "https://Example.COM/Path/%20%C3%A9", `"https://Example.COM/Path/ é"`, "https://Example.COM/Path/ é"},
+	} {
+		bin := decodeOne(t, binaryHeader("Ce-"+c.name, c.header), `{}`)
+		st := decodeOne(t, http.Header{"Content-Type": {"application/cloudevents+json"}},
+			`{"specversion":"1.0","id":"e-1","type":"t","source":"/s","data":{},"`+c.name+`":`+c.structured+`}`)
+		if got := bin.Headers["ce-"+c.name]; got != c.want {
+			t.Errorf("binary ce-%s: %q stored %q, want %q", c.name, c.header, got, c.want)
+		}
+		if got := st.Headers["ce-"+c.name]; got != c.want {
+			t.Errorf("structured %s: %s stored %q, want %q", c.name, c.structured, got, c.want)
+		}
+	}
+}
+
+// What could never be sent back as a ce-* header is refused at ingest with 400 naming the attribute: a control
+// character (the core spec's String type excludes them), one attribute over MaxCEHeaderValue bytes
+// percent-encoded, all of them over MaxCEHeaderBytes together, and a malformed or non-UTF-8 escape.
+func TestCloudEventsRefuseWhatCannotBeDelivered(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", pulsetype.MaxCEHeaderValue+1)
+	spaced := strings.Repeat("é", pulsetype.MaxCEHeaderValue/6+1) // fits as bytes, not once encoded (%C3%A9)
+	many := `"x1":"` + strings.Repeat("a", 3000) + `","x2":"` + strings.Repeat("a", 3000) + `","x3":"` + strings.Repeat("a", 3000) + `"`
+	for _, c := range []struct {
+		name   string
+		header http.Header
+		body   string
+		says   string
+	}{
+		{"CRLF subject", nil, `{"specversion":"1.0","id":"e","type":"t","source":"/s","subject":"a\r\nb"}`, "attribute subject: control character U+000D"},
+		{"NUL extension", nil, `{"specversion":"1.0","id":"e","type":"t","source":"/s","ext":"a\u0000"}`, "attribute ext: control character U+0000"},
+		{"C1 source", nil, `{"specversion":"1.0","id":"e","type":"t","source":"/s\u0085"}`, "attribute source: control character U+0085"},
+		{"noncharacter", nil, `{"specversion":"1.0","id":"e","type":"t","source":"/s","subject":"\uffff"}`, "attribute subject: noncharacter U+FFFF"},
+		{"long extension", nil, `{"specversion":"1.0","id":"e","type":"t","source":"/s","big":"` + long + `"}`, "attribute big: 4097 bytes"},
+		{"long once encoded", nil, `{"specversion":"1.0","id":"e","type":"t","source":"/s","subject":"` + spaced + `"}`, "attribute subject: 4098 bytes"},
+		{"too many together", nil, `{"specversion":"1.0","id":"e","type":"t","source":"/s",` + many + `}`, "at most 8192 together"},
+		{"binary CRLF", binaryHeader("Ce-Subject", "a%0D%0Ab"), `{}`, "attribute subject: control character U+000D"},
+		{"malformed escape", binaryHeader("Ce-Subject", "100%"), `{}`, "header ce-subject: bad percent-encoding"},
+		{"overlong escape", binaryHeader("Ce-Subject", "%C0%A0"), `{}`, "header ce-subject: bad percent-encoding"},
+		{"binary specversion", binaryHeader("Ce-Specversion", "2.0"), `{}`, `ce-specversion "2.0" is not supported`},
+		{"structured specversion", nil, `{"specversion":"2.0","id":"e","type":"t","source":"/s"}`, `specversion "2.0" is not supported`},
+		{"batch specversion", http.Header{"Content-Type": {"application/cloudevents-batch+json"}},
+			`[{"specversion":"1.0","id":"a","type":"t","source":"/s"},{"specversion":"0.3","id":"b","type":"t","source":"/s"}]`, `events[1]: specversion "0.3"`},
+	} {
+		h := c.header
+		if h == nil {
+			h = http.Header{"Content-Type": {"application/cloudevents+json"}}
+		}
+		_, _, err := httpapi.DecodeCloudEvents(h, []byte(c.body))
+		var br *httpapi.BadRequestError
+		if !errors.As(err, &br) || br.Status != 400 || br.Code != "invalid_cloudevent" || !strings.Contains(br.Message, c.says) {
+			t.Errorf("%s: got %v, want 400 invalid_cloudevent saying %q", c.name, err, c.says)
+		}
+	}
+	// The same rule holds for the ce-* headers of a JSON publish, which go out the same way.
+	_, _, err := httpapi.DecodeEvents([]byte(`{"topic":"t","data":1,"headers":{"ce-subject":"a\r\nb"}}`))
+	var br *httpapi.BadRequestError
+	if !errors.As(err, &br) || br.Code != "invalid_headers" || !strings.Contains(br.Message, "attribute subject: control character U+000D") {
+		t.Errorf("JSON publish with a CRLF ce-subject: got %v, want 400 invalid_headers naming subject", err)
+	}
+}
+
+// Insignificant whitespace of a structured body is insignificant: the SDK's reader alone refused
+// `"data_base64": "e30="` with a space after the colon.
+func TestCloudEventsStructuredWhitespace(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{"specversion":"1.0","id":"e","type":"t","source":"/s","data_base64":"e30="}`,
+		`{"specversion":"1.0","id":"e","type":"t","source":"/s","data_base64": "e30="}`,
+		"{ \"specversion\" : \"1.0\" ,\n\t\"id\" : \"e\", \"type\": \"t\", \"source\": \"/s\", \"data_base64\" :\n \"e30=\" }",
+	} {
+		if e := decodeOne(t, http.Header{"Content-Type": {"application/cloudevents+json"}}, body); string(e.Data) != "{}" {
+			t.Errorf("%s stored data %s, want {}", body, e.Data)
+		}
+	}
+}
