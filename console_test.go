@@ -172,6 +172,7 @@ func TestConsoleAsksForTheToken(t *testing.T) {
 	body, _ := json.Marshal(map[string]any{"url": "http://127.0.0.1:9/hook", "topics": []string{"t"}})
 	req, _ := http.NewRequest(http.MethodPut, s.URL+"/v1/endpoints/billing", bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
