@@ -197,9 +197,19 @@ func TestComposeWiring(t *testing.T) {
 	if env["PULSE_API_TOKEN"] == "" {
 		t.Error("sidecar has no PULSE_API_TOKEN, but its API listens beyond loopback (the image's PULSE_LISTEN)")
 	}
+	// The API answers the names of PULSE_ALLOWED_HOSTS (besides IP addresses and localhost): the name the
+	// receiver publishes to must be one, and with it set a page whose name resolves to the host is refused.
+	allowed := strings.Split(env["PULSE_ALLOWED_HOSTS"], ",")
 	for name, s := range c {
-		if renv := environment(t, name, s); renv["RECEIVER_PUBLISH_URL"] != "" && renv["RECEIVER_PUBLISH_TOKEN"] != env["PULSE_API_TOKEN"] {
+		renv := environment(t, name, s)
+		if renv["RECEIVER_PUBLISH_URL"] == "" {
+			continue
+		}
+		if renv["RECEIVER_PUBLISH_TOKEN"] != env["PULSE_API_TOKEN"] {
 			t.Errorf("service %s publishes without the sidecar's PULSE_API_TOKEN", name)
+		}
+		if u, err := url.Parse(renv["RECEIVER_PUBLISH_URL"]); err != nil || !slices.Contains(allowed, u.Hostname()) {
+			t.Errorf("service %s publishes to %s, whose host is not in the sidecar's PULSE_ALLOWED_HOSTS %q", name, renv["RECEIVER_PUBLISH_URL"], allowed)
 		}
 	}
 

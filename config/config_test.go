@@ -133,6 +133,10 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{"PULSE_OUTBOUND_PROXY", "env"}, // neither HTTP_PROXY nor HTTPS_PROXY
 		{"PULSE_LISTEN", "nope"},
 		{"PULSE_LISTEN", "8080"},
+		{"PULSE_ALLOWED_HOSTS", "pulse:8080"},
+		{"PULSE_ALLOWED_HOSTS", "http://pulse"},
+		{"PULSE_ALLOWED_HOSTS", "pulse, other"},
+		{"PULSE_ALLOWED_HOSTS", "*.example"},
 		{"PULSE_LISTEN", "0.0.0.0:8080"}, // beyond loopback without PULSE_API_TOKEN
 		{"PULSE_LISTEN", ":8080"},
 		{"PULSE_LISTEN", "10.1.2.3:8080"},

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
@@ -39,7 +40,7 @@ var crossOrigin = http.NewCrossOriginProtection()
 func (s *Server) browserGuard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.opts.CheckHost && !s.hostAllowed(r.Host) {
-			writeError(w, http.StatusForbidden, "host_not_allowed", "Host "+r.Host+" is not a loopback name: the API answers localhost, *.localhost, IP addresses and PULSE_ALLOWED_HOSTS only (a web page whose name resolves to 127.0.0.1 is refused)")
+			writeError(w, http.StatusForbidden, "host_not_allowed", "Host "+strconv.Quote(r.Host)+" is not a loopback name: the API answers localhost, *.localhost, IP addresses and PULSE_ALLOWED_HOSTS only (a web page whose name resolves to 127.0.0.1 is refused)")
 			return
 		}
 		if !consoleNavigation(r) {
@@ -95,11 +96,12 @@ func (s *Server) hostAllowed(hostport string) bool {
 
 // requireJSON refuses a request that carries a body whose Content-Type is not application/json (415
 // unsupported_media_type): a body is read only with its documented media type. A request without a body
-// (Content-Length 0) passes whatever it says. It guards every /v1 route but the publish, which also takes the
+// (Content-Length 0) passes whatever it says, and so does a GET or HEAD, whose body is never read. It guards every /v1 route but the publish, which also takes the
 // CloudEvents media types and checks them itself.
 func requireJSON(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+		// A GET's body is never read, so its media type does not matter.
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 			ct := r.Header.Get("Content-Type")
 			if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
 				if ct == "" {
@@ -125,16 +127,23 @@ func methodNotAllowed(router chi.Routes) http.HandlerFunc {
 				allow = append(allow, m)
 			}
 		}
+		if slices.Contains(allow, http.MethodGet) && !slices.Contains(allow, http.MethodHead) {
+			allow = slices.Insert(allow, 1, http.MethodHead) // middleware.GetHead answers HEAD wherever GET is routed
+		}
 		w.Header().Set("Allow", strings.Join(allow, ", "))
 		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+r.URL.Path)
 	}
 }
 
-// pathParam returns the route parameter name of r, percent-decoded: chi matches on the escaped path whenever
-// the client escaped a character (RFC 3986 §2.1), so /v1/events/a%3Ab names the event "a:b", as /v1/events/a:b
-// does. A value that is not a valid escape is returned as sent.
+// pathParam returns the route parameter name of r, percent-decoded once: chi matches on the escaped path
+// (r.URL.RawPath) when the client escaped a character the decoded path would not say the same way (RFC 3986
+// §2.1), and on the decoded path otherwise, so /v1/events/a%3Ab names the event "a:b", as /v1/events/a:b does,
+// and /v1/events/a%253Ab names "a%3Ab".
 func pathParam(r *http.Request, name string) string {
 	raw := chi.URLParam(r, name)
+	if r.URL.RawPath == "" {
+		return raw // chi routed on the decoded path
+	}
 	if v, err := url.PathUnescape(raw); err == nil {
 		return v
 	}

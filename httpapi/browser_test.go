@@ -158,22 +158,27 @@ func TestAPIReadsBodiesOnlyWithTheirMediaType(t *testing.T) {
 	}
 }
 
-// A 405 names the methods the path does take in Allow (RFC 9110 §15.5.6).
+// A 405 names the methods the path does take in Allow (RFC 9110 §15.5.6); HEAD is answered wherever GET is.
 func TestMethodNotAllowedSaysWhatIsAllowed(t *testing.T) {
 	t.Parallel()
 	srv := browserServer(t, false)
 	for _, c := range []struct{ method, path, allow string }{
 		{"GET", "/v1/endpoints/billing/pause", "POST"},
 		{"GET", "/v1/deliveries/d/retry", "POST"},
-		{"PATCH", "/v1/endpoints/billing", "GET, PUT, DELETE"},
+		{"PATCH", "/v1/endpoints/billing", "GET, HEAD, PUT, DELETE"},
 		{"DELETE", "/v1/events", "POST"},
-		{"POST", "/v1/stats", "GET"},
-		{"POST", "/healthz", "GET"},
+		{"POST", "/v1/stats", "GET, HEAD"},
+		{"POST", "/healthz", "GET, HEAD"},
 		{"PUT", "/ui/", "GET, HEAD"},
 	} {
 		status, code, allow := send(t, srv, c.method, c.path, "", nil)
 		if status != 405 || code != "method_not_allowed" || allow != c.allow {
 			t.Errorf("%s %s = %d %s Allow %q, want 405 method_not_allowed Allow %q", c.method, c.path, status, code, allow, c.allow)
+		}
+	}
+	for _, path := range []string{"/healthz", "/v1/endpoints", "/v1/stats", "/ui/"} {
+		if status, _, _ := send(t, srv, "HEAD", path, "", nil); status != 200 {
+			t.Errorf("HEAD %s = %d, want 200", path, status)
 		}
 	}
 }
@@ -191,5 +196,11 @@ func TestPathParametersArePercentDecoded(t *testing.T) {
 	}
 	if status, _, _ := send(t, srv, "GET", "/v1/endpoints/b%69lling", "", nil); status != 200 {
 		t.Errorf("GET /v1/endpoints/b%%69lling = %d, want 200", status)
+	}
+	// Decoded once: an escaped '%' stays a '%' of the id.
+	for _, path := range []string{"/v1/events/evt%252D1", "/v1/endpoints/bill%2569ng"} {
+		if status, code, _ := send(t, srv, "GET", path, "", nil); status != 404 {
+			t.Errorf("GET %s = %d %s, want 404 (the name holds %%)", path, status, code)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -39,8 +40,10 @@ const ceOrderingKey = "partitionkey"
 
 // isCloudEvents reports whether a publish request carries CloudEvents (structured, batch or binary mode).
 func isCloudEvents(h http.Header) bool {
-	if h.Get("Ce-Specversion") != "" {
-		return true
+	for name := range h {
+		if strings.HasPrefix(strings.ToLower(name), CEHeaderPrefix) {
+			return true // a binary-mode event, or one without its ce-specversion, which DecodeCloudEvents names
+		}
 	}
 	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
 	return mt == ceStructured || mt == ceBatch
@@ -57,70 +60,44 @@ func isCloudEvents(h http.Header) bool {
 //
 // The HTTP binding's rules that the SDK leaves to its caller are kept here: in binary mode every ce-* header
 // is trimmed and percent-decoded before it is read (pulsetype.PercentDecodeHeader; 400 naming the header when
-// it is malformed); only specversion 1.0 is read (400 naming the version otherwise); a structured or batch body
-// is read whatever its insignificant whitespace; source and id are kept byte for byte as published (the SDK
-// would re-encode source as a URL); and an event whose attributes could not be sent back as ce-* headers is
-// refused (pulsetype.Event.CheckCEHeaders: 400 invalid_cloudevent naming the attribute).
+// it is malformed or names no attribute); only specversion "1.0" is read (400 naming what was sent otherwise);
+// a structured or batch body is read whatever its insignificant whitespace; every string attribute (id, type,
+// source, subject, extensions) is kept byte for byte as published, the SDK's reading serving only to validate
+// (it trims binary-mode values and re-encodes source as a URL); and an event whose attributes could not be sent
+// back as ce-* headers is refused (pulsetype.Event.CheckCEHeaders: 400 invalid_cloudevent naming the
+// attribute).
 func DecodeCloudEvents(h http.Header, body []byte) (events []*pulsetype.Event, isArray bool, err error) {
-	binary := h.Get("Ce-Specversion") != ""
-	if binary {
-		if h, err = decodeCEHeaders(h); err != nil {
-			return nil, false, err
-		}
-	} else {
+	var raws []map[string]string // each event's string attributes as published, by attribute name
+	// The Content-Type decides structured and batch mode, whatever ce-* headers come with them (HTTP binding
+	// §3.2, §3.3; the SDK reads them so too).
+	switch mt, _, _ := mime.ParseMediaType(h.Get("Content-Type")); {
+	case mt == ceStructured || mt == ceBatch:
+		isArray = mt == ceBatch
 		var b bytes.Buffer
 		if json.Compact(&b, body) == nil {
 			body = b.Bytes() // the SDK's reader fails on some insignificant whitespace ("data_base64": "...")
 		}
-	}
-	msg := cehttp.NewMessage(h, io.NopCloser(bytes.NewReader(body)))
-	var ces []event.Event
-	var sources []*string // each event's source as published, where it was a string
-	switch msg.ReadEncoding() {
-	case binding.EncodingBatch:
-		isArray = true
-		if ces, err = binding.ToEvents(context.Background(), msg, bytes.NewReader(body)); err != nil {
-			return nil, true, badRequest("invalid_cloudevent", "the body is not a CloudEvents JSON batch: %v", err)
+		if raws, err = structuredAttributes(body, isArray); err != nil {
+			return nil, isArray, err
 		}
-		if len(ces) == 0 {
-			return nil, true, badRequest("empty_batch", "the batch holds no events")
+	case h.Get("Ce-Specversion") != "":
+		var raw map[string]string
+		if h, raw, err = decodeCEHeaders(h); err != nil {
+			return nil, false, err
 		}
-		if len(ces) > MaxBatch {
-			return nil, true, badRequest("batch_too_large", "the batch holds %d events; at most %d are allowed per request", len(ces), MaxBatch)
-		}
-		var objs []map[string]json.RawMessage
-		if json.Unmarshal(body, &objs) == nil && len(objs) == len(ces) {
-			for i, o := range objs {
-				if err := specVersion(o, fmt.Sprintf("events[%d]: ", i)); err != nil {
-					return nil, true, err
-				}
-				sources = append(sources, stringMember(o, "source"))
-			}
-		}
-	case binding.EncodingStructured:
-		var o map[string]json.RawMessage
-		if json.Unmarshal(body, &o) == nil {
-			if err := specVersion(o, ""); err != nil {
-				return nil, false, err
-			}
-			sources = []*string{stringMember(o, "source")}
-		}
-		ev, err := binding.ToEvent(context.Background(), msg)
-		if err != nil {
-			return nil, false, badRequest("invalid_cloudevent", "the request is not a CloudEvent: %v", err)
-		}
-		ces = []event.Event{*ev}
-	case binding.EncodingBinary:
-		ev, err := binding.ToEvent(context.Background(), msg)
-		if err != nil {
-			return nil, false, badRequest("invalid_cloudevent", "the request is not a CloudEvent: %v", err)
-		}
-		ces = []event.Event{*ev}
-		if src, ok := h["Ce-Source"]; ok && len(src) > 0 {
-			sources = []*string{&src[0]}
-		}
+		raws = []map[string]string{raw}
 	default:
-		return nil, false, badRequest("invalid_cloudevent", "the request is not a CloudEvent: no ce-specversion header and Content-Type is not %s or %s", ceStructured, ceBatch)
+		return nil, false, badRequest("invalid_cloudevent", "the request has ce-* headers but no ce-specversion: a binary-mode CloudEvent needs ce-specversion: 1.0 (a JSON event puts its headers in the body)")
+	}
+	ces, err := readCloudEvents(h, body)
+	if err != nil {
+		return nil, isArray, err
+	}
+	if isArray && len(ces) == 0 {
+		return nil, true, badRequest("empty_batch", "the batch holds no events")
+	}
+	if len(ces) > MaxBatch {
+		return nil, true, badRequest("batch_too_large", "the batch holds %d events; at most %d are allowed per request", len(ces), MaxBatch)
 	}
 	seen := map[string]int{}
 	for i, ce := range ces {
@@ -128,11 +105,11 @@ func DecodeCloudEvents(h http.Header, body []byte) (events []*pulsetype.Event, i
 		if isArray {
 			where = fmt.Sprintf("events[%d]: ", i)
 		}
-		var source *string
-		if i < len(sources) {
-			source = sources[i]
+		var raw map[string]string
+		if i < len(raws) {
+			raw = raws[i]
 		}
-		e, err := fromCloudEvent(&ce, source)
+		e, err := fromCloudEvent(&ce, raw)
 		if err != nil {
 			var br *BadRequestError
 			errors.As(err, &br)
@@ -148,50 +125,121 @@ func DecodeCloudEvents(h http.Header, body []byte) (events []*pulsetype.Event, i
 	return events, isArray, nil
 }
 
+// readCloudEvents reads the request's events with the SDK: one in structured or binary mode, any number in
+// batch mode. It returns a *BadRequestError for what the SDK refuses, or for a request that is not a CloudEvent
+// (neither a ce-specversion header nor a CloudEvents media type). A panic of the SDK on input it did not expect
+// is refused the same way, never answered 500.
+func readCloudEvents(h http.Header, body []byte) (ces []event.Event, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			ces, err = nil, badRequest("invalid_cloudevent", "the CloudEvents SDK could not read the request: %v", p)
+		}
+	}()
+	msg := cehttp.NewMessage(h, io.NopCloser(bytes.NewReader(body)))
+	switch msg.ReadEncoding() {
+	case binding.EncodingBatch:
+		if ces, err = binding.ToEvents(context.Background(), msg, bytes.NewReader(body)); err != nil {
+			return nil, badRequest("invalid_cloudevent", "the body is not a CloudEvents JSON batch: %s", sdkError(err))
+		}
+		return ces, nil
+	case binding.EncodingStructured, binding.EncodingBinary:
+		ev, err := binding.ToEvent(context.Background(), msg)
+		if err != nil {
+			return nil, badRequest("invalid_cloudevent", "the request is not a CloudEvent: %s", sdkError(err))
+		}
+		return []event.Event{*ev}, nil
+	}
+	return nil, badRequest("invalid_cloudevent", "the request is not a CloudEvent: no ce-specversion header and Content-Type is not %s or %s", ceStructured, ceBatch)
+}
+
+// sdkError is the SDK's error message on one line.
+func sdkError(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
+
+// ceAttributeName is what a CloudEvents attribute name may be (core spec, "Attribute Naming Convention"):
+// lower-case ASCII letters and digits. Header names are case-insensitive, so a header's name is lowered first.
+var ceAttributeName = regexp.MustCompile(`^[a-z0-9]+$`)
+
 // decodeCEHeaders returns a copy of h whose ce-* headers are trimmed and percent-decoded, as the HTTP binding
-// reads them (§3.1.3.2), or a *BadRequestError naming a malformed one or a specversion other than 1.0.
-func decodeCEHeaders(h http.Header) (http.Header, error) {
+// reads them (§3.1.3.2), and the decoded values by attribute name; or a *BadRequestError naming a malformed
+// header, a header that names no valid attribute, or a specversion other than 1.0.
+func decodeCEHeaders(h http.Header) (http.Header, map[string]string, error) {
 	out := h.Clone()
+	raw := map[string]string{}
 	for name, values := range out {
-		if !strings.HasPrefix(strings.ToLower(name), CEHeaderPrefix) {
+		attr, ok := strings.CutPrefix(strings.ToLower(name), CEHeaderPrefix)
+		if !ok {
 			continue
+		}
+		if !ceAttributeName.MatchString(attr) {
+			return nil, nil, badRequest("invalid_cloudevent", "header %q names no CloudEvents attribute: a name is lower-case letters and digits", name)
+		}
+		if len(values) > 1 {
+			return nil, nil, badRequest("invalid_cloudevent", "header %s is given %d times: an attribute has one value", strings.ToLower(name), len(values))
 		}
 		for i, v := range values {
 			d, err := pulsetype.PercentDecodeHeader(v)
 			if err != nil {
-				return nil, badRequest("invalid_cloudevent", "header %s: %v", strings.ToLower(name), err)
+				return nil, nil, badRequest("invalid_cloudevent", "header %s: %v", strings.ToLower(name), err)
 			}
 			values[i] = d
 		}
+		raw[attr] = values[0]
 	}
-	if v := out.Get("Ce-Specversion"); v != "1.0" {
-		return nil, badRequest("invalid_cloudevent", "ce-specversion %q is not supported: the sidecar reads CloudEvents 1.0", v)
+	if v := raw["specversion"]; v != "1.0" {
+		return nil, nil, badRequest("invalid_cloudevent", "ce-specversion %q is not supported: the sidecar reads CloudEvents 1.0", v)
 	}
-	return out, nil
+	return out, raw, nil
 }
 
-// specVersion returns a *BadRequestError when a structured event's specversion is a string other than "1.0"
-// (the SDK would report it as missing); where prefixes the message.
-func specVersion(o map[string]json.RawMessage, where string) error {
-	if v := stringMember(o, "specversion"); v != nil && *v != "1.0" {
-		return badRequest("invalid_cloudevent", "%sspecversion %q is not supported: the sidecar reads CloudEvents 1.0", where, *v)
+// structuredAttributes returns the string members of a structured event (or of each event of a batch) by
+// name, as published; or a *BadRequestError when an event's specversion is not the string "1.0" (the SDK's
+// own messages name no event). A body that is not a JSON object (or array of them) gives nil, for the SDK to
+// refuse.
+func structuredAttributes(body []byte, isArray bool) ([]map[string]string, error) {
+	var objs []map[string]json.RawMessage
+	if isArray {
+		if json.Unmarshal(body, &objs) != nil {
+			return nil, nil
+		}
+	} else {
+		var o map[string]json.RawMessage
+		if json.Unmarshal(body, &o) != nil {
+			return nil, nil
+		}
+		objs = []map[string]json.RawMessage{o}
 	}
-	return nil
+	raws := make([]map[string]string, len(objs))
+	for i, o := range objs {
+		where := ""
+		if isArray {
+			where = fmt.Sprintf("events[%d]: ", i)
+		}
+		raws[i] = map[string]string{}
+		for name, v := range o {
+			var str string
+			if json.Unmarshal(v, &str) == nil {
+				raws[i][name] = str
+			}
+		}
+		switch v, ok := o["specversion"]; {
+		case !ok:
+			return nil, badRequest("invalid_cloudevent", `%sspecversion is required: the string "1.0"`, where)
+		case raws[i]["specversion"] != "1.0":
+			return nil, badRequest("invalid_cloudevent", `%sspecversion %s is not supported: the sidecar reads CloudEvents 1.0, the string "1.0"`, where, v)
+		}
+	}
+	return raws, nil
 }
 
-// stringMember returns the string value of member name of a JSON object, or nil when it is absent or not a
-// string.
-func stringMember(o map[string]json.RawMessage, name string) *string {
-	var v string
-	if raw, ok := o[name]; !ok || json.Unmarshal(raw, &v) != nil {
-		return nil
+// fromCloudEvent converts one validated CloudEvent; raw holds its string attributes as published, kept
+// instead of the SDK's readings (trimmed, source re-encoded). See DecodeCloudEvents.
+func fromCloudEvent(ce *event.Event, raw map[string]string) (*pulsetype.Event, error) {
+	published := func(name, read string) string {
+		if v, ok := raw[name]; ok {
+			return v
+		}
+		return read
 	}
-	return &v
-}
-
-// fromCloudEvent converts one validated CloudEvent; source, when not nil, is its source as published, kept
-// instead of the SDK's re-encoded URL. See DecodeCloudEvents.
-func fromCloudEvent(ce *event.Event, source *string) (*pulsetype.Event, error) {
 	if err := ce.Validate(); err != nil {
 		var ve event.ValidationError
 		if errors.As(err, &ve) {
@@ -204,13 +252,14 @@ func fromCloudEvent(ce *event.Event, source *string) (*pulsetype.Event, error) {
 		}
 		return nil, badRequest("invalid_cloudevent", "invalid CloudEvent: %v", err)
 	}
-	if !pulsetype.ValidTopic(ce.Type()) {
-		return nil, badRequest("invalid_topic", "type %q becomes the topic and must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", ce.Type())
+	id, topic := published("id", ce.ID()), published("type", ce.Type())
+	if !pulsetype.ValidTopic(topic) {
+		return nil, badRequest("invalid_topic", "type %q becomes the topic and must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", topic)
 	}
-	if !pulsetype.ValidEventID(ce.ID()) {
-		return nil, badRequest("invalid_id", "id %q must be 1-128 characters of letters, digits, '.', '_', ':' or '-'", ce.ID())
+	if !pulsetype.ValidEventID(id) {
+		return nil, badRequest("invalid_id", "id %q must be 1-128 characters of letters, digits, '.', '_', ':' or '-', and not . or ..", id)
 	}
-	if ct := ce.DataContentType(); ct != "" && !isJSONType(ct) {
+	if ct := ce.DataContentType(); ct != "" && !pulsetype.IsJSONMediaType(ct) {
 		return nil, &BadRequestError{Status: http.StatusUnsupportedMediaType, Code: "unsupported_media_type",
 			Message: fmt.Sprintf("datacontenttype %q: the sidecar stores JSON data only (application/json or a +json type)", ct)}
 	}
@@ -222,28 +271,25 @@ func fromCloudEvent(ce *event.Event, source *string) (*pulsetype.Event, error) {
 		}
 		data = b.Bytes()
 	}
-	e := &pulsetype.Event{ID: ce.ID(), Topic: ce.Type(), Data: data, Headers: map[string]string{}}
+	e := &pulsetype.Event{ID: id, Topic: topic, Data: data, Headers: map[string]string{}}
 	put := func(name, v string) {
 		if v != "" {
 			e.Headers[CEHeaderPrefix+name] = v
 		}
 	}
-	if source != nil {
-		put("source", *source)
-	} else {
-		put("source", ce.Source())
-	}
-	put("subject", ce.Subject())
+	put("source", published("source", ce.Source()))
+	put("subject", published("subject", ce.Subject()))
 	if t := ce.Time(); !t.IsZero() {
 		put("time", t.UTC().Format(time.RFC3339Nano))
 	}
 	put("datacontenttype", ce.DataContentType())
-	put("dataschema", ce.DataSchema())
+	put("dataschema", published("dataschema", ce.DataSchema()))
 	for name, v := range ce.Extensions() {
 		s, err := types.Format(v)
 		if err != nil {
 			return nil, badRequest("invalid_cloudevent", "extension %s: %v", name, err)
 		}
+		s = published(name, s)
 		if name == ceOrderingKey {
 			if n := utf8.RuneCountInString(s); n == 0 || n > pulsetype.MaxOrderingKey {
 				return nil, badRequest("invalid_ordering_key", "partitionkey (the orderingKey) must be 1-%d characters, not %d", pulsetype.MaxOrderingKey, n)
@@ -265,10 +311,4 @@ func fromCloudEvent(ce *event.Event, source *string) (*pulsetype.Event, error) {
 		return nil, badRequest("invalid_cloudevent", "%v", err)
 	}
 	return e, nil
-}
-
-// isJSONType reports whether a media type holds JSON: application/json, text/json or any +json type.
-func isJSONType(ct string) bool {
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && (mt == "application/json" || mt == "text/json" || strings.HasSuffix(mt, "+json"))
 }

@@ -38,7 +38,9 @@ func TestCloudEventsBinaryAndStructuredStoreTheSame(t *testing.T) {
 		{"pct", "100%25", `"100%"`, "100%"},
 		{"subject", "caf%C3%A9 %22q%22", `"café \"q\""`, `café "q"`},
 		{"subject", "  padded  ", `"padded"`, "padded"}, // header whitespace is trimmed (RFC 9110 §5.5)
-		{"subject", "%61bc", `"abc"`, "abc"},            // an escape that was not needed is accepted
+		{"subject", "%20kept%20", `" kept "`, " kept "}, // encoded whitespace is the value's
+		{"tenant", "%20eu", `" eu"`, " eu"},
+		{"subject", "%61bc", `"abc"`, "abc"}, // an escape that was not needed is accepted
 		{"source", "%20%20spaces%20%20", `"  spaces  "`, "  spaces  "},
 		{"source", "https://Example.COM/Path/%20%C3%A9", `"https://Example.COM/Path/ é"`, "https://Example.COM/Path/ é"},
 	} {
@@ -82,6 +84,17 @@ func TestCloudEventsRefuseWhatCannotBeDelivered(t *testing.T) {
 		{"structured specversion", nil, `{"specversion":"2.0","id":"e","type":"t","source":"/s"}`, `specversion "2.0" is not supported`},
 		{"batch specversion", http.Header{"Content-Type": {"application/cloudevents-batch+json"}},
 			`[{"specversion":"1.0","id":"a","type":"t","source":"/s"},{"specversion":"0.3","id":"b","type":"t","source":"/s"}]`, `events[1]: specversion "0.3"`},
+		{"batch specversion 2.0", http.Header{"Content-Type": {"application/cloudevents-batch+json"}},
+			`[{"specversion":"2.0","id":"a","type":"t","source":"/s"}]`, `events[0]: specversion "2.0" is not supported`},
+		{"specversion a number", nil, `{"specversion":1.0,"id":"e","type":"t","source":"/s"}`, `specversion 1.0 is not supported`},
+		{"no specversion", nil, `{"id":"e","type":"t","source":"/s"}`, `specversion is required`},
+		{"ce- alone", binaryHeader("Ce-", "x"), `{}`, `header "Ce-" names no CloudEvents attribute`},
+		{"ce-a_b", binaryHeader("Ce-A_b", "x"), `{}`, `header "Ce-A_b" names no CloudEvents attribute`},
+		{"binary id padded once decoded", binaryHeader("Ce-Id", "%20e-1%20"), `{}`, ""},
+		{"no specversion header", http.Header{"Ce-Id": {"e"}, "Ce-Type": {"t"}, "Content-Type": {"application/json"}}, `{}`, "no ce-specversion"},
+		{"repeated header", http.Header{"Ce-Specversion": {"1.0"}, "Ce-Id": {"e"}, "Ce-Type": {"t"}, "Ce-Source": {"/s"}, "Ce-Subject": {"one", "two"},
+			"Content-Type": {"application/json"}}, `{}`, "header ce-subject is given 2 times"},
+		{"id ..", nil, `{"specversion":"1.0","id":"..","type":"t","source":"/s"}`, ""},
 	} {
 		h := c.header
 		if h == nil {
@@ -89,9 +102,37 @@ func TestCloudEventsRefuseWhatCannotBeDelivered(t *testing.T) {
 		}
 		_, _, err := httpapi.DecodeCloudEvents(h, []byte(c.body))
 		var br *httpapi.BadRequestError
-		if !errors.As(err, &br) || br.Status != 400 || br.Code != "invalid_cloudevent" || !strings.Contains(br.Message, c.says) {
-			t.Errorf("%s: got %v, want 400 invalid_cloudevent saying %q", c.name, err, c.says)
+		if c.says == "" { // a bad id
+			if !errors.As(err, &br) || br.Code != "invalid_id" {
+				t.Errorf("%s: got %v, want 400 invalid_id", c.name, err)
+			}
+			continue
 		}
+		if !errors.As(err, &br) || br.Status != 400 || br.Code != "invalid_cloudevent" || !strings.Contains(br.Message, c.says) || strings.Contains(br.Message, "\n") {
+			t.Errorf("%s: got %q, want 400 invalid_cloudevent saying %q on one line", c.name, err, c.says)
+		}
+	}
+	// A JSON event's ce-* headers go out as the attributes they name, so they follow the attributes' rules.
+	for _, c := range []struct{ headers, says string }{
+		{`{"ce-time":"yesterday"}`, "attribute time: not an RFC 3339 time"},
+		{`{"ce-dataschema":"::not a uri"}`, "attribute dataschema: not an absolute URI"},
+		{`{"ce-dataschema":"/relative"}`, "attribute dataschema: not an absolute URI"},
+		{`{"ce-datacontenttype":"text/plain"}`, "attribute datacontenttype: not a JSON media type"},
+		{`{"ce-a_b":"x"}`, `header "ce-a_b" names no CloudEvents attribute`},
+		{`{"ce-":"x"}`, `header "ce-" names no CloudEvents attribute`},
+		{`{"ce-id":"other"}`, `header "ce-id": the CloudEvents id is set from the event's id`},
+		{`{"Ce-Specversion":"2.0"}`, `header "Ce-Specversion": the CloudEvents specversion is set from "1.0"`},
+		{`{"ce-partitionkey":"k"}`, `the CloudEvents partitionkey is set from orderingKey`},
+		{`{"ce-x":"ok","CE-X":"bad"}`, `name the same CloudEvents attribute`},
+	} {
+		_, _, err := httpapi.DecodeEvents([]byte(`{"topic":"t","data":1,"headers":` + c.headers + `}`))
+		var br *httpapi.BadRequestError
+		if !errors.As(err, &br) || br.Code != "invalid_headers" || !strings.Contains(br.Message, c.says) {
+			t.Errorf("JSON event with headers %s: got %v, want 400 invalid_headers saying %q", c.headers, err, c.says)
+		}
+	}
+	if _, _, err := httpapi.DecodeEvents([]byte(`{"topic":"t","data":1,"orderingKey":"a\nb"}`)); err == nil || err.(*httpapi.BadRequestError).Code != "invalid_ordering_key" {
+		t.Errorf("orderingKey with a newline: got %v, want 400 invalid_ordering_key", err)
 	}
 	// The same rule holds for the ce-* headers of a JSON publish, which go out the same way.
 	_, _, err := httpapi.DecodeEvents([]byte(`{"topic":"t","data":1,"headers":{"ce-subject":"a\r\nb"}}`))
@@ -112,6 +153,11 @@ func TestCloudEventsStructuredWhitespace(t *testing.T) {
 	} {
 		if e := decodeOne(t, http.Header{"Content-Type": {"application/cloudevents+json"}}, body); string(e.Data) != "{}" {
 			t.Errorf("%s stored data %s, want {}", body, e.Data)
+		}
+		// The Content-Type decides structured mode, whatever ce-* headers come with it.
+		h := http.Header{"Content-Type": {"application/cloudevents+json"}, "Ce-Specversion": {"2.0"}, "Ce-Id": {"other"}}
+		if e := decodeOne(t, h, body); string(e.Data) != "{}" || e.ID != "e" {
+			t.Errorf("%s with ce-* headers stored id %s data %s, want e and {}", body, e.ID, e.Data)
 		}
 	}
 }

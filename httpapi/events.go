@@ -176,7 +176,7 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 	e := &pulsetype.Event{Topic: *in.Topic, Data: data.Bytes(), Headers: in.Headers}
 	if in.ID != nil {
 		if !pulsetype.ValidEventID(*in.ID) {
-			return nil, badRequest("invalid_id", "%sid %q must be 1-128 characters of letters, digits, '.', '_', ':' or '-'", where, *in.ID)
+			return nil, badRequest("invalid_id", "%sid %q must be 1-128 characters of letters, digits, '.', '_', ':' or '-', and not . or ..", where, *in.ID)
 		}
 		e.ID = *in.ID
 	}
@@ -192,12 +192,15 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 		if n := utf8.RuneCountInString(*in.OrderingKey); n == 0 || n > pulsetype.MaxOrderingKey {
 			return nil, badRequest("invalid_ordering_key", "%sorderingKey must be 1-%d characters, not %d", where, pulsetype.MaxOrderingKey, n)
 		}
+		if why := pulsetype.ValidCEString(*in.OrderingKey); why != "" {
+			return nil, badRequest("invalid_ordering_key", "%sorderingKey: %s", where, why)
+		}
 		e.OrderingKey = *in.OrderingKey
 	}
 	// The ce-* headers, the id, the topic and the ordering key go out as CloudEvents headers to a cloudevents
 	// endpoint: what could never be sent is refused now rather than failing every attempt.
 	if err := e.CheckCEHeaders(); err != nil {
-		return nil, badRequest("invalid_headers", "%s%v", where, err)
+		return nil, badRequest("invalid_headers", "%sheaders: %v", where, err)
 	}
 	return e, nil
 }

@@ -127,7 +127,7 @@ func (s *Server) ProbeHandler() http.Handler { return s.probeRouter() }
 
 func (s *Server) probeRouter() chi.Router {
 	r := chi.NewRouter()
-	r.Use(middleware.Recoverer)
+	r.Use(middleware.Recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no route "+r.Method+" "+r.URL.Path)
 	})

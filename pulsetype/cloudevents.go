@@ -3,8 +3,11 @@ package pulsetype
 import (
 	"errors"
 	"fmt"
+	"mime"
+	"net/url"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -132,11 +135,40 @@ func ValidCEString(v string) string {
 	return ""
 }
 
+// ceSetBySidecar are the attributes a binary-mode request takes from the event itself (id, topic, ordering
+// key) or fixes (specversion): an event header of the same name would be replaced, so none may be kept.
+var ceSetBySidecar = map[string]string{"id": "the event's id", "type": "the topic", "specversion": `"1.0"`, "partitionkey": "orderingKey"}
+
 // CheckCEHeaders returns an error naming the first attribute of e that could not be sent as a ce-* header
-// of a binary-mode request (see Event.CloudEvent): a value that is not a CloudEvents String, longer than
-// MaxCEHeaderValue bytes percent-encoded, or headers that together pass MaxCEHeaderBytes. Publishing checks it
-// for every event, whatever its format, so that no stored event is undeliverable to a cloudevents endpoint.
+// of a binary-mode request (see Event.CloudEvent), or that a receiver's CloudEvents SDK would refuse: an event
+// header "ce-<name>" whose name is not lower-case letters and digits (case aside), is one the request sets
+// itself (id, type, specversion, partitionkey), or is given twice in other letter cases; a time that is not RFC 3339, a source that is not a URI
+// reference, a dataschema that is not an absolute URI, a datacontenttype that is not JSON; a value that is not a
+// CloudEvents String, longer than MaxCEHeaderValue bytes percent-encoded, or headers that together pass
+// MaxCEHeaderBytes. Publishing checks it for every event, whatever its format, so that no stored event is
+// undeliverable to a cloudevents endpoint.
 func (e *Event) CheckCEHeaders() error {
+	seen := map[string]string{}
+	for _, k := range sortedKeys(e.Headers) {
+		v := e.Headers[k]
+		attr, ok := strings.CutPrefix(strings.ToLower(k), "ce-")
+		if !ok {
+			continue
+		}
+		if other, dup := seen[attr]; dup {
+			return fmt.Errorf("headers %q and %q name the same CloudEvents attribute (header names ignore case)", other, k)
+		}
+		seen[attr] = k
+		if attr == "" || strings.Trim(attr, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
+			return fmt.Errorf("header %q names no CloudEvents attribute: after ce- come lower-case letters and digits", k)
+		}
+		if what, set := ceSetBySidecar[attr]; set {
+			return fmt.Errorf("header %q: the CloudEvents %s is set from %s", k, attr, what)
+		}
+		if why := ceFormat(attr, v); why != "" {
+			return fmt.Errorf("attribute %s: %s", attr, why)
+		}
+	}
 	headers, _ := e.CloudEvent()
 	total := 0
 	for _, name := range sortedKeys(headers) {
@@ -185,4 +217,34 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// ceFormat says why v is not a value of the typed attribute attr (core spec, "Context Attributes"), or "".
+func ceFormat(attr, v string) string {
+	switch attr {
+	case "time":
+		if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
+			return "not an RFC 3339 time"
+		}
+	case "source":
+		if _, err := url.Parse(v); err != nil || v == "" {
+			return "not a URI reference"
+		}
+	case "dataschema":
+		if u, err := url.Parse(v); err != nil || !u.IsAbs() {
+			return "not an absolute URI"
+		}
+	case "datacontenttype":
+		if !IsJSONMediaType(v) {
+			return "not a JSON media type (application/json, text/json or a +json type): the data is stored as JSON"
+		}
+	}
+	return ""
+}
+
+// IsJSONMediaType reports whether media type ct holds JSON: application/json, text/json or any +json type,
+// with or without parameters.
+func IsJSONMediaType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == "application/json" || mt == "text/json" || strings.HasSuffix(mt, "+json"))
 }

@@ -73,4 +73,9 @@ func TestCloudEventEncodesHeaderValues(t *testing.T) {
 	if _, ok := h["ce-tenant"]; ok || h["tenant"] != "" {
 		t.Errorf("a header without the ce- prefix was sent: %v", h)
 	}
+	// In binary mode the datacontenttype is the Content-Type (HTTP binding §3.1.1).
+	e.Headers["ce-datacontenttype"] = "application/vnd.foo+json"
+	if h, _ := e.CloudEvent(); h["Content-Type"] != "application/vnd.foo+json" || h["ce-datacontenttype"] != "" {
+		t.Errorf("datacontenttype application/vnd.foo+json sent as Content-Type %q, ce-datacontenttype %q", h["Content-Type"], h["ce-datacontenttype"])
+	}
 }

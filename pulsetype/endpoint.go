@@ -370,8 +370,10 @@ func (e *Endpoint) Policy() RetryPolicy {
 
 var eventIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
-// ValidEventID reports whether a client-chosen event id is 1–128 characters of [A-Za-z0-9._:-].
-func ValidEventID(s string) bool { return eventIDPattern.MatchString(s) }
+// ValidEventID reports whether a client-chosen event id is 1–128 characters of [A-Za-z0-9._:-], other than
+// "." and "..", which a URL path cannot carry as a segment (RFC 3986 §5.2.4 removes them, encoded or not, in
+// browsers), so GET /v1/events/{id} could not reach them.
+func ValidEventID(s string) bool { return s != "." && s != ".." && eventIDPattern.MatchString(s) }
 
 // redactURL returns raw with any userinfo (user and password) replaced, for error messages and logs: a URL
 // that does not parse is shown only by its scheme.

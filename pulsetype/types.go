@@ -90,15 +90,21 @@ const CloudEventSource = "/pulse-sidecar"
 // CloudEvent returns the event as a CloudEvents 1.0 binary-mode request: headers ce-specversion 1.0, ce-id (the
 // event id), ce-type (the topic), ce-source (the kept "ce-source" event header, else CloudEventSource),
 // ce-time (the kept "ce-time", else createdAt in TimeLayout), ce-partitionkey (the ordering key) when set,
-// every other kept "ce-<name>" event header as ce-<name> (ce-subject among them), and Content-Type
-// application/json; the body is the data verbatim. Event headers not starting with "ce-" are not sent. Every
+// every other kept "ce-<name>" event header as ce-<name> (ce-subject among them), and Content-Type the kept
+// datacontenttype (a JSON type), else application/json; the body is the data verbatim. Event headers not starting with "ce-" are not sent. Every
 // ce-* value is percent-encoded as the HTTP binding requires (PercentEncodeHeader), so a receiver's CloudEvents
 // SDK reads back the values as published. Every value comes from the stored event, so the request is the same
 // on every attempt.
 func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
 	headers = map[string]string{"Content-Type": "application/json"}
 	for k, v := range e.Headers {
-		if name, ok := strings.CutPrefix(strings.ToLower(k), "ce-"); ok && name != "datacontenttype" && name != "specversion" {
+		switch name, ok := strings.CutPrefix(strings.ToLower(k), "ce-"); {
+		case !ok || name == "specversion":
+		case name == "datacontenttype": // in binary mode, the Content-Type (HTTP binding §3.1.1)
+			if IsJSONMediaType(v) {
+				headers["Content-Type"] = v
+			}
+		default:
 			headers["ce-"+name] = v
 		}
 	}
