@@ -12,8 +12,6 @@ import (
 	"os"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/event"
-
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/bench"
 	"github.com/pulse-sidecar/pulse/internal/cli"
@@ -25,11 +23,10 @@ func runDevDB(ctx context.Context, args []string, stdout io.Writer) error {
 	return devdb.RunCommand(ctx, args, stdout, os.Stderr)
 }
 
-// runBench runs `pulse bench` (package internal/bench) with its sidecars served in-process by serveWith.
+// runBench runs `pulse bench` (package internal/bench), whose sidecars (internal/sidecar) run in-process
+// and report this build's version.
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return bench.Run(ctx, args, getenv, stdout, func(ctx context.Context, getenv func(string) string, monitor *event.CommandMonitor, logs io.Writer, ready func(string)) error {
-		return serveWith(ctx, getenv, logs, serveHooks{monitor: monitor, ready: ready})
-	})
+	return bench.Run(ctx, args, getenv, stdout, version)
 }
 
 const healthcheckSynopsis = `Usage: pulse healthcheck [flags]

@@ -266,10 +266,7 @@ func (e *executor) abandon(ctx context.Context, a *pulsetype.Attempt, log zerolo
 
 // post POSTs the event to the endpoint, with a deliver span, and returns the attempt's result.
 func (e *executor) post(ctx context.Context, a *pulsetype.Attempt, ep *pulsetype.Endpoint, ev *pulsetype.Event) pulsetype.AttemptResult {
-	body, bodyHeaders := webhook.Envelope(ev), map[string]string{}
-	if ep.Format == pulsetype.FormatCloudEvents {
-		bodyHeaders, body = ev.CloudEvent()
-	}
+	bodyHeaders, body := webhook.Body(ev, ep.Format)
 	tracer := e.tracer
 	if tracer == nil {
 		tracer = tracing.Tracer(nil)

@@ -21,6 +21,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/types"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
+	"github.com/pulse-sidecar/pulse/webhook"
 )
 
 // The media types of CloudEvents 1.0 over HTTP: structured mode (one event as the body) and batch mode (a
@@ -64,7 +65,7 @@ func isCloudEvents(h http.Header) bool {
 // a structured or batch body is read whatever its insignificant whitespace; every string attribute (id, type,
 // source, subject, extensions) is kept byte for byte as published, the SDK's reading serving only to validate
 // (it trims binary-mode values and re-encodes source as a URL); and an event whose attributes could not be sent
-// back as ce-* headers is refused (pulsetype.Event.CheckCEHeaders: 400 invalid_cloudevent naming the
+// back as ce-* headers is refused (webhook.CheckCEHeaders: 400 invalid_cloudevent naming the
 // attribute).
 func DecodeCloudEvents(h http.Header, body []byte) (events []*pulsetype.Event, isArray bool, err error) {
 	var raws []map[string]string // each event's string attributes as published, by attribute name
@@ -307,7 +308,7 @@ func fromCloudEvent(ce *event.Event, raw map[string]string) (*pulsetype.Event, e
 			return nil, badRequest("invalid_headers", "attribute name %q must be letters, digits, '_' or '-'", strings.TrimPrefix(k, CEHeaderPrefix))
 		}
 	}
-	if err := e.CheckCEHeaders(); err != nil {
+	if err := webhook.CheckCEHeaders(e); err != nil {
 		return nil, badRequest("invalid_cloudevent", "%v", err)
 	}
 	return e, nil

@@ -20,6 +20,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/internal/tracing"
 	"github.com/pulse-sidecar/pulse/pulsetype"
+	"github.com/pulse-sidecar/pulse/webhook"
 )
 
 // MaxBatch is the most events one publish request may carry (the contract).
@@ -199,7 +200,7 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 	}
 	// The ce-* headers, the id, the topic and the ordering key go out as CloudEvents headers to a cloudevents
 	// endpoint: what could never be sent is refused now rather than failing every attempt.
-	if err := e.CheckCEHeaders(); err != nil {
+	if err := webhook.CheckCEHeaders(e); err != nil {
 		return nil, badRequest("invalid_headers", "%sheaders: %v", where, err)
 	}
 	return e, nil

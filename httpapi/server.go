@@ -59,7 +59,7 @@ type Options struct {
 	MaxBodyBytes int64 // publish body limit in bytes
 	Logger       zerolog.Logger
 	// Metrics, when set, is served at GET /metrics and counts publishes.
-	Metrics *Metrics
+	Metrics Metrics
 	// Tracer makes the publish spans; nil makes none (the request's traceparent is still kept).
 	Tracer trace.Tracer
 	// CheckHost makes the API listener answer only requests whose Host is an IP address, localhost, a name
@@ -69,6 +69,13 @@ type Options struct {
 	// AllowedHosts are further host names (no port) the API listener answers under CheckHost
 	// (PULSE_ALLOWED_HOSTS).
 	AllowedHosts []string
+}
+
+// Metrics is what the API needs of the sidecar's metrics (package metrics implements it): the handler it
+// mounts at GET /metrics, and a count of each event stored (its topic, which must not become a label).
+type Metrics interface {
+	Handler() http.Handler
+	Published(topic string)
 }
 
 // Server is the HTTP API. Its handler is safe for concurrent use.

@@ -8,7 +8,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pulse-sidecar/pulse/internal/startstop"
-	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // DefaultSyncInterval is how often a ClockSync measures the database's clock again.
@@ -37,8 +36,7 @@ func NewClockSync(clock *Clock, serverTime ServerTimeFunc, interval time.Duratio
 // Start runs the periodic sync in a goroutine and returns at once (the first sync is the caller's, before
 // Start); it returns startstop.ErrStarted when the ClockSync runs already.
 func (s *ClockSync) Start(ctx context.Context) error {
-	jittered := func() time.Duration { return pulsetype.Jittered(s.interval) }
-	return s.run.StartGo(ctx, func(ctx context.Context) { startstop.Every(ctx, jittered(), jittered, s.sync) })
+	return s.run.StartTicking(ctx, 0, func() time.Duration { return s.interval }, s.sync)
 }
 
 // Stop ends the periodic sync and blocks until its goroutine returned. It is safe twice and before Start.

@@ -76,8 +76,7 @@ func (k *Keeper) Release(l pulsetype.LeaseKey) {
 // Start runs the heartbeat in a goroutine and returns at once; it returns startstop.ErrStarted when the
 // keeper runs already.
 func (k *Keeper) Start(ctx context.Context) error {
-	jittered := func() time.Duration { return pulsetype.Jittered(k.Interval()) }
-	return k.run.StartGo(ctx, func(ctx context.Context) { startstop.Every(ctx, jittered(), jittered, k.beat) })
+	return k.run.StartTicking(ctx, 0, k.Interval, k.beat)
 }
 
 // Stop ends the heartbeat and blocks until its goroutine returned. It is safe twice and before Start.

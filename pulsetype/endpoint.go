@@ -30,7 +30,7 @@ const (
 	// FormatEnvelope is the default: the body is webhook.Envelope, Content-Type application/json.
 	FormatEnvelope WebhookFormat = "envelope"
 	// FormatCloudEvents is a CloudEvents 1.0 binary-mode request: ce-* headers and the data as the body (see
-	// Event.CloudEvent).
+	// webhook.Body).
 	FormatCloudEvents WebhookFormat = "cloudevents"
 )
 

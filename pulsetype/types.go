@@ -2,7 +2,6 @@ package pulsetype
 
 import (
 	"encoding/json"
-	"strings"
 	"time"
 )
 
@@ -83,54 +82,6 @@ func (e *Event) ExpiredAt(now time.Time) bool { return e.ExpiresAt != nil && !no
 
 // MaxOrderingKey is the longest ordering key an event may carry, in characters (Unicode code points).
 const MaxOrderingKey = 200
-
-// CloudEventSource is the ce-source of an event published without one (not as a CloudEvent).
-const CloudEventSource = "/pulse-sidecar"
-
-// CloudEvent returns the event as a CloudEvents 1.0 binary-mode request: headers ce-specversion 1.0, ce-id (the
-// event id), ce-type (the topic), ce-source (the kept "ce-source" event header, else CloudEventSource),
-// ce-time (the kept "ce-time", else createdAt in TimeLayout), ce-partitionkey (the ordering key) when set,
-// every other kept "ce-<name>" event header as ce-<name> (ce-subject among them), and Content-Type the kept
-// datacontenttype (a JSON type), else application/json; the body is the data verbatim. Event headers not starting with "ce-" are not sent. Every
-// ce-* value is percent-encoded as the HTTP binding requires (PercentEncodeHeader), so a receiver's CloudEvents
-// SDK reads back the values as published. Every value comes from the stored event, so the request is the same
-// on every attempt.
-func (e *Event) CloudEvent() (headers map[string]string, body []byte) {
-	headers = map[string]string{"Content-Type": "application/json"}
-	for k, v := range e.Headers {
-		switch name, ok := strings.CutPrefix(strings.ToLower(k), "ce-"); {
-		case !ok || name == "specversion":
-		case name == "datacontenttype": // in binary mode, the Content-Type (HTTP binding §3.1.1)
-			if IsJSONMediaType(v) {
-				headers["Content-Type"] = v
-			}
-		default:
-			headers["ce-"+name] = v
-		}
-	}
-	headers["ce-specversion"] = "1.0"
-	headers["ce-id"] = e.ID
-	headers["ce-type"] = e.Topic
-	if headers["ce-source"] == "" {
-		headers["ce-source"] = CloudEventSource
-	}
-	if headers["ce-time"] == "" {
-		headers["ce-time"] = FormatTime(e.CreatedAt)
-	}
-	if e.OrderingKey != "" {
-		headers["ce-partitionkey"] = e.OrderingKey
-	}
-	for k, v := range headers {
-		if strings.HasPrefix(k, "ce-") {
-			headers[k] = PercentEncodeHeader(v)
-		}
-	}
-	body = e.Data
-	if len(body) == 0 {
-		body = []byte("null")
-	}
-	return headers, body
-}
 
 // ErrorInfo is the code and human message of a failed attempt or terminal delivery.
 type ErrorInfo struct {

@@ -9,7 +9,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pulse-sidecar/pulse/internal/startstop"
-	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // DefaultSweepInterval is the period of the retention sweep.
@@ -46,8 +45,7 @@ func NewSweeper(sweep SweepFunc, interval time.Duration, log zerolog.Logger) *Sw
 // Sweeper runs already. The first sweep comes at a random point of the first interval, so that replicas
 // started together sweep apart.
 func (s *Sweeper) Start(ctx context.Context) error {
-	next := func() time.Duration { return pulsetype.Jittered(s.wait) }
-	return s.run.StartGo(ctx, func(ctx context.Context) { startstop.Every(ctx, rand.N(s.interval), next, s.once) })
+	return s.run.StartTicking(ctx, rand.N(s.interval), func() time.Duration { return s.wait }, s.once)
 }
 
 // Stop ends the sweeps and blocks until their goroutine returned (a sweep under way is cancelled). It is

@@ -1,7 +1,8 @@
 // Package webhook sends one delivery attempt to a webhook endpoint and classifies the answer.
 //
-// It knows nothing about leases or retry schedules: the caller builds a Request (its body with Envelope, the
-// webhook's wire format), calls Client.Send and acts on the Result. Of this project it imports pulsetype only.
+// It knows nothing about leases or retry schedules: the caller builds a Request (its body and body headers
+// with Body, the webhook's wire format in the endpoint's format: the envelope or CloudEvents binary mode),
+// calls Client.Send and acts on the Result. Of this project it imports pulsetype only.
 //
 // Invariants:
 //

@@ -2,7 +2,7 @@
 // commands per delivery, and the sidecars' CPU and peak memory, against a fresh embedded development database
 // (a child process, so its CPU and memory are not the sidecars') or a database the caller names.
 //
-// The sidecars run in-process (Sidecar), so a driver command monitor counts their commands. The package is
+// The sidecars run in-process (internal/sidecar), so a driver command monitor counts their commands. The package is
 // development tooling: the sidecar itself never imports it.
 package bench
 
@@ -29,14 +29,10 @@ import (
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/event"
 
+	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/cli"
+	"github.com/pulse-sidecar/pulse/internal/sidecar"
 )
-
-// Sidecar runs one sidecar in-process with the configuration getenv until ctx is done, then returns nil
-// after a clean shutdown. It sends every database command of the sidecar to monitor, writes its log to
-// logs, and calls ready with the API's address (host:port) once the API listens. It returns an error when
-// the sidecar does not start.
-type Sidecar func(ctx context.Context, getenv func(string) string, monitor *event.CommandMonitor, logs io.Writer, ready func(addr string)) error
 
 // result holds the figures `pulse bench` prints.
 type result struct {
@@ -81,7 +77,8 @@ type flags struct {
 
 // Run is `pulse bench` with the command line args (the flags after "bench"). It starts the embedded
 // development database as a child process, `<this executable> devdb` (so the executable must be pulse),
-// unless PULSE_MONGODB_URI or --mongodb-uri names one; runs --replicas sidecars with sidecar; registers
+// unless PULSE_MONGODB_URI or --mongodb-uri names one; runs --replicas sidecars in-process (package
+// internal/sidecar, reporting version as theirs); registers
 // --groups consumer groups on a local receiver; publishes and delivers --history events first (untimed,
 // arrays of 100, kept as retained history); then publishes --events events, one request per event, with
 // --concurrency concurrent clients spread over the replicas (or, with --rate R, R requests per second
@@ -89,7 +86,7 @@ type flags struct {
 // raw single-document updates by _id on the same database at the same concurrency. It prints a table and
 // one machine-readable line starting with "bench:" on stdout, and blocks until done or --timeout. It
 // returns a *cli.UsageError for flags it does not accept and flag.ErrHelp after printing --help.
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, sidecar Sidecar) error {
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, version string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var o flags
 	fs.IntVar(&o.events, "events", 1000, "events to publish in the measured run")
@@ -125,7 +122,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		defer stop()
 		o.uri, dbPID = dbURI, pid
 	}
-	r, err := run(ctx, o, dbPID, sidecar)
+	r, err := run(ctx, o, dbPID, version)
 	if err != nil {
 		return err
 	}
@@ -134,7 +131,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 // run runs the bench o describes; dbPID is the embedded database process (0: not ours).
-func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, error) {
+func run(ctx context.Context, o flags, dbPID int, version string) (result, error) {
 	dbName := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	rcv := newReceiver()
 	rcv.delay = o.delay
@@ -177,35 +174,27 @@ func run(ctx context.Context, o flags, dbPID int, sidecar Sidecar) (result, erro
 		Failed:    func(_ context.Context, e *event.CommandFailedEvent) { took(e.RequestID, e.Duration) },
 	}
 	logs := newLogCounter()
-	sidecarCtx, stopSidecar := context.WithCancel(ctx)
-	defer stopSidecar()
 	env := map[string]string{"PULSE_MONGODB_URI": o.uri, "PULSE_DATABASE": dbName, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_LOG_LEVEL": "warn"}
+	cfg, err := config.Load(func(k string) string { return env[k] })
+	if err != nil {
+		return result{}, err
+	}
 	apis := make([]string, o.replicas)
-	dones := make([]chan error, o.replicas)
-	for r := range o.replicas {
-		addr := make(chan string, 1)
-		done := make(chan error, 1)
-		dones[r] = done
-		go func() {
-			done <- sidecar(sidecarCtx, func(k string) string { return env[k] }, monitor, logs, func(a string) { addr <- a })
-		}()
-		select {
-		case a := <-addr:
-			apis[r] = "http://" + a
-		case err := <-done:
-			return result{}, fmt.Errorf("bench: sidecar replica %d did not start: %w", r+1, err)
+	sidecars := make([]*sidecar.Sidecar, 0, o.replicas)
+	shutdown := func() { // stops every replica, each once; safe twice
+		for _, s := range sidecars {
+			s.Stop()
 		}
 	}
-	var stopOnce sync.Once
-	shutdown := func() {
-		stopOnce.Do(func() {
-			stopSidecar()
-			for _, done := range dones {
-				<-done
-			}
-		})
-	}
 	defer shutdown()
+	for r := range o.replicas {
+		s := sidecar.New(cfg, sidecar.Options{Version: version, Logs: logs, Monitor: monitor})
+		if err := s.Start(ctx); err != nil {
+			return result{}, fmt.Errorf("bench: sidecar replica %d did not start: %w", r+1, err)
+		}
+		sidecars = append(sidecars, s)
+		apis[r] = "http://" + s.Addr()
+	}
 	for g := range o.groups {
 		body := fmt.Sprintf(`{"url":"http://%s/g%d","topics":["bench"],"maxConcurrency":64,"ordered":%t}`, ln.Addr(), g, o.ordered)
 		if err := request(ctx, "PUT", fmt.Sprintf("%s/v1/endpoints/bench-%d", apis[0], g), body, http.StatusCreated); err != nil {

@@ -1,4 +1,6 @@
-package httpapi
+// Package metrics holds the sidecar's Prometheus metrics: the observer of the dispatcher and the
+// reconciler, and the publish counter and handler the HTTP API mounts at GET /metrics.
+package metrics
 
 import (
 	"context"
@@ -18,8 +20,8 @@ import (
 // error (failed, the delivery is terminal).
 var attemptOutcomes = []string{"success", "retry", "error"}
 
-// Metrics holds the sidecar's Prometheus metrics. It implements dispatcher.Observer and
-// reconciler.Observer. Every label set is bounded: consumer groups (bounded by registration), attempt
+// Metrics holds the sidecar's Prometheus metrics. It implements dispatcher.Observer,
+// reconciler.Observer and httpapi.Metrics. Every label set is bounded: consumer groups (bounded by registration), attempt
 // outcomes and repair kinds; never topics (clients choose them freely), event or delivery ids. It is safe
 // for concurrent use.
 type Metrics struct {
@@ -39,8 +41,8 @@ type Metrics struct {
 // endpointStates are the values of pulse_endpoint_state's state label.
 var endpointStates = []pulsetype.EndpointState{pulsetype.EndpointActive, pulsetype.EndpointPaused, pulsetype.EndpointDisabled}
 
-// NewMetrics registers the metrics (and the Go and process collectors) in a registry of their own.
-func NewMetrics() *Metrics {
+// New registers the metrics (and the Go and process collectors) in a registry of their own.
+func New() *Metrics {
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_events_published_total",

@@ -1,4 +1,4 @@
-package httpapi
+package metrics
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // pulse_deliveries_pending is counted on scrape, reused for maxAge, kept when a count fails, and shows
 // registered groups with nothing pending as 0.
 func TestPendingCountedOnScrape(t *testing.T) {
-	m := NewMetrics()
+	m := New()
 	calls := 0
 	counts := map[string]int64{"billing": 3, "audit": 0}
 	m.CountPendingWith(func(context.Context) (map[string]int64, error) {
@@ -42,7 +42,7 @@ func TestPendingCountedOnScrape(t *testing.T) {
 		t.Errorf("second scrape within maxAge counted again (%d calls) or changed the value", calls)
 	}
 
-	m2 := NewMetrics()
+	m2 := New()
 	n := 0
 	m2.CountPendingWith(func(context.Context) (map[string]int64, error) {
 		n++
@@ -66,7 +66,7 @@ func TestPendingCountedOnScrape(t *testing.T) {
 // The per-group series follow the groups of the count: a group gets its attempt series at 0 on the first
 // scrape, and loses them when it leaves the count (deleted, nothing pending), so the label set stays bounded.
 func TestGroupSeriesFollowRegistration(t *testing.T) {
-	m := NewMetrics()
+	m := New()
 	counts := map[string]int64{"billing": 0}
 	m.CountPendingWith(func(context.Context) (map[string]int64, error) { return counts, nil }, 0, zerolog.Nop())
 	scrape := func() string {

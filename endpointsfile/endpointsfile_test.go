@@ -1,4 +1,4 @@
-package main
+package endpointsfile
 
 import (
 	"context"
@@ -13,10 +13,11 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// putRecorder is an endpointPutter that records the URLs put; with block set, PutEndpoint waits until its
+// putRecorder is an Store that records the URLs put; with block set, PutEndpoint waits until its
 // context ends.
 type putRecorder struct {
 	mu        sync.Mutex
@@ -66,18 +67,18 @@ func TestEndpointsWatcherReappliesAndStops(t *testing.T) {
 	}
 	write("http://127.0.0.1:1/v1")
 	store := &putRecorder{blocked: make(chan struct{})}
-	applied, err := applyEndpointsFile(t.Context(), file, store, func(string) {}, zerolog.Nop())
+	applied, err := Apply(t.Context(), file, store, func(string) {}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newEndpointsWatcher(file, applied, store, func(string) {}, zerolog.Nop())
+	w := NewWatcher(file, applied, store, func(string) {}, zerolog.Nop())
 	w.poll = 5 * time.Millisecond
 	if err := w.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer w.Stop()
 	write("http://127.0.0.1:1/v2")
-	waitFor(t, 10*time.Second, "the changed file to be re-applied", func() bool { return store.put("http://127.0.0.1:1/v2") })
+	testwait.Eventually(t, 10*time.Second, "the changed file to be re-applied", func() bool { return store.put("http://127.0.0.1:1/v2") })
 
 	store.mu.Lock()
 	store.block = true
@@ -120,13 +121,13 @@ func TestEndpointsFileEntries(t *testing.T) {
 		if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		eps, err := loadEndpointsFile(path)
+		eps, err := Load(path)
 		got := ""
 		if err != nil {
 			got = strings.ReplaceAll(err.Error(), path, "FILE")
 		}
 		if got != tc.wantErr || (err == nil && len(eps) != 0) {
-			t.Errorf("%s: loadEndpointsFile = %d endpoints, error\n%s\nwant\n%s", tc.name, len(eps), got, tc.wantErr)
+			t.Errorf("%s: Load = %d endpoints, error\n%s\nwant\n%s", tc.name, len(eps), got, tc.wantErr)
 		}
 	}
 
@@ -155,7 +156,7 @@ func TestEndpointsFileEntries(t *testing.T) {
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eps, err := loadEndpointsFile(path)
+	eps, err := Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package main
+// Package endpointsfile registers the endpoints of PULSE_ENDPOINTS_FILE: a YAML or JSON list of PUT
+// /v1/endpoints/{consumerGroup} bodies, each with its "consumerGroup", decoded by the API's own rules
+// (httpapi.DecodeEndpoint) and audited as the API audits a PUT. Apply registers the file once, at start;
+// Watcher re-applies it whenever its content changes. An invalid version is never applied in part.
+package endpointsfile
 
 import (
 	"bytes"
@@ -19,15 +23,15 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// endpointsFilePoll is how often PULSE_ENDPOINTS_FILE is checked for changes (a mounted ConfigMap is
+// Poll is how often PULSE_ENDPOINTS_FILE is checked for changes (a mounted ConfigMap is
 // replaced by a symlink swap, which content hashing sees and file watchers often miss).
-const endpointsFilePoll = 5 * time.Second
+const Poll = 5 * time.Second
 
-// loadEndpointsFile reads PULSE_ENDPOINTS_FILE: a YAML or JSON list of endpoints, each the body of
+// Load reads PULSE_ENDPOINTS_FILE: a YAML or JSON list of endpoints, each the body of
 // PUT /v1/endpoints/{consumerGroup} plus its "consumerGroup". It returns the endpoints normalized (defaults
 // filled), and an error naming the file and the first invalid entry (1-based index, consumer group and field) when
 // any is invalid; then nothing should be applied. Unknown fields and duplicate consumer groups are errors.
-func loadEndpointsFile(path string) ([]*pulsetype.Endpoint, error) {
+func Load(path string) ([]*pulsetype.Endpoint, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: %w", path, err)
@@ -100,20 +104,21 @@ func checkStringKeys(v any) error {
 	return nil
 }
 
-type endpointPutter interface {
+// Store is the storage the endpoints file is registered in (mongo.Store implements it).
+type Store interface {
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
 	PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (*pulsetype.Endpoint, bool, error)
 }
 
-// applyEndpointsFile registers every endpoint of the file (replacing same-named consumer groups), and logs
+// Apply registers every endpoint of the file (replacing same-named consumer groups), and logs
 // an audit line for each one it creates or changes. It returns the file's hash, or an error naming the
 // invalid entry.
-func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, changed func(string), log zerolog.Logger) ([32]byte, error) {
+func Apply(ctx context.Context, path string, store Store, changed func(string), log zerolog.Logger) ([32]byte, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return [32]byte{}, fmt.Errorf("PULSE_ENDPOINTS_FILE=%q: %w", path, err)
 	}
-	eps, err := loadEndpointsFile(path)
+	eps, err := Load(path)
 	if err != nil {
 		return [32]byte{}, err
 	}
@@ -140,36 +145,36 @@ func applyEndpointsFile(ctx context.Context, path string, store endpointPutter, 
 	return sha256.Sum256(raw), nil
 }
 
-// endpointsWatcher re-applies PULSE_ENDPOINTS_FILE whenever its content changes, checking every
-// endpointsFilePoll (jittered). An invalid new version is logged and skipped; the endpoints registered
+// Watcher re-applies PULSE_ENDPOINTS_FILE whenever its content changes, checking every
+// Poll (jittered). An invalid new version is logged and skipped; the endpoints registered
 // before stay.
-type endpointsWatcher struct {
+type Watcher struct {
 	path    string
 	applied [32]byte      // hash of the version applied (or reported invalid) last
-	poll    time.Duration // period of the checks (endpointsFilePoll), jittered
-	store   endpointPutter
+	poll    time.Duration // period of the checks (Poll), jittered
+	store   Store
 	changed func(group string)
 	log     zerolog.Logger
 	run     startstop.Base
 }
 
-// newEndpointsWatcher returns a watcher of the file at path, whose version of hash applied is registered.
-func newEndpointsWatcher(path string, applied [32]byte, store endpointPutter, changed func(string), log zerolog.Logger) *endpointsWatcher {
-	return &endpointsWatcher{path: path, applied: applied, poll: endpointsFilePoll, store: store, changed: changed, log: log}
+// NewWatcher returns a watcher of the file at path, whose version of hash applied is registered; once
+// started it checks the file every Poll (jittered).
+func NewWatcher(path string, applied [32]byte, store Store, changed func(string), log zerolog.Logger) *Watcher {
+	return &Watcher{path: path, applied: applied, poll: Poll, store: store, changed: changed, log: log}
 }
 
 // Start runs the checks in a goroutine and returns at once; it returns startstop.ErrStarted when the
 // watcher runs already.
-func (w *endpointsWatcher) Start(ctx context.Context) error {
-	jittered := func() time.Duration { return pulsetype.Jittered(w.poll) }
-	return w.run.StartGo(ctx, func(ctx context.Context) { startstop.Every(ctx, jittered(), jittered, w.check) })
+func (w *Watcher) Start(ctx context.Context) error {
+	return w.run.StartTicking(ctx, 0, func() time.Duration { return w.poll }, w.check)
 }
 
 // Stop ends the checks and blocks until their goroutine returned. It is safe twice and before Start.
-func (w *endpointsWatcher) Stop() { w.run.Stop() }
+func (w *Watcher) Stop() { w.run.Stop() }
 
 // check re-applies the file if its content changed since the version last applied.
-func (w *endpointsWatcher) check(ctx context.Context) {
+func (w *Watcher) check(ctx context.Context) {
 	raw, err := os.ReadFile(w.path)
 	if err != nil {
 		w.log.Warn().Err(err).Str("file", w.path).Msg("endpoints file unreadable; keeping the endpoints registered")
@@ -178,7 +183,7 @@ func (w *endpointsWatcher) check(ctx context.Context) {
 	if sum := sha256.Sum256(raw); bytes.Equal(sum[:], w.applied[:]) {
 		return
 	}
-	sum, err := applyEndpointsFile(ctx, w.path, w.store, w.changed, w.log)
+	sum, err := Apply(ctx, w.path, w.store, w.changed, w.log)
 	if err != nil && ctx.Err() != nil {
 		return // stopped while applying: the version is not invalid, and not applied either
 	}
