@@ -55,4 +55,3 @@ func serveUsage() string {
 	}
 	return b.String()
 }
-
