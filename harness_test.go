@@ -17,6 +17,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/pulse-sidecar/pulse/config"
+	sidecarpkg "github.com/pulse-sidecar/pulse/internal/sidecar"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
@@ -62,18 +64,33 @@ type sidecar struct {
 	stop func()
 }
 
-// start runs a sidecar in-process with env and returns once it listens; it is stopped in t.Cleanup. The
-// test hooks env sets (PULSE_TEST_CLOCK_SKEW, PULSE_TEST_CRASH_AFTER_PUBLISH) reach it as serveHooks, in
-// any build.
+// start runs a sidecar in-process with env (internal/sidecar, as `pulse serve` runs it) and returns once it
+// listens; it is stopped in t.Cleanup. The test hooks env sets (PULSE_TEST_CLOCK_SKEW,
+// PULSE_TEST_CRASH_AFTER_PUBLISH) reach it as sidecar.TestHooks, in any build.
 func (b *bundle) start(env map[string]string) *sidecar {
 	b.t.Helper()
-	hooks, err := testHooksFromEnv(func(k string) string { return env[k] })
+	getenv := func(k string) string { return env[k] }
+	hooks, err := sidecarpkg.ParseTestHooks(getenv)
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	return b.startWith(env, func(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-		return serveWith(ctx, getenv, stdout, hooks)
+	cfg, err := config.Load(getenv)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	logs := &testdb.SyncBuffer{}
+	s := sidecarpkg.New(cfg, sidecarpkg.Options{Logs: logs, TestHooks: hooks})
+	if err := s.Start(context.Background()); err != nil {
+		b.t.Fatalf("sidecar did not start: %v\n%s", err, logs.String())
+	}
+	stop := sync.OnceFunc(func() {
+		s.Stop()
+		if err := s.Wait(); err != nil {
+			b.t.Errorf("sidecar exited with %v", err)
+		}
 	})
+	b.t.Cleanup(stop)
+	return &sidecar{URL: "http://" + s.Addr(), logs: logs, stop: stop}
 }
 
 // startWith runs a sidecar in-process with env through serve (serveWith or run) and returns once it

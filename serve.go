@@ -10,7 +10,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/cli"
-	"github.com/pulse-sidecar/pulse/internal/sidecar"
+	sidecarpkg "github.com/pulse-sidecar/pulse/internal/sidecar"
 )
 
 // serve runs the sidecar (package internal/sidecar) until ctx is done, then shuts it down in the order
@@ -29,7 +29,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	s := sidecar.New(cfg, sidecar.Options{Version: version, Logs: stdout, TestHooks: hooks})
+	s := sidecarpkg.New(cfg, sidecarpkg.Options{Version: version, Logs: stdout, TestHooks: hooks})
 	if err := s.Start(ctx); err != nil {
 		return err
 	}
