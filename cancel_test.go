@@ -25,8 +25,8 @@ type errorAnswer struct {
 	} `json:"error"`
 }
 
-// cancel POSTs the cancel of a delivery and returns the status and the answer.
-func (s *sidecar) cancel(t *testing.T, id string) (int, cancelAnswer) {
+// cancelDelivery POSTs the cancel of a delivery and returns the status and the answer.
+func cancelDelivery(s *sidecar, t *testing.T, id string) (int, cancelAnswer) {
 	t.Helper()
 	var out cancelAnswer
 	code := do(t, "POST", s.URL+"/v1/deliveries/"+id+"/cancel", nil, &out)
@@ -49,24 +49,24 @@ func TestCancelAWaitingDeliveryAndReplayIt(t *testing.T) {
 	s := b.start(b.fastEnv())
 	rcv := newReceiver(t, 500, 200)
 	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1h"})
-	did := s.deliveryOf(t, s.publish(t, "t", 1), "billing")
+	did := deliveryOf(s, t, s.publish(t, "t", 1), "billing")
 	var d deliveryView
-	waitFor(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool { d = s.getDelivery(t, did); return len(d.Attempts) == 2 })
+	waitFor(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool { d = getDelivery(s, t, did); return len(d.Attempts) == 2 })
 
-	code, ok := s.cancel(t, did)
+	code, ok := cancelDelivery(s, t, did)
 	if code != 200 || ok.Status != "cancelled" || ok.FinalAttempt != 2 || ok.AttemptInFlight {
 		t.Fatalf("cancel answered %d %+v, want 200 cancelled at attempt 2, nothing in flight", code, ok)
 	}
-	d = s.getDelivery(t, did)
+	d = getDelivery(s, t, did)
 	if d.Status != "cancelled" || d.Error == nil || d.Error.Code != "cancelled" || len(d.Attempts) != 2 || d.Attempts[0].HTTPStatus != 500 {
 		t.Fatalf("delivery = %+v, want cancelled after attempt 1 (HTTP 500)", d)
 	}
 	wantCancelAttempt(t, d.Attempts[1], 2)
 
-	if code, bad := s.cancel(t, did); code != 409 || bad.Error.Code != "delivery_terminal" || !strings.Contains(bad.Error.Message, "cancelled") {
+	if code, bad := cancelDelivery(s, t, did); code != 409 || bad.Error.Code != "delivery_terminal" || !strings.Contains(bad.Error.Message, "cancelled") {
 		t.Fatalf("second cancel answered %d %+v, want 409 delivery_terminal naming the status", code, bad)
 	}
-	if code, bad := s.cancel(t, "no-such-delivery"); code != 404 || bad.Error.Code != "delivery_not_found" {
+	if code, bad := cancelDelivery(s, t, "no-such-delivery"); code != 404 || bad.Error.Code != "delivery_not_found" {
 		t.Fatalf("cancel of an unknown delivery answered %d %+v, want 404 delivery_not_found", code, bad)
 	}
 	var list struct{ Deliveries []deliveryView }
@@ -85,7 +85,7 @@ func TestCancelAWaitingDeliveryAndReplayIt(t *testing.T) {
 	if d.Status != "success" || lastAttempt(t, d).Attempt != 3 || len(rcv.received()) != 2 {
 		t.Fatalf("replayed delivery = %+v after %d POSTs, want success at attempt 3 after 2 POSTs", d, len(rcv.received()))
 	}
-	if code, bad := s.cancel(t, did); code != 409 || bad.Error.Code != "delivery_terminal" {
+	if code, bad := cancelDelivery(s, t, did); code != 409 || bad.Error.Code != "delivery_terminal" {
 		t.Fatalf("cancel of a successful delivery answered %d %+v, want 409 delivery_terminal", code, bad)
 	}
 }
@@ -99,15 +99,15 @@ func TestCancelWhileAnotherReplicaHoldsTheAttempt(t *testing.T) {
 	a := b.start(b.fastEnv())
 	rcv := newHoldingReceiver(t, 500)
 	a.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
-	did := a.deliveryOf(t, a.publish(t, "t", 1), "billing") // the publishing replica leases attempt 1 itself
+	did := deliveryOf(a, t, a.publish(t, "t", 1), "billing") // the publishing replica leases attempt 1 itself
 	rcv.waitArrival(t)
 	bb := b.start(b.fastEnv()) // started now, so that A holds attempt 1
 
-	code, ok := bb.cancel(t, did)
+	code, ok := cancelDelivery(bb, t, did)
 	if code != 200 || ok.FinalAttempt != 2 || !ok.AttemptInFlight {
 		t.Fatalf("cancel answered %d %+v, want 200 with attempt 1 in flight and attempt 2 taken", code, ok)
 	}
-	d := bb.getDelivery(t, did)
+	d := getDelivery(bb, t, did)
 	if d.Status != "cancelled" || len(d.Attempts) != 2 || d.Attempts[0].Status != "pending" || d.Attempts[0].LockState != "active" {
 		t.Fatalf("delivery = %+v, want cancelled with attempt 1 still leased", d)
 	}
@@ -123,7 +123,7 @@ func TestCancelWhileAnotherReplicaHoldsTheAttempt(t *testing.T) {
 	waitFor(t, 20*time.Second, "replica A to record attempt 1 and its follow-up", func() bool {
 		return strings.Contains(scrape(t, a), `pulse_attempts_total{consumer_group="billing",outcome="retry"} 1`)
 	})
-	d = bb.getDelivery(t, did)
+	d = getDelivery(bb, t, did)
 	if d.Status != "cancelled" || d.Error == nil || d.Error.Code != "cancelled" || len(d.Attempts) != 2 ||
 		d.Attempts[0].Status != "error" || d.Attempts[0].HTTPStatus != 500 {
 		t.Fatalf("delivery = %+v, want still cancelled, attempt 1 recorded with HTTP 500, no attempt 3", d)
@@ -149,10 +149,10 @@ func TestCancellingTheHeadUnblocksAnOrderedLine(t *testing.T) {
 	s := b.start(b.fastEnv())
 	rcv := newReceiver(t, 500, 200)
 	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true, "retryDelay": "1h"})
-	head := s.deliveryOf(t, s.publish(t, "t", "first"), "ledger")
+	head := deliveryOf(s, t, s.publish(t, "t", "first"), "ledger")
 	waitFor(t, 20*time.Second, "the head's first POST", func() bool { return len(rcv.received()) == 1 })
 	next := s.publish(t, "t", "second")
-	if code, _ := s.cancel(t, head); code != 200 {
+	if code, _ := cancelDelivery(s, t, head); code != 200 {
 		t.Fatalf("cancel of the head answered %d", code)
 	}
 	if d := s.waitDelivery(t, next, "ledger", 20*time.Second); d.Status != "success" {
@@ -169,7 +169,7 @@ func TestHalfDoneCancelIsFinishedByTheRepair(t *testing.T) {
 	rcv := newReceiver(t, 200)
 	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
 	now := time.Now().UTC()
-	id := b.tornState("g", bson.M{}, bson.M{"status": "error", "endedAt": now, "terminal": true,
+	id := tornState(b, "g", bson.M{}, bson.M{"status": "error", "endedAt": now, "terminal": true,
 		"error": bson.M{"code": "cancelled", "message": "cancelled through the API: no attempt is sent after it"}})
 	d := s.waitDelivery(t, id, "g", 20*time.Second)
 	if d.Status != "cancelled" || d.Error == nil || d.Error.Code != "cancelled" || len(d.Attempts) != 1 {

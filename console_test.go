@@ -136,14 +136,14 @@ func TestConsoleRetriesAFailingDelivery(t *testing.T) {
 	page(t, ctx, 10*time.Second, "press pause", chromedp.Click(chromedp.CSS(`button[data-action="pause"][data-group="billing"]`)))
 	until(t, ctx, 10*time.Second, "the pause message", `document.getElementById("message").textContent.startsWith("Paused billing")`)
 	until(t, ctx, 10*time.Second, "the group shown paused", `((b) => b !== null && /^paused/.test(b.closest("tr").querySelector("td.state").textContent))(document.querySelector('button[data-group="billing"][data-action="resume"]'))`)
-	if ep := s.getEndpoint(t, "billing"); ep.State != "paused" {
+	if ep := getEndpoint(s, t, "billing"); ep.State != "paused" {
 		t.Errorf("after pressing pause the endpoint's state is %v, want paused", ep.State)
 	}
 	page(t, ctx, 10*time.Second, "press resume",
 		chromedp.Click(chromedp.CSS(`button[data-action="resume"][data-group="billing"]`)))
 	until(t, ctx, 10*time.Second, "the resume message", `document.getElementById("message").textContent.startsWith("Resumed billing")`)
 	until(t, ctx, 10*time.Second, "the group shown active", `((b) => b !== null && b.closest("tr").querySelector("td.state").textContent === "active")(document.querySelector('button[data-group="billing"][data-action="pause"]'))`)
-	if ep := s.getEndpoint(t, "billing"); ep.State != "active" {
+	if ep := getEndpoint(s, t, "billing"); ep.State != "active" {
 		t.Errorf("after pressing resume the endpoint's state is %v, want active", ep.State)
 	}
 

@@ -48,7 +48,7 @@ func TestNoPostAfterTheEventExpired(t *testing.T) {
 	if code := do(t, "POST", s.URL+"/v1/events", batch, &published); code != 202 {
 		t.Fatalf("publish answered %d", code)
 	}
-	ds := s.waitGroupDone(t, "slow", len(published), 30*time.Second)
+	ds := waitGroupDone(s, t, "slow", len(published), 30*time.Second)
 	expired := 0
 	for _, d := range ds {
 		last := d.Attempts[len(d.Attempts)-1]
@@ -72,7 +72,7 @@ func TestNoPostAfterTheEventExpired(t *testing.T) {
 
 // waitGroupDone waits until the consumer group has n deliveries, none pending, and returns them with their
 // attempts (it reads deliveries, not events: an expired event is gone from GET /v1/events).
-func (s *sidecar) waitGroupDone(t *testing.T, group string, n int, timeout time.Duration) []deliveryView {
+func waitGroupDone(s *sidecar, t *testing.T, group string, n int, timeout time.Duration) []deliveryView {
 	t.Helper()
 	var out []deliveryView
 	waitFor(t, timeout, "the deliveries of "+group+" to end", func() bool {
@@ -104,13 +104,13 @@ func lastAttempt(t *testing.T, d deliveryView) attemptView {
 }
 
 // getDelivery reads one delivery by id.
-func (s *sidecar) getDelivery(t *testing.T, id string) deliveryView {
+func getDelivery(s *sidecar, t *testing.T, id string) deliveryView {
 	t.Helper()
 	return get[deliveryView](t, s.URL+"/v1/deliveries/"+id)
 }
 
 // deliveryOf returns the id of the event's delivery to group, waiting until it exists.
-func (s *sidecar) deliveryOf(t *testing.T, eventID, group string) string {
+func deliveryOf(s *sidecar, t *testing.T, eventID, group string) string {
 	t.Helper()
 	id := ""
 	waitFor(t, 20*time.Second, "the delivery of "+eventID+" to "+group, func() bool {
@@ -135,13 +135,13 @@ func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
 	old, fresh := newReceiver(t, 500), newReceiver(t, 200)
 	s1.registerEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"invoice.paid"}, "retryDelay": "1s"})
 	paid := s1.publish(t, "invoice.paid", map[string]any{"invoice": 1})
-	did := s1.deliveryOf(t, paid, "billing")
+	did := deliveryOf(s1, t, paid, "billing")
 	waitFor(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool {
-		d := s1.getDelivery(t, did)
+		d := getDelivery(s1, t, did)
 		return len(d.Attempts) == 2 && d.Attempts[1].Status == "pending"
 	})
 	s2.deleteEndpoint(t, "billing")
-	d := s1.getDelivery(t, did)
+	d := getDelivery(s1, t, did)
 	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
 		t.Fatalf("right after the delete, delivery = %+v, want error with endpoint_deleted", d)
 	}
@@ -156,7 +156,7 @@ func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
 		t.Fatalf("the re-created group's receiver got %v, want only %s once", got, created)
 	}
 	old.wantPOSTs(t, 1, "at the deleted group's endpoint (before the delete)")
-	if d := s1.getDelivery(t, did); d.Status != "error" || len(d.Attempts) != 2 {
+	if d := getDelivery(s1, t, did); d.Status != "error" || len(d.Attempts) != 2 {
 		t.Fatalf("the old delivery changed after the re-creation: %+v", d)
 	}
 	if strings.Contains(s1.logs.String()+s2.logs.String(), `"level":"error","consumer_group":"billing"`) {
@@ -172,12 +172,12 @@ func TestPutDroppingATopicEndsItsDeliveries(t *testing.T) {
 	failing, fixed := newReceiver(t, 500), newReceiver(t, 200)
 	s.registerEndpoint(t, "g", map[string]any{"url": failing.URL, "topics": []string{"a", "b"}, "retryDelay": "1s"})
 	ea, eb := s.publish(t, "a", 1), s.publish(t, "b", 2)
-	da, db := s.deliveryOf(t, ea, "g"), s.deliveryOf(t, eb, "g")
+	da, db := deliveryOf(s, t, ea, "g"), deliveryOf(s, t, eb, "g")
 	waitFor(t, 20*time.Second, "both deliveries to wait for a retry", func() bool {
-		return len(s.getDelivery(t, da).Attempts) == 2 && len(s.getDelivery(t, db).Attempts) == 2
+		return len(getDelivery(s, t, da).Attempts) == 2 && len(getDelivery(s, t, db).Attempts) == 2
 	})
 	s.registerEndpoint(t, "g", map[string]any{"url": fixed.URL, "topics": []string{"b"}, "retryDelay": "1s"})
-	d := s.getDelivery(t, da)
+	d := getDelivery(s, t, da)
 	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "unsubscribed" {
 		t.Fatalf("delivery of the dropped topic = %+v, want error with unsubscribed", d)
 	}
@@ -202,9 +202,9 @@ func TestInFlightAttemptOfADeletedGroupDoesNotReachItsSuccessor(t *testing.T) {
 	s.deleteEndpoint(t, "billing")
 	s.registerEndpoint(t, "billing", map[string]any{"url": fresh.URL, "topics": []string{"t"}})
 	old.letGo()
-	did := s.deliveryOf(t, id, "billing")
+	did := deliveryOf(s, t, id, "billing")
 	var d deliveryView
-	waitFor(t, 20*time.Second, "the old delivery to end", func() bool { d = s.getDelivery(t, did); return d.Status != "pending" })
+	waitFor(t, 20*time.Second, "the old delivery to end", func() bool { d = getDelivery(s, t, did); return d.Status != "pending" })
 	if d.Status != "error" || d.Error == nil || d.Error.Code != "endpoint_deleted" {
 		t.Fatalf("old delivery = %+v, want error ending with endpoint_deleted", d)
 	}
@@ -301,9 +301,9 @@ func TestNoAttemptAfterTheDelete(t *testing.T) {
 	rcv.waitArrival(t)
 	s2.deleteEndpoint(t, "billing")
 	rcv.letGo()
-	did := s1.deliveryOf(t, id, "billing")
+	did := deliveryOf(s1, t, id, "billing")
 	var d deliveryView
-	waitFor(t, 20*time.Second, "the delivery to end", func() bool { d = s1.getDelivery(t, did); return d.Status != "pending" })
+	waitFor(t, 20*time.Second, "the delivery to end", func() bool { d = getDelivery(s1, t, did); return d.Status != "pending" })
 	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].HTTPStatus != 500 {
 		t.Fatalf("delivery = %+v, want error after the one attempt in flight (HTTP 500)", d)
 	}
@@ -321,7 +321,7 @@ func TestStaleHeadDoesNotBlockARecreatedOrderedGroup(t *testing.T) {
 	rcv := newReceiver(t, 200)
 	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true})
 	later := time.Now().Add(time.Hour).UTC()
-	old := b.tornState("ledger", bson.M{"incarnation": "earlier-registration"},
+	old := tornState(b, "ledger", bson.M{"incarnation": "earlier-registration"},
 		bson.M{"status": "pending", "incarnation": "earlier-registration", "nextAttemptAt": later})
 	id := s.publish(t, "t", "new")
 	if d := s.waitDelivery(t, id, "ledger", 20*time.Second); d.Status != "success" {
@@ -346,9 +346,9 @@ func TestUnfinishedDeleteIsCompleted(t *testing.T) {
 		s.registerEndpoint(t, g, map[string]any{"url": rcv.URL, "topics": []string{"t-" + g}, "retryDelay": "1h"})
 	}
 	ea, eb := s.publish(t, "t-a", 1), s.publish(t, "t-b", 2)
-	da, db := s.deliveryOf(t, ea, "a"), s.deliveryOf(t, eb, "b")
+	da, db := deliveryOf(s, t, ea, "a"), deliveryOf(s, t, eb, "b")
 	waitFor(t, 20*time.Second, "both retries to be scheduled", func() bool {
-		return len(s.getDelivery(t, da).Attempts) == 2 && len(s.getDelivery(t, db).Attempts) == 2
+		return len(getDelivery(s, t, da).Attempts) == 2 && len(getDelivery(s, t, db).Attempts) == 2
 	})
 	subs := b.client.Database(b.dbName).Collection("pulse.subscriptions")
 	if _, err := subs.DeleteMany(t.Context(), bson.M{"_id": bson.M{"$in": []string{"a", "b"}}}); err != nil {
@@ -357,10 +357,10 @@ func TestUnfinishedDeleteIsCompleted(t *testing.T) {
 	if code := do(t, "DELETE", s.URL+"/v1/endpoints/b", nil, nil); code != 404 {
 		t.Fatalf("deleting b again answered %d, want 404", code)
 	}
-	if d := s.getDelivery(t, db); d.Status != "error" {
+	if d := getDelivery(s, t, db); d.Status != "error" {
 		t.Fatalf("delivery of b after the second delete = %+v, want error", d)
 	}
-	waitFor(t, 20*time.Second, "the reconciler to end a's delivery", func() bool { return s.getDelivery(t, da).Status == "error" })
+	waitFor(t, 20*time.Second, "the reconciler to end a's delivery", func() bool { return getDelivery(s, t, da).Status == "error" })
 }
 
 // maxConcurrency holds on a replica that has not seen the endpoint yet (registered through another replica

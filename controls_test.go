@@ -19,8 +19,8 @@ type endpointView struct {
 	errorAnswer
 }
 
-// control POSTs .../pause or .../resume for group and returns the answer.
-func (s *sidecar) control(t *testing.T, group, action string) (int, endpointView) {
+// controlEndpoint POSTs .../pause or .../resume for group and returns the answer.
+func controlEndpoint(s *sidecar, t *testing.T, group, action string) (int, endpointView) {
 	t.Helper()
 	var out endpointView
 	code := do(t, "POST", s.URL+"/v1/endpoints/"+group+"/"+action, nil, &out)
@@ -28,7 +28,7 @@ func (s *sidecar) control(t *testing.T, group, action string) (int, endpointView
 }
 
 // getEndpoint reads group's endpoint.
-func (s *sidecar) getEndpoint(t *testing.T, group string) endpointView {
+func getEndpoint(s *sidecar, t *testing.T, group string) endpointView {
 	t.Helper()
 	return get[endpointView](t, s.URL+"/v1/endpoints/"+group)
 }
@@ -57,16 +57,16 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 		a.registerEndpoint(t, g, map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": ordered})
 	}
 	for _, action := range []string{"pause", "resume"} {
-		if code, out := a.control(t, "nobody", action); code != 404 || out.Error.Code != "endpoint_not_found" {
+		if code, out := controlEndpoint(a, t, "nobody", action); code != 404 || out.Error.Code != "endpoint_not_found" {
 			t.Fatalf("%s of an unknown group answered %d %+v, want 404 endpoint_not_found", action, code, out.Error)
 		}
 	}
-	if ep := a.getEndpoint(t, "plain"); ep.State != "active" || ep.StateReason != "" || ep.StateSince != nil {
+	if ep := getEndpoint(a, t, "plain"); ep.State != "active" || ep.StateReason != "" || ep.StateSince != nil {
 		t.Fatalf("a new endpoint reads %+v, want state active without reason or since", ep)
 	}
 	before := time.Now().Add(-time.Second)
 	for g := range groups {
-		code, out := a.control(t, g, "pause")
+		code, out := controlEndpoint(a, t, g, "pause")
 		if code != 200 || out.ConsumerGroup != g || out.State != "paused" || out.StateReason != "paused" || out.StateSince == nil ||
 			out.StateSince.Before(before) || out.StateSince.After(time.Now().Add(time.Second)) {
 			t.Fatalf("pause %s answered %d %+v, want the endpoint paused since now", g, code, out)
@@ -81,8 +81,8 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 	}
 	// A PUT keeps the state; pausing again keeps stateSince.
 	a.registerEndpoint(t, "plain", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "state": "active"})
-	first := a.getEndpoint(t, "plain")
-	if _, again := a.control(t, "plain", "pause"); first.State != "paused" || again.StateSince == nil || !again.StateSince.Equal(*first.StateSince) {
+	first := getEndpoint(a, t, "plain")
+	if _, again := controlEndpoint(a, t, "plain", "pause"); first.State != "paused" || again.StateSince == nil || !again.StateSince.Equal(*first.StateSince) {
 		t.Fatalf("after a PUT the endpoint reads %+v, a second pause %+v; want paused since the first pause", first, again)
 	}
 
@@ -90,7 +90,7 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 	for i := range 4 {
 		id := bb.publish(t, "t", i)
 		for g := range groups {
-			dids = append(dids, bb.deliveryOf(t, id, g))
+			dids = append(dids, deliveryOf(bb, t, id, g))
 		}
 	}
 	// Several lease timeouts (600 ms) and poll turns (50 ms) of both replicas pass with nothing POSTed and
@@ -104,7 +104,7 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 	})
 	waitFor(t, 10*time.Second, "every attempt queued, unstarted", func() bool {
 		for _, id := range dids {
-			d := bb.getDelivery(t, id)
+			d := getDelivery(bb, t, id)
 			if d.Status != "pending" || len(d.Attempts) != 1 {
 				t.Fatalf("delivery %+v while paused, want pending with its first attempt only", d)
 			}
@@ -119,20 +119,20 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 	}
 
 	for g := range groups {
-		if code, out := bb.control(t, g, "resume"); code != 200 || out.State != "active" || out.StateReason != "" || out.StateSince != nil {
+		if code, out := controlEndpoint(bb, t, g, "resume"); code != 200 || out.State != "active" || out.StateReason != "" || out.StateSince != nil {
 			t.Fatalf("resume %s answered %d %+v, want active", g, code, out)
 		}
 	}
 	waitFor(t, 20*time.Second, "every delivery after the resume", func() bool {
 		for _, id := range dids {
-			if d := bb.getDelivery(t, id); d.Status != "success" {
+			if d := getDelivery(bb, t, id); d.Status != "success" {
 				return false
 			}
 		}
 		return true
 	})
 	for _, id := range dids {
-		if d := bb.getDelivery(t, id); len(d.Attempts) != 1 || d.Attempts[0].Attempt != 1 {
+		if d := getDelivery(bb, t, id); len(d.Attempts) != 1 || d.Attempts[0].Attempt != 1 {
 			t.Fatalf("delivery %+v, want success at attempt 1: a pause uses up no attempt", d)
 		}
 	}
@@ -157,10 +157,10 @@ func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
 	a, bb := b.start(b.fastEnv()), b.start(b.fastEnv())
 	rcv := newReceiver(t, 410, 200)
 	a.registerEndpoint(t, "shop", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 0})
-	did := a.deliveryOf(t, a.publish(t, "t", 1), "shop")
+	did := deliveryOf(a, t, a.publish(t, "t", 1), "shop")
 	var ep endpointView
 	waitFor(t, 20*time.Second, "the endpoint disabled, seen through the other replica", func() bool {
-		ep = bb.getEndpoint(t, "shop")
+		ep = getEndpoint(bb, t, "shop")
 		return ep.State == "disabled"
 	})
 	if ep.StateReason != "gone" || ep.StateSince == nil {
@@ -172,7 +172,7 @@ func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
 		if n := len(rcv.received()); n != 1 {
 			t.Fatalf("the receiver got %d POSTs, want the one answered 410", n)
 		}
-		d = bb.getDelivery(t, did)
+		d = getDelivery(bb, t, did)
 		return time.Now().After(quiet) && len(d.Attempts) == 2 && d.Attempts[1].LockState == "queued"
 	})
 	first := d.Attempts[0]
@@ -189,7 +189,7 @@ func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
 		t.Errorf("no warning names the disabled endpoint")
 	}
 
-	if code, out := bb.control(t, "shop", "resume"); code != 200 || out.State != "active" {
+	if code, out := controlEndpoint(bb, t, "shop", "resume"); code != 200 || out.State != "active" {
 		t.Fatalf("resume answered %d %+v, want active", code, out)
 	}
 	d = bb.waitDelivery(t, d.EventID, "shop", 20*time.Second)
@@ -217,13 +217,13 @@ func TestDisableAfterAFailingStreak(t *testing.T) {
 	rcv := newReceiver(t, 500)
 	a.registerEndpoint(t, "flaky", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "disableAfter": "1s",
 		"retryDelay": "100ms", "maxRetryDelay": "200ms", "maxRetries": 100})
-	if ep := bb.getEndpoint(t, "flaky"); ep.DisableAfter != "1s" {
+	if ep := getEndpoint(bb, t, "flaky"); ep.DisableAfter != "1s" {
 		t.Fatalf("disableAfter reads %q, want 1s", ep.DisableAfter)
 	}
-	did := a.deliveryOf(t, bb.publish(t, "t", 1), "flaky")
+	did := deliveryOf(a, t, bb.publish(t, "t", 1), "flaky")
 	var ep endpointView
 	waitFor(t, 20*time.Second, "the endpoint disabled by its failing streak", func() bool {
-		ep = a.getEndpoint(t, "flaky")
+		ep = getEndpoint(a, t, "flaky")
 		return ep.State == "disabled"
 	})
 	posts := rcv.received()
@@ -235,10 +235,10 @@ func TestDisableAfterAFailingStreak(t *testing.T) {
 	if n := len(rcv.received()); n > len(posts)+1 {
 		t.Fatalf("%d POSTs after the disable, want at most the one in flight", n-len(posts))
 	}
-	if d := a.getDelivery(t, did); d.Status != "pending" {
+	if d := getDelivery(a, t, did); d.Status != "pending" {
 		t.Fatalf("delivery %+v, want pending while disabled", d)
 	}
-	if code, out := bb.control(t, "flaky", "resume"); code != 200 || out.State != "active" {
+	if code, out := controlEndpoint(bb, t, "flaky", "resume"); code != 200 || out.State != "active" {
 		t.Fatalf("resume answered %d %+v", code, out)
 	}
 	n := len(rcv.received())
@@ -253,7 +253,7 @@ func TestRateLimitSpacesThePOSTs(t *testing.T) {
 	limited, free := newReceiver(t, 200), newReceiver(t, 200)
 	s.registerEndpoint(t, "limited", map[string]any{"url": limited.URL, "topics": []string{"slow"}, "rateLimit": 5})
 	s.registerEndpoint(t, "free", map[string]any{"url": free.URL, "topics": []string{"fast"}})
-	if ep := s.getEndpoint(t, "limited"); ep.RateLimit != 5 {
+	if ep := getEndpoint(s, t, "limited"); ep.RateLimit != 5 {
 		t.Fatalf("rateLimit reads %v, want 5", ep.RateLimit)
 	}
 	if code := do(t, "PUT", s.URL+"/v1/endpoints/bad", map[string]any{"url": free.URL, "topics": []string{"t"}, "rateLimit": -1}, nil); code != 400 {

@@ -24,7 +24,7 @@ func postsByKey(r *receiver) map[string]int {
 }
 
 // waitDeliveries waits until n deliveries are in status, polling the database.
-func (b *bundle) waitDeliveries(status string, n int64, timeout time.Duration) {
+func waitDeliveries(b *bundle, status string, n int64, timeout time.Duration) {
 	b.t.Helper()
 	waitFor(b.t, timeout, fmt.Sprintf("%d deliveries in status %s", n, status), func() bool {
 		return b.count("deliveries", bson.M{"status": status}) >= n
@@ -73,7 +73,7 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 	}
 	wg.Wait()
 	close(ids)
-	b.waitDeliveries("success", int64(2*events), 5*time.Minute)
+	waitDeliveries(b, "success", int64(2*events), 5*time.Minute)
 	elapsed := time.Since(start)
 
 	for name, r := range map[string]*receiver{"ledger": rcvA, "mailer": rcvB} {
@@ -143,7 +143,7 @@ func TestStampedeOnEarliestSubscriptionDeliversEachEventOnce(t *testing.T) {
 				b.count("deliveries", bson.M{"status": "success"}), procs[0].logs.String())
 		}
 	}()
-	b.waitDeliveries("success", events, 3*time.Minute)
+	waitDeliveries(b, "success", events, 3*time.Minute)
 	byKey := postsByKey(rcv)
 	if len(byKey) != events || len(rcv.received()) != events {
 		t.Fatalf("receiver got %d POSTs for %d events, want %d each once", len(rcv.received()), len(byKey), events)

@@ -105,13 +105,13 @@ func TestSIGKILLDuringWebhookIsRecoveredAsWorkerLost(t *testing.T) {
 
 // tornState writes an event, its delivery to group and the given attempts straight into the database, as a
 // crash between two writes would leave them. It returns the event id.
-func (b *bundle) tornState(group string, delivery bson.M, attempts ...bson.M) string {
+func tornState(b *bundle, group string, delivery bson.M, attempts ...bson.M) string {
 	b.t.Helper()
-	return b.tornStateNamed("ev-"+strings.ReplaceAll(b.t.Name(), "/", "-"), group, delivery, attempts...)
+	return tornStateNamed(b, "ev-"+strings.ReplaceAll(b.t.Name(), "/", "-"), group, delivery, attempts...)
 }
 
 // tornStateNamed is tornState with the event id given.
-func (b *bundle) tornStateNamed(eventID, group string, delivery bson.M, attempts ...bson.M) string {
+func tornStateNamed(b *bundle, eventID, group string, delivery bson.M, attempts ...bson.M) string {
 	b.t.Helper()
 	ctx := context.Background()
 	db := b.client.Database(b.dbName)
@@ -166,7 +166,7 @@ func (b *bundle) tornStateNamed(eventID, group string, delivery bson.M, attempts
 
 // markForFanOut leaves event id of topic t as a publisher that died before fanning it out leaves it: marked
 // for fan-out, with its document in the outbox (written before the mark).
-func (b *bundle) markForFanOut(id string) {
+func markForFanOut(b *bundle, id string) {
 	b.t.Helper()
 	db := b.client.Database(b.dbName)
 	if _, err := db.Collection("pulse.outbox").InsertOne(context.Background(), bson.M{"_id": id, "topic": "t", "createdAt": time.Now().UTC()}); err != nil {
@@ -220,10 +220,10 @@ func TestCrashWindowsAreRepaired(t *testing.T) {
 			s := b.start(b.fastEnv())
 			rcv := newReceiver(t, 200)
 			s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
-			id := b.tornState("g", tc.delivery, tc.attempts...)
+			id := tornState(b, "g", tc.delivery, tc.attempts...)
 			if tc.wantFanout {
 				// Published after the group registered (createdAt now); older than a lease timeout once repaired.
-				b.markForFanOut(id)
+				markForFanOut(b, id)
 			}
 			d := s.waitDelivery(t, id, "g", 30*time.Second)
 			if d.Status != "success" || len(d.Attempts) != len(tc.wantCodes) {

@@ -49,7 +49,7 @@ func inversions(t *testing.T, arrival []string, events map[string]time.Time) int
 }
 
 // createdAtOf reads an event's createdAt through the API.
-func (s *sidecar) createdAtOf(t *testing.T, id string) time.Time {
+func createdAtOf(s *sidecar, t *testing.T, id string) time.Time {
 	t.Helper()
 	return get[struct {
 		CreatedAt time.Time `json:"createdAt"`
@@ -150,7 +150,7 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 }
 
 // startBehindPauseProxy starts a sidecar with env whose database connections go through a pauseProxy.
-func (b *bundle) startBehindPauseProxy(env map[string]string) (*sidecar, *pauseProxy) {
+func startBehindPauseProxy(b *bundle, env map[string]string) (*sidecar, *pauseProxy) {
 	b.t.Helper()
 	host := strings.TrimSuffix(strings.TrimPrefix(b.uri, "mongodb://"), "/")
 	host, _, _ = strings.Cut(host, "/")
@@ -256,7 +256,7 @@ func (p *pauseProxy) resume() {
 // API reports, because createdAt is stamped when the write reaches the database.
 func TestOrderHoldsWhenAnInsertStalls(t *testing.T) {
 	b := setup(t)
-	stalled, proxy := b.startBehindPauseProxy(b.fastEnv())
+	stalled, proxy := startBehindPauseProxy(b, b.fastEnv())
 	s := b.start(b.fastEnv())
 	rcv := newReceiver(t, 200)
 	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true})
@@ -281,7 +281,7 @@ func TestOrderHoldsWhenAnInsertStalls(t *testing.T) {
 		t.Fatal("the stalled publish failed")
 	}
 	waitFor(t, 30*time.Second, "E1 to be delivered", func() bool { return len(orderOf(rcv)) == 2 })
-	created := map[string]time.Time{first.ID: s.createdAtOf(t, first.ID), e2: s.createdAtOf(t, e2)}
+	created := map[string]time.Time{first.ID: createdAtOf(s, t, first.ID), e2: createdAtOf(s, t, e2)}
 	if n := inversions(t, orderOf(rcv), created); n != 0 {
 		t.Fatalf("arrival %v contradicts createdAt %v", orderOf(rcv), created)
 	}

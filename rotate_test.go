@@ -33,7 +33,7 @@ type rotateAnswer struct {
 	errorAnswer
 }
 
-func (s *sidecar) rotate(t *testing.T, group string, body any) (int, rotateAnswer) {
+func rotateSecret(s *sidecar, t *testing.T, group string, body any) (int, rotateAnswer) {
 	t.Helper()
 	var out rotateAnswer
 	code := do(t, "POST", s.URL+"/v1/endpoints/"+group+"/rotate-secret", body, &out)
@@ -125,13 +125,13 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 		{"billing", `{"secrets": "x"}`, "invalid_json"},
 		{"nobody", `{}`, "endpoint_not_found"},
 	} {
-		code, out := s.rotate(t, tc.group, tc.body)
+		code, out := rotateSecret(s, t, tc.group, tc.body)
 		if code/100 != 4 || out.Error.Code != tc.code {
 			t.Errorf("rotate %s %s answered %d %+v, want %s", tc.group, tc.body, code, out.Error, tc.code)
 		}
 	}
 
-	code, rot := s.rotate(t, "billing", nil) // everything by default: a generated secret, 24 h
+	code, rot := rotateSecret(s, t, "billing", nil) // everything by default: a generated secret, 24 h
 	generated := rot.Secret
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(generated, "whsec_"))
 	if code != 200 || !strings.HasPrefix(generated, "whsec_") || err != nil || len(key) != 32 || rot.Overlap != "24h0m0s" ||
@@ -165,7 +165,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 
 	wantSigners(t, "during the 24 h overlap", postOf(t, s, rcv), all, generated, secretOld)
 
-	if code, rot = s.rotate(t, "billing", map[string]any{"secret": secretNewer, "overlap": "1s"}); code != 200 || rot.Secret != "" || rot.Overlap != "1s" {
+	if code, rot = rotateSecret(s, t, "billing", map[string]any{"secret": secretNewer, "overlap": "1s"}); code != 200 || rot.Secret != "" || rot.Overlap != "1s" {
 		t.Fatalf("rotate with a given secret answered %d %+v, want 200 without the secret echoed", code, rot)
 	}
 	ends := *rot.PreviousSecretExpiresAt
@@ -183,7 +183,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 		t.Errorf("signed by the new secret alone at %d, before the overlap ended at %s", ts, ends)
 	}
 
-	if code, _ := s.rotate(t, "billing", map[string]any{"secret": secretFourth, "overlap": "1h"}); code != 200 {
+	if code, _ := rotateSecret(s, t, "billing", map[string]any{"secret": secretFourth, "overlap": "1h"}); code != 200 {
 		t.Fatalf("rotate answered %d", code)
 	}
 	moved := endpoint(secretFourth)
@@ -250,7 +250,7 @@ func TestRotationReachesAnotherReplica(t *testing.T) {
 	before, _ := postedByB()
 	wantSigners(t, "replica B before the rotation", before, all, secretOld)
 
-	if code, _ := a.rotate(t, "billing", map[string]any{"secret": secretNewer, "overlap": "1h"}); code != 200 {
+	if code, _ := rotateSecret(a, t, "billing", map[string]any{"secret": secretNewer, "overlap": "1h"}); code != 200 {
 		t.Fatalf("rotate through replica A answered %d", code)
 	}
 	rotated := time.Now()

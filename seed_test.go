@@ -22,12 +22,12 @@ func TestReconcilerRetryHonoursRetryAfter(t *testing.T) {
 	rcv := newReceiver(t, 200)
 	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
 	ended := time.Now().UTC().Truncate(time.Millisecond)
-	id := b.tornState("g", bson.M{}, bson.M{"status": "error", "httpStatus": 429, "endedAt": ended, "startedAt": ended,
+	id := tornState(b, "g", bson.M{}, bson.M{"status": "error", "httpStatus": 429, "endedAt": ended, "startedAt": ended,
 		"lockToken": "dead", "lockOwner": "dead", "lockedUntil": ended, "retryAfterMs": 4000,
 		"error": bson.M{"code": "handler_error", "message": "HTTP 429 Too Many Requests"}})
-	did := s.deliveryOf(t, id, "g")
+	did := deliveryOf(s, t, id, "g")
 	var d deliveryView
-	waitFor(t, 20*time.Second, "the reconciler to create attempt 2", func() bool { d = s.getDelivery(t, did); return len(d.Attempts) == 2 })
+	waitFor(t, 20*time.Second, "the reconciler to create attempt 2", func() bool { d = getDelivery(s, t, did); return len(d.Attempts) == 2 })
 	if due := d.Attempts[1].NextAttemptAt; due.Before(ended.Add(4 * time.Second)) {
 		t.Fatalf("attempt 2 is due %s after attempt 1 ended, want at least the 4 s Retry-After", due.Sub(ended))
 	}
@@ -41,7 +41,7 @@ func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
 	b := setup(t)
 	env := b.fastEnv()
 	env["PULSE_LOCK_TIMEOUT"] = "1s"
-	stalled, proxy := b.startBehindPauseProxy(env)
+	stalled, proxy := startBehindPauseProxy(b, env)
 
 	cancelled, testDone := make(chan struct{}, 1), make(chan struct{})
 	var mu sync.Mutex
@@ -82,7 +82,7 @@ func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
 		var h struct{ Status string }
 		return do(t, "GET", stalled.URL+"/readyz", nil, &h) == 200
 	})
-	d = other.getDelivery(t, other.deliveryOf(t, id, "g"))
+	d = getDelivery(other, t, deliveryOf(other, t, id, "g"))
 	successes := 0
 	for _, a := range d.Attempts {
 		if a.Status == "success" {
@@ -149,9 +149,9 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 	var all []torn
 	for i := range 48 {
 		k := kinds[i%len(kinds)]
-		id := b.tornStateNamed(fmt.Sprintf("torn-%02d", i), "g", k.delivery, k.attempts...)
+		id := tornStateNamed(b, fmt.Sprintf("torn-%02d", i), "g", k.delivery, k.attempts...)
 		if k.delivery == nil {
-			b.markForFanOut(id)
+			markForFanOut(b, id)
 		}
 		all = append(all, torn{id, k.wantPOSTs})
 	}

@@ -73,7 +73,7 @@ func TestAtMostOnceNeverRetries(t *testing.T) {
 
 	// A worker lost mid-POST: the expired attempt is reaped and the delivery ends without another POST.
 	past := time.Now().Add(-time.Minute).UTC()
-	id := b.tornState("once", bson.M{}, bson.M{"status": "pending", "lockOwner": "dead", "lockToken": "dead", "lockedAt": past, "lockedUntil": past, "startedAt": past})
+	id := tornState(b, "once", bson.M{}, bson.M{"status": "pending", "lockOwner": "dead", "lockToken": "dead", "lockedAt": past, "lockedUntil": past, "startedAt": past})
 	d = s.waitDelivery(t, id, "once", 20*time.Second)
 	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].Error == nil || d.Attempts[0].Error.Code != "worker_lost" {
 		t.Fatalf("delivery = %+v, want error with one worker_lost attempt", d)
@@ -102,7 +102,7 @@ func TestOffsetResetAndExpiredEvent(t *testing.T) {
 	}
 
 	// The payload of a pending delivery disappears (retention): its attempt ends with event_expired.
-	id := b.tornState("latest", bson.M{}, bson.M{"status": "pending"})
+	id := tornState(b, "latest", bson.M{}, bson.M{"status": "pending"})
 	if _, err := b.client.Database(b.dbName).Collection("pulse.events").DeleteOne(context.Background(), bson.M{"_id": id}); err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func verifyingScenario(t *testing.T, s *sidecar, url string) string {
 	register("rotated-from", secretOld)
 	register("rotated-to", secretNewer)
 	for group, secret := range map[string]string{"rotated-from": secretNewer, "rotated-to": secretOld} {
-		if code, _ := s.rotate(t, group, map[string]any{"secret": secret, "overlap": "1h"}); code != 200 {
+		if code, _ := rotateSecret(s, t, group, map[string]any{"secret": secret, "overlap": "1h"}); code != 200 {
 			t.Fatalf("rotate %s answered %d", group, code)
 		}
 	}
@@ -84,10 +84,10 @@ func verifyingScenario(t *testing.T, s *sidecar, url string) string {
 			t.Errorf("delivery to %s = %+v, want success: the receiver accepted its signature", group, d)
 		}
 	}
-	did := s.deliveryOf(t, id, "wrong")
+	did := deliveryOf(s, t, id, "wrong")
 	var d deliveryView
 	waitFor(t, 20*time.Second, "the wrongly signed attempt to be recorded", func() bool {
-		d = s.getDelivery(t, did)
+		d = getDelivery(s, t, did)
 		return len(d.Attempts) > 0 && d.Attempts[0].Status != "pending"
 	})
 	if d.Attempts[0].HTTPStatus != 401 {
