@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // keyedPost is one POST a keyed receiver got: the event id, its ordering key and the status answered.
@@ -22,8 +24,8 @@ type keyedPost struct {
 // An ordered group delivers in order per (topic, orderingKey): the head of key A fails until every event of
 // key B has arrived, so B's line cannot wait on A's; each line, and the unkeyed one, arrives in order.
 func TestOrderingKeyFailingHeadBlocksOnlyItsKey(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	const n = 4
 	var (
 		mu    sync.Mutex
@@ -55,7 +57,7 @@ func TestOrderingKeyFailingHeadBlocksOnlyItsKey(t *testing.T) {
 		w.WriteHeader(status)
 	}))
 	t.Cleanup(rcv.Close)
-	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true,
+	s.RegisterEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true,
 		"retryDelay": "50ms", "retryBackoffMultiplier": 1, "maxRetries": 100})
 	for i := 1; i <= n; i++ {
 		for _, key := range []string{"A", "B", ""} {
@@ -63,12 +65,12 @@ func TestOrderingKeyFailingHeadBlocksOnlyItsKey(t *testing.T) {
 			if key != "" {
 				ev["orderingKey"] = key
 			}
-			if code := do(t, "POST", s.URL+"/v1/events", ev, nil); code != 202 {
+			if code := harness.Do(t, "POST", s.URL+"/v1/events", ev, nil); code != 202 {
 				t.Fatalf("publish %v answered %d", ev, code)
 			}
 		}
 	}
-	waitFor(t, 30*time.Second, "every event delivered", func() bool {
+	harness.WaitFor(t, 30*time.Second, "every event delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		ok := map[string]bool{}
@@ -115,8 +117,8 @@ func TestOrderingKeyFailingHeadBlocksOnlyItsKey(t *testing.T) {
 
 // orderingKey must be a string of 1 to 200 characters; the rejection names the field.
 func TestOrderingKeyValidation(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	long := string(make([]rune, 201))
 	for _, tc := range []struct {
 		name string
@@ -131,17 +133,17 @@ func TestOrderingKeyValidation(t *testing.T) {
 		var e struct {
 			Error struct{ Code, Message string }
 		}
-		if code := do(t, "POST", s.URL+"/v1/events", tc.body, &e); code != 400 || e.Error.Code != tc.code || !strings.Contains(e.Error.Message, "orderingKey") {
+		if code := harness.Do(t, "POST", s.URL+"/v1/events", tc.body, &e); code != 400 || e.Error.Code != tc.code || !strings.Contains(e.Error.Message, "orderingKey") {
 			t.Errorf("%s: got %d %+v, want 400 %s naming orderingKey", tc.name, code, e.Error, tc.code)
 		}
 	}
 	var ok struct{ ID string }
 	key := strings.Repeat("é", 200) // 200 characters, 400 bytes
-	if code := do(t, "POST", s.URL+"/v1/events", map[string]any{"topic": "t", "data": 1, "orderingKey": key}, &ok); code != 202 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", map[string]any{"topic": "t", "data": 1, "orderingKey": key}, &ok); code != 202 {
 		t.Fatalf("a 200-character key answered %d", code)
 	}
 	var ev struct{ OrderingKey string }
-	if code := do(t, "GET", s.URL+"/v1/events/"+ok.ID, nil, &ev); code != 200 || ev.OrderingKey != key {
+	if code := harness.Do(t, "GET", s.URL+"/v1/events/"+ok.ID, nil, &ev); code != 200 || ev.OrderingKey != key {
 		t.Fatalf("GET event = %d, orderingKey %q", code, ev.OrderingKey)
 	}
 }

@@ -1,10 +1,12 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // endpointView is the state part of an endpoint as GET /v1/endpoints/{group} shows it.
@@ -20,23 +22,23 @@ type endpointView struct {
 }
 
 // controlEndpoint POSTs .../pause or .../resume for group and returns the answer.
-func controlEndpoint(s *sidecar, t *testing.T, group, action string) (int, endpointView) {
+func controlEndpoint(s *harness.Sidecar, t *testing.T, group, action string) (int, endpointView) {
 	t.Helper()
 	var out endpointView
-	code := do(t, "POST", s.URL+"/v1/endpoints/"+group+"/"+action, nil, &out)
+	code := harness.Do(t, "POST", s.URL+"/v1/endpoints/"+group+"/"+action, nil, &out)
 	return code, out
 }
 
 // getEndpoint reads group's endpoint.
-func getEndpoint(s *sidecar, t *testing.T, group string) endpointView {
+func getEndpoint(s *harness.Sidecar, t *testing.T, group string) endpointView {
 	t.Helper()
-	return get[endpointView](t, s.URL+"/v1/endpoints/"+group)
+	return harness.Get[endpointView](t, s.URL+"/v1/endpoints/"+group)
 }
 
 // postsTo returns the POSTs rcv got for group, in arrival order.
-func postsTo(rcv *receiver, group string) []received {
-	var out []received
-	for _, r := range rcv.received() {
+func postsTo(rcv *harness.Receiver, group string) []harness.Received {
+	var out []harness.Received
+	for _, r := range rcv.Received() {
 		if r.Header.Get("Pulse-Consumer-Group") == group {
 			out = append(out, r)
 		}
@@ -49,12 +51,12 @@ func postsTo(rcv *receiver, group string) []received {
 // whose first attempt never started; a PUT keeps the pause; a resume through B delivers every one of them
 // with attempt 1 (in order for the ordered group).
 func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
-	b := setup(t)
-	a, bb := b.start(b.fastEnv()), b.start(b.fastEnv())
-	rcv := newReceiver(t, 200)
+	b := harness.Setup(t)
+	a, bb := b.Start(b.FastEnv()), b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
 	groups := map[string]bool{"plain": false, "ordered": true}
 	for g, ordered := range groups {
-		a.registerEndpoint(t, g, map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": ordered})
+		a.RegisterEndpoint(t, g, map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": ordered})
 	}
 	for _, action := range []string{"pause", "resume"} {
 		if code, out := controlEndpoint(a, t, "nobody", action); code != 404 || out.Error.Code != "endpoint_not_found" {
@@ -73,14 +75,14 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 		}
 	}
 	var raw json.RawMessage
-	do(t, "GET", bb.URL+"/v1/endpoints/plain", nil, &raw)
+	harness.Do(t, "GET", bb.URL+"/v1/endpoints/plain", nil, &raw)
 	var since struct{ StateSince string }
 	_ = json.Unmarshal(raw, &since)
 	if _, err := time.Parse("2006-01-02T15:04:05.000Z", since.StateSince); err != nil {
 		t.Fatalf("stateSince %q is not RFC 3339 with milliseconds: %s", since.StateSince, raw)
 	}
 	// A PUT keeps the state; pausing again keeps stateSince.
-	a.registerEndpoint(t, "plain", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "state": "active"})
+	a.RegisterEndpoint(t, "plain", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "state": "active"})
 	first := getEndpoint(a, t, "plain")
 	if _, again := controlEndpoint(a, t, "plain", "pause"); first.State != "paused" || again.StateSince == nil || !again.StateSince.Equal(*first.StateSince) {
 		t.Fatalf("after a PUT the endpoint reads %+v, a second pause %+v; want paused since the first pause", first, again)
@@ -88,7 +90,7 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 
 	var dids []string
 	for i := range 4 {
-		id := bb.publish(t, "t", i)
+		id := bb.Publish(t, "t", i)
 		for g := range groups {
 			dids = append(dids, deliveryOf(bb, t, id, g))
 		}
@@ -96,13 +98,13 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 	// Several lease timeouts (600 ms) and poll turns (50 ms) of both replicas pass with nothing POSTed and
 	// every attempt back in the queue, unstarted.
 	quiet := time.Now().Add(4 * 600 * time.Millisecond)
-	waitFor(t, 20*time.Second, "several lease timeouts with the groups paused", func() bool {
-		if n := len(rcv.received()); n != 0 {
+	harness.WaitFor(t, 20*time.Second, "several lease timeouts with the groups paused", func() bool {
+		if n := len(rcv.Received()); n != 0 {
 			t.Fatalf("the receiver got %d POSTs while the groups were paused", n)
 		}
 		return time.Now().After(quiet)
 	})
-	waitFor(t, 10*time.Second, "every attempt queued, unstarted", func() bool {
+	harness.WaitFor(t, 10*time.Second, "every attempt queued, unstarted", func() bool {
 		for _, id := range dids {
 			d := getDelivery(bb, t, id)
 			if d.Status != "pending" || len(d.Attempts) != 1 {
@@ -114,7 +116,7 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 		}
 		return true
 	})
-	if n := len(rcv.received()); n != 0 {
+	if n := len(rcv.Received()); n != 0 {
 		t.Fatalf("the receiver got %d POSTs while the groups were paused", n)
 	}
 
@@ -123,7 +125,7 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 			t.Fatalf("resume %s answered %d %+v, want active", g, code, out)
 		}
 	}
-	waitFor(t, 20*time.Second, "every delivery after the resume", func() bool {
+	harness.WaitFor(t, 20*time.Second, "every delivery after the resume", func() bool {
 		for _, id := range dids {
 			if d := getDelivery(bb, t, id); d.Status != "success" {
 				return false
@@ -153,13 +155,13 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 // counts in pulse_endpoint_disabled_total and logs a warning; nothing is POSTed until a resume through the
 // other replica, which delivers the waiting attempt 2.
 func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
-	b := setup(t)
-	a, bb := b.start(b.fastEnv()), b.start(b.fastEnv())
-	rcv := newReceiver(t, 410, 200)
-	a.registerEndpoint(t, "shop", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 0})
-	did := deliveryOf(a, t, a.publish(t, "t", 1), "shop")
+	b := harness.Setup(t)
+	a, bb := b.Start(b.FastEnv()), b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 410, 200)
+	a.RegisterEndpoint(t, "shop", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 0})
+	did := deliveryOf(a, t, a.Publish(t, "t", 1), "shop")
 	var ep endpointView
-	waitFor(t, 20*time.Second, "the endpoint disabled, seen through the other replica", func() bool {
+	harness.WaitFor(t, 20*time.Second, "the endpoint disabled, seen through the other replica", func() bool {
 		ep = getEndpoint(bb, t, "shop")
 		return ep.State == "disabled"
 	})
@@ -167,9 +169,9 @@ func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
 		t.Fatalf("endpoint %+v, want disabled for reason gone with its since", ep)
 	}
 	quiet := time.Now().Add(4 * 600 * time.Millisecond)
-	var d deliveryView
-	waitFor(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool {
-		if n := len(rcv.received()); n != 1 {
+	var d harness.DeliveryView
+	harness.WaitFor(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool {
+		if n := len(rcv.Received()); n != 1 {
 			t.Fatalf("the receiver got %d POSTs, want the one answered 410", n)
 		}
 		d = getDelivery(bb, t, did)
@@ -185,16 +187,16 @@ func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
 		!strings.Contains(disabled, `pulse_endpoint_state{consumer_group="shop",state="disabled"} 1`) {
 		t.Errorf("/metrics of the replicas lack the disable:\n%s", grepLines(disabled, "pulse_endpoint"))
 	}
-	if logs := a.logs.String() + bb.logs.String(); !strings.Contains(logs, `"level":"warn"`) || !strings.Contains(logs, "endpoint disabled") {
+	if logs := a.Logs.String() + bb.Logs.String(); !strings.Contains(logs, `"level":"warn"`) || !strings.Contains(logs, "endpoint disabled") {
 		t.Errorf("no warning names the disabled endpoint")
 	}
 
 	if code, out := controlEndpoint(bb, t, "shop", "resume"); code != 200 || out.State != "active" {
 		t.Fatalf("resume answered %d %+v, want active", code, out)
 	}
-	d = bb.waitDelivery(t, d.EventID, "shop", 20*time.Second)
-	if d.Status != "success" || len(d.Attempts) != 2 || len(rcv.received()) != 2 {
-		t.Fatalf("delivery %+v after %d POSTs, want success at attempt 2 after 2 POSTs", d, len(rcv.received()))
+	d = bb.WaitDelivery(t, d.EventID, "shop", 20*time.Second)
+	if d.Status != "success" || len(d.Attempts) != 2 || len(rcv.Received()) != 2 {
+		t.Fatalf("delivery %+v after %d POSTs, want success at attempt 2 after 2 POSTs", d, len(rcv.Received()))
 	}
 }
 
@@ -212,27 +214,27 @@ func grepLines(s, sub string) string {
 // An endpoint with disableAfter 1s whose every attempt fails is disabled (reason failing) once its failures
 // have lasted 1 s, not before; its delivery stays pending with no further POST until a resume.
 func TestDisableAfterAFailingStreak(t *testing.T) {
-	b := setup(t)
-	a, bb := b.start(b.fastEnv()), b.start(b.fastEnv())
-	rcv := newReceiver(t, 500)
-	a.registerEndpoint(t, "flaky", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "disableAfter": "1s",
+	b := harness.Setup(t)
+	a, bb := b.Start(b.FastEnv()), b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 500)
+	a.RegisterEndpoint(t, "flaky", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "disableAfter": "1s",
 		"retryDelay": "100ms", "maxRetryDelay": "200ms", "maxRetries": 100})
 	if ep := getEndpoint(bb, t, "flaky"); ep.DisableAfter != "1s" {
 		t.Fatalf("disableAfter reads %q, want 1s", ep.DisableAfter)
 	}
-	did := deliveryOf(a, t, bb.publish(t, "t", 1), "flaky")
+	did := deliveryOf(a, t, bb.Publish(t, "t", 1), "flaky")
 	var ep endpointView
-	waitFor(t, 20*time.Second, "the endpoint disabled by its failing streak", func() bool {
+	harness.WaitFor(t, 20*time.Second, "the endpoint disabled by its failing streak", func() bool {
 		ep = getEndpoint(a, t, "flaky")
 		return ep.State == "disabled"
 	})
-	posts := rcv.received()
+	posts := rcv.Received()
 	if ep.StateReason != "failing" || ep.StateSince == nil || ep.StateSince.Sub(posts[0].At) < time.Second-50*time.Millisecond {
 		t.Fatalf("endpoint %+v after the first failure at %s, want disabled for failing at least 1 s later", ep, posts[0].At)
 	}
 	quiet := time.Now().Add(4 * 600 * time.Millisecond)
-	waitFor(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool { return time.Now().After(quiet) })
-	if n := len(rcv.received()); n > len(posts)+1 {
+	harness.WaitFor(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool { return time.Now().After(quiet) })
+	if n := len(rcv.Received()); n > len(posts)+1 {
 		t.Fatalf("%d POSTs after the disable, want at most the one in flight", n-len(posts))
 	}
 	if d := getDelivery(a, t, did); d.Status != "pending" {
@@ -241,47 +243,47 @@ func TestDisableAfterAFailingStreak(t *testing.T) {
 	if code, out := controlEndpoint(bb, t, "flaky", "resume"); code != 200 || out.State != "active" {
 		t.Fatalf("resume answered %d %+v", code, out)
 	}
-	n := len(rcv.received())
-	waitFor(t, 20*time.Second, "a POST after the resume", func() bool { return len(rcv.received()) > n })
+	n := len(rcv.Received())
+	harness.WaitFor(t, 20*time.Second, "a POST after the resume", func() bool { return len(rcv.Received()) > n })
 }
 
 // An endpoint with rateLimit 5 receives 40 events at no more than 5 (+ the burst of 1) POSTs in any
 // 1-second window, while an endpoint without a limit on the same sidecar gets its events at once.
 func TestRateLimitSpacesThePOSTs(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	limited, free := newReceiver(t, 200), newReceiver(t, 200)
-	s.registerEndpoint(t, "limited", map[string]any{"url": limited.URL, "topics": []string{"slow"}, "rateLimit": 5})
-	s.registerEndpoint(t, "free", map[string]any{"url": free.URL, "topics": []string{"fast"}})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	limited, free := harness.NewReceiver(t, 200), harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "limited", map[string]any{"url": limited.URL, "topics": []string{"slow"}, "rateLimit": 5})
+	s.RegisterEndpoint(t, "free", map[string]any{"url": free.URL, "topics": []string{"fast"}})
 	if ep := getEndpoint(s, t, "limited"); ep.RateLimit != 5 {
 		t.Fatalf("rateLimit reads %v, want 5", ep.RateLimit)
 	}
-	if code := do(t, "PUT", s.URL+"/v1/endpoints/bad", map[string]any{"url": free.URL, "topics": []string{"t"}, "rateLimit": -1}, nil); code != 400 {
+	if code := harness.Do(t, "PUT", s.URL+"/v1/endpoints/bad", map[string]any{"url": free.URL, "topics": []string{"t"}, "rateLimit": -1}, nil); code != 400 {
 		t.Fatalf("rateLimit -1 answered %d, want 400", code)
 	}
 	const n, perSecond, burst = 40, 5, 1
 	for i := range n {
-		s.publish(t, "slow", i)
+		s.Publish(t, "slow", i)
 	}
 	start := time.Now()
 	for i := range 10 {
-		s.publish(t, "fast", i)
+		s.Publish(t, "fast", i)
 	}
 	// The unlimited group does not wait behind the limited one's tokens: its 10 events arrive while the
 	// limited group is still at most halfway (20 POSTs at 5/s take 4 s), however slow the machine.
 	limitedThen := 0
-	waitFor(t, 30*time.Second, "the unlimited group's 10 events", func() bool {
-		if len(free.received()) < 10 {
+	harness.WaitFor(t, 30*time.Second, "the unlimited group's 10 events", func() bool {
+		if len(free.Received()) < 10 {
 			return false
 		}
-		limitedThen = len(limited.received())
+		limitedThen = len(limited.Received())
 		return true
 	})
 	if limitedThen > n/2 {
 		t.Errorf("the unlimited group's events arrived %s after publishing, when the limited one had %d of %d: want them long before", time.Since(start).Round(time.Millisecond), limitedThen, n)
 	}
-	waitFor(t, 30*time.Second, "the 40 rate-limited events", func() bool { return len(limited.received()) == n })
-	got := limited.received()
+	harness.WaitFor(t, 30*time.Second, "the 40 rate-limited events", func() bool { return len(limited.Received()) == n })
+	got := limited.Received()
 	most := 0
 	for i := range got {
 		in := 0

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // browserNames are the Chromium and Chrome binaries the browser tests look for on PATH.
@@ -85,13 +87,13 @@ func until(t *testing.T, ctx context.Context, d time.Duration, what, predicate s
 // (the page and the API agree on the state), replay and the status filter work from the page.
 func TestConsoleRetriesAFailingDelivery(t *testing.T) {
 	path := browserPath(t)
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 500, 200)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 500, 200)
 	const secret = "s3cr3tAbc123def456"
-	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL + "/hook?api_key=" + secret + "&region=eu",
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL + "/hook?api_key=" + secret + "&region=eu",
 		"topics": []string{"invoice.paid"}, "maxRetries": 0})
-	d := s.waitDelivery(t, s.publish(t, "invoice.paid", map[string]any{"n": 1}), "billing", 30*time.Second)
+	d := s.WaitDelivery(t, s.Publish(t, "invoice.paid", map[string]any{"n": 1}), "billing", 30*time.Second)
 	if d.Status != "error" || len(d.Attempts) != 1 {
 		t.Fatalf("delivery = %s with %d attempts, want error after 1", d.Status, len(d.Attempts))
 	}
@@ -124,7 +126,7 @@ func TestConsoleRetriesAFailingDelivery(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#attempts tr[data-attempt="2"]`)))
 	until(t, ctx, 30*time.Second, "attempt 2 to succeed in the timeline",
 		`document.querySelector('#attempts tr[data-attempt="2"]').dataset.status === "success"`)
-	if got := len(rcv.received()); got != 2 {
+	if got := len(rcv.Received()); got != 2 {
 		t.Errorf("the receiver got %d POSTs, want 2", got)
 	}
 	second := read[string](t, ctx, `document.querySelector('#attempts tr[data-attempt="2"]').innerText`)
@@ -166,9 +168,9 @@ func TestConsoleRetriesAFailingDelivery(t *testing.T) {
 // sidecar's logs; "Forget token" asks again.
 func TestConsoleAsksForTheToken(t *testing.T) {
 	path := browserPath(t)
-	b := setup(t)
+	b := harness.Setup(t)
 	const token = "tok-console-8c2e5a"
-	s := b.start(b.fastEnv(map[string]string{"PULSE_API_TOKEN": token}))
+	s := b.Start(b.FastEnv(map[string]string{"PULSE_API_TOKEN": token}))
 	body, _ := json.Marshal(map[string]any{"url": "http://127.0.0.1:9/hook", "topics": []string{"t"}})
 	req, _ := http.NewRequest(http.MethodPut, s.URL+"/v1/endpoints/billing", bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)
@@ -213,7 +215,7 @@ func TestConsoleAsksForTheToken(t *testing.T) {
 	if kept := read[string](t, ctx, `sessionStorage.getItem("pulse.apiToken") || ""`); kept != "" {
 		t.Errorf("after Forget token sessionStorage holds %q", kept)
 	}
-	if strings.Contains(s.logs.String(), token) || strings.Contains(s.logs.String(), "not-the-token") {
+	if strings.Contains(s.Logs.String(), token) || strings.Contains(s.Logs.String(), "not-the-token") {
 		t.Errorf("the sidecar's logs carry a token")
 	}
 }

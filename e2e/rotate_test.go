@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -13,6 +13,8 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // Test secrets: whsec_ and the base64 of 24 to 27 readable bytes.
@@ -33,16 +35,16 @@ type rotateAnswer struct {
 	errorAnswer
 }
 
-func rotateSecret(s *sidecar, t *testing.T, group string, body any) (int, rotateAnswer) {
+func rotateSecret(s *harness.Sidecar, t *testing.T, group string, body any) (int, rotateAnswer) {
 	t.Helper()
 	var out rotateAnswer
-	code := do(t, "POST", s.URL+"/v1/endpoints/"+group+"/rotate-secret", body, &out)
+	code := harness.Do(t, "POST", s.URL+"/v1/endpoints/"+group+"/rotate-secret", body, &out)
 	return code, out
 }
 
 // verifiesWith reports whether the Standard Webhooks Go library accepts the POST with secret; with only, it
 // looks at the only-th signature of webhook-signature alone (0-based), -1 for all of them.
-func verifiesWith(t *testing.T, r received, secret string, only int) bool {
+func verifiesWith(t *testing.T, r harness.Received, secret string, only int) bool {
 	t.Helper()
 	wh, err := standardwebhooks.NewWebhook(secret)
 	if err != nil {
@@ -61,16 +63,18 @@ func verifiesWith(t *testing.T, r received, secret string, only int) bool {
 }
 
 // signatures returns the signatures of webhook-signature.
-func signatures(r received) []string { return strings.Fields(r.Header.Get("webhook-signature")) }
+func signatures(r harness.Received) []string {
+	return strings.Fields(r.Header.Get("webhook-signature"))
+}
 
 // postOf publishes one event through s and returns the POST that carried it (the next one the receiver gets).
-func postOf(t *testing.T, s *sidecar, rcv *receiver) received {
+func postOf(t *testing.T, s *harness.Sidecar, rcv *harness.Receiver) harness.Received {
 	t.Helper()
-	before := len(rcv.received())
-	id := s.publish(t, "t", 1)
-	var got received
-	waitFor(t, 20*time.Second, "the POST of "+id, func() bool {
-		for _, r := range rcv.received()[before:] {
+	before := len(rcv.Received())
+	id := s.Publish(t, "t", 1)
+	var got harness.Received
+	harness.WaitFor(t, 20*time.Second, "the POST of "+id, func() bool {
+		for _, r := range rcv.Received()[before:] {
 			if r.Header.Get("webhook-id") == id {
 				got = r
 				return true
@@ -83,7 +87,7 @@ func postOf(t *testing.T, s *sidecar, rcv *receiver) received {
 
 // wantSigners fails the test unless the POST's signatures are, in order, those of the given secrets, and each
 // secret (and only those, of all) verifies it.
-func wantSigners(t *testing.T, what string, r received, all []string, signers ...string) {
+func wantSigners(t *testing.T, what string, r harness.Received, all []string, signers ...string) {
 	t.Helper()
 	if n := len(signatures(r)); n != len(signers) {
 		t.Fatalf("%s: webhook-signature %q has %d signatures, want %d", what, r.Header.Get("webhook-signature"), n, len(signers))
@@ -106,13 +110,13 @@ func wantSigners(t *testing.T, what string, r received, all []string, signers ..
 // secret; after a 1 s overlap only the new one signs; a PUT keeping the secret keeps the overlap, one
 // setting another secret ends it. Neither secret is stored in clear or shown by a read.
 func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv(map[string]string{"PULSE_ENCRYPTION_KEY": keyB64(5)}))
-	rcv := newReceiver(t, 200)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv(map[string]string{"PULSE_ENCRYPTION_KEY": keyB64(5)}))
+	rcv := harness.NewReceiver(t, 200)
 	endpoint := func(secret string) map[string]any {
 		return map[string]any{"url": rcv.URL, "topics": []string{"t"}, "secret": secret}
 	}
-	s.registerEndpoint(t, "billing", endpoint(secretOld))
+	s.RegisterEndpoint(t, "billing", endpoint(secretOld))
 
 	for _, tc := range []struct {
 		group, body, code string
@@ -140,7 +144,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 	}
 	all := []string{secretOld, generated, secretNewer, secretFourth, secretFifth}
 	var raw json.RawMessage
-	do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &raw)
+	harness.Do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &raw)
 	for _, secret := range all[:2] {
 		body := strings.TrimPrefix(secret, "whsec_")
 		if strings.Contains(string(raw), body[:16]) || strings.Contains(string(rot.Endpoint), body[:16]) {
@@ -150,7 +154,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 	if !strings.Contains(string(raw), `"secret":"whsec_…`+generated[len(generated)-4:]+`"`) || !strings.Contains(string(raw), `"previousSecretExpiresAt"`) {
 		t.Errorf("GET endpoint = %s, want the new secret redacted and the end of the overlap", raw)
 	}
-	doc, err := b.client.Database(b.dbName).Collection("pulse.subscriptions").FindOne(context.Background(), bson.M{"_id": "billing"}).Raw()
+	doc, err := b.Client.Database(b.DBName).Collection("pulse.subscriptions").FindOne(context.Background(), bson.M{"_id": "billing"}).Raw()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,8 +173,8 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 		t.Fatalf("rotate with a given secret answered %d %+v, want 200 without the secret echoed", code, rot)
 	}
 	ends := *rot.PreviousSecretExpiresAt
-	var last received
-	waitFor(t, 20*time.Second, "a POST signed by the new secret alone", func() bool {
+	var last harness.Received
+	harness.WaitFor(t, 20*time.Second, "a POST signed by the new secret alone", func() bool {
 		last = postOf(t, s, rcv)
 		if len(signatures(last)) == 2 {
 			wantSigners(t, "during the 1 s overlap", last, all, secretNewer, generated)
@@ -188,11 +192,11 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 	}
 	moved := endpoint(secretFourth)
 	moved["url"] = rcv.URL + "/moved"
-	s.registerEndpoint(t, "billing", moved) // keeps the secret: the overlap stays
+	s.RegisterEndpoint(t, "billing", moved) // keeps the secret: the overlap stays
 	wantSigners(t, "after a PUT keeping the secret", postOf(t, s, rcv), all, secretFourth, secretNewer)
-	s.registerEndpoint(t, "billing", endpoint(secretFifth)) // another secret: replaced at once
+	s.RegisterEndpoint(t, "billing", endpoint(secretFifth)) // another secret: replaced at once
 	wantSigners(t, "after a PUT setting another secret", postOf(t, s, rcv), all, secretFifth)
-	do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &raw)
+	harness.Do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &raw)
 	if strings.Contains(string(raw), "previousSecretExpiresAt") {
 		t.Errorf("GET endpoint after the PUT = %s, want no overlap", raw)
 	}
@@ -200,11 +204,11 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 
 // ownerOf returns the lease owner id a sidecar logged when it started listening (the log line may reach the
 // buffer a moment after start returned).
-func ownerOf(t *testing.T, s *sidecar) string {
+func ownerOf(t *testing.T, s *harness.Sidecar) string {
 	t.Helper()
 	owner := ""
-	waitFor(t, 10*time.Second, "the sidecar to log its owner", func() bool {
-		sc := bufio.NewScanner(strings.NewReader(s.logs.String()))
+	harness.WaitFor(t, 10*time.Second, "the sidecar to log its owner", func() bool {
+		sc := bufio.NewScanner(strings.NewReader(s.Logs.String()))
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			var line struct{ Message, Owner string }
@@ -225,23 +229,23 @@ const endpointCacheTime = time.Second
 // old secret by POSTing with it, signs with both secrets at the latest for events published one endpoint
 // cache time after the rotation answered.
 func TestRotationReachesAnotherReplica(t *testing.T) {
-	b := setup(t)
-	a, bb := b.start(b.fastEnv()), b.start(b.fastEnv())
+	b := harness.Setup(t)
+	a, bb := b.Start(b.FastEnv()), b.Start(b.FastEnv())
 	owner := ownerOf(t, bb)
-	rcv := newReceiver(t, 200)
-	a.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "secret": secretOld})
+	rcv := harness.NewReceiver(t, 200)
+	a.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "secret": secretOld})
 	all := []string{secretOld, secretNewer}
 	// postedByB publishes through B until B itself POSTs an event (A may claim one first) and returns that
 	// POST and when its publish began.
-	postedByB := func() (received, time.Time) {
+	postedByB := func() (harness.Received, time.Time) {
 		t.Helper()
-		var r received
+		var r harness.Received
 		var began time.Time
-		waitFor(t, 20*time.Second, "a POST made by replica B", func() bool {
+		harness.WaitFor(t, 20*time.Second, "a POST made by replica B", func() bool {
 			began = time.Now()
 			r = postOf(t, bb, rcv)
 			var at struct{ LockOwner string }
-			err := b.client.Database(b.dbName).Collection("pulse.history").FindOne(context.Background(),
+			err := b.Client.Database(b.DBName).Collection("pulse.history").FindOne(context.Background(),
 				bson.M{"eventId": r.Header.Get("webhook-id"), "attempt": 1}).Decode(&at)
 			return err == nil && at.LockOwner == owner
 		})
@@ -254,7 +258,7 @@ func TestRotationReachesAnotherReplica(t *testing.T) {
 		t.Fatalf("rotate through replica A answered %d", code)
 	}
 	rotated := time.Now()
-	waitFor(t, 20*time.Second, "replica B to sign with both secrets", func() bool {
+	harness.WaitFor(t, 20*time.Second, "replica B to sign with both secrets", func() bool {
 		r, began := postedByB()
 		if len(signatures(r)) == 2 {
 			wantSigners(t, "replica B after the rotation", r, all, secretNewer, secretOld)

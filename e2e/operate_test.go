@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"io"
@@ -9,22 +9,24 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // SIGTERM with a POST in flight: publishes answer 503, the POST finishes and is recorded (success, one
 // attempt), and the process exits 0.
 func TestSIGTERMLetsInFlightDeliveryFinish(t *testing.T) {
-	b := setup(t)
-	p := b.startProcess(b.fastEnv(map[string]string{"PULSE_SHUTDOWN_TIMEOUT": "20s"}))
-	s := p.sidecar()
+	b := harness.Setup(t)
+	p := b.StartProcess(b.FastEnv(map[string]string{"PULSE_SHUTDOWN_TIMEOUT": "20s"}))
+	s := p.Sidecar()
 	rcv := newBlockingReceiver(t)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
-	id := s.publish(t, "t", 1)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
+	id := s.Publish(t, "t", 1)
 	waitClosed(t, rcv.started, 20*time.Second, "the first POST")
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "publishes to answer 503", func() bool {
+	harness.WaitFor(t, 10*time.Second, "publishes to answer 503", func() bool {
 		resp, err := http.Post(s.URL+"/v1/events", "application/json", strings.NewReader(`{"topic":"t","data":2}`))
 		if err != nil {
 			return false
@@ -33,13 +35,13 @@ func TestSIGTERMLetsInFlightDeliveryFinish(t *testing.T) {
 		return resp.StatusCode == http.StatusServiceUnavailable
 	})
 	rcv.answer <- 200
-	waitClosed(t, p.done, 20*time.Second, "the process to exit")
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM:\n%s", code, p.logs.String())
+	waitClosed(t, p.Done, 20*time.Second, "the process to exit")
+	if code := p.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM:\n%s", code, p.Logs.String())
 	}
-	var d deliveryView
-	q := b.start(b.fastEnv()) // read the outcome through another sidecar
-	d = q.waitDelivery(t, id, "g", 10*time.Second)
+	var d harness.DeliveryView
+	q := b.Start(b.FastEnv()) // read the outcome through another sidecar
+	d = q.WaitDelivery(t, id, "g", 10*time.Second)
 	if d.Status != "success" || len(d.Attempts) != 1 {
 		t.Fatalf("delivery = %+v, want success with one attempt", d)
 	}
@@ -48,12 +50,12 @@ func TestSIGTERMLetsInFlightDeliveryFinish(t *testing.T) {
 // PULSE_API_TOKEN guards /v1 (401 without the bearer token); /healthz, /readyz and /metrics stay open, and
 // /metrics counts what happened.
 func TestAuthAndMetrics(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv(map[string]string{"PULSE_API_TOKEN": "s3cret-token"}))
-	rcv := newReceiver(t, 200)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv(map[string]string{"PULSE_API_TOKEN": "s3cret-token"}))
+	rcv := harness.NewReceiver(t, 200)
 	for _, path := range []string{"/v1/endpoints", "/v1/events/x", "/v1/deliveries"} {
 		var e struct{ Error struct{ Code string } }
-		if code := do(t, "GET", s.URL+path, nil, &e); code != 401 || e.Error.Code != "unauthorized" {
+		if code := harness.Do(t, "GET", s.URL+path, nil, &e); code != 401 || e.Error.Code != "unauthorized" {
 			t.Errorf("GET %s without token = %d %+v", path, code, e)
 		}
 	}
@@ -79,16 +81,16 @@ func TestAuthAndMetrics(t *testing.T) {
 	if resp := authed("POST", "/v1/events", `{"topic":"t","data":1}`); resp.StatusCode != 202 {
 		t.Fatalf("publish with token = %d", resp.StatusCode)
 	}
-	waitFor(t, 20*time.Second, "the POST", func() bool { return len(rcv.received()) == 1 })
-	if sig := rcv.received()[0].Header.Get("Webhook-Signature"); !strings.HasPrefix(sig, "v1,") {
+	harness.WaitFor(t, 20*time.Second, "the POST", func() bool { return len(rcv.Received()) == 1 })
+	if sig := rcv.Received()[0].Header.Get("Webhook-Signature"); !strings.HasPrefix(sig, "v1,") {
 		t.Fatalf("webhook-signature = %q", sig)
 	}
 	for _, path := range []string{"/healthz", "/readyz"} {
-		if code := do(t, "GET", s.URL+path, nil, nil); code != 200 {
+		if code := harness.Do(t, "GET", s.URL+path, nil, nil); code != 200 {
 			t.Errorf("GET %s = %d", path, code)
 		}
 	}
-	waitFor(t, 20*time.Second, "metrics to count the delivery", func() bool {
+	harness.WaitFor(t, 20*time.Second, "metrics to count the delivery", func() bool {
 		resp, err := http.Get(s.URL + "/metrics")
 		if err != nil {
 			return false
@@ -104,17 +106,17 @@ func TestAuthAndMetrics(t *testing.T) {
 // A terminal delivery can be retried (409 while pending); replay re-opens a consumer group's failed
 // deliveries; the list pages newest first with filters.
 func TestInspectRetryAndReplay(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 422, 422, 422, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 422, 422, 422, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
 	var ids []string
 	for i := range 3 {
-		ids = append(ids, s.publish(t, "t", i))
+		ids = append(ids, s.Publish(t, "t", i))
 	}
-	var d deliveryView
+	var d harness.DeliveryView
 	for _, id := range ids {
-		d = s.waitDelivery(t, id, "g", 20*time.Second)
+		d = s.WaitDelivery(t, id, "g", 20*time.Second)
 		if d.Status != "error" {
 			t.Fatalf("delivery = %+v, want error", d)
 		}
@@ -123,35 +125,35 @@ func TestInspectRetryAndReplay(t *testing.T) {
 		Deliveries []struct{ ID, Status, ConsumerGroup string }
 		Next       string
 	}
-	if code := do(t, "GET", s.URL+"/v1/deliveries?consumerGroup=g&status=error&limit=2", nil, &page); code != 200 || len(page.Deliveries) != 2 || page.Next == "" {
+	if code := harness.Do(t, "GET", s.URL+"/v1/deliveries?consumerGroup=g&status=error&limit=2", nil, &page); code != 200 || len(page.Deliveries) != 2 || page.Next == "" {
 		t.Fatalf("first page = %d %+v", code, page)
 	}
 	first := append([]struct{ ID, Status, ConsumerGroup string }(nil), page.Deliveries...)
 	page.Deliveries = nil
-	if code := do(t, "GET", s.URL+"/v1/deliveries?consumerGroup=g&status=error&limit=2&after="+page.Next, nil, &page); code != 200 || len(page.Deliveries) != 1 || page.Next != "" {
+	if code := harness.Do(t, "GET", s.URL+"/v1/deliveries?consumerGroup=g&status=error&limit=2&after="+page.Next, nil, &page); code != 200 || len(page.Deliveries) != 1 || page.Next != "" {
 		t.Fatalf("second page = %d %+v", code, page)
 	}
 	if page.Deliveries[0].ID == first[0].ID || page.Deliveries[0].ID == first[1].ID {
 		t.Fatalf("pages overlap: %+v then %+v", first, page.Deliveries)
 	}
-	if code := do(t, "GET", s.URL+"/v1/deliveries?after=garbage", nil, nil); code != 400 {
+	if code := harness.Do(t, "GET", s.URL+"/v1/deliveries?after=garbage", nil, nil); code != 400 {
 		t.Fatalf("bad cursor = %d, want 400", code)
 	}
 
 	var retried struct{ Attempt int }
-	if code := do(t, "POST", s.URL+"/v1/deliveries/"+d.ID+"/retry", nil, &retried); code != 202 || retried.Attempt != 2 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/deliveries/"+d.ID+"/retry", nil, &retried); code != 202 || retried.Attempt != 2 {
 		t.Fatalf("retry = %d %+v", code, retried)
 	}
-	d = s.waitDelivery(t, d.EventID, "g", 20*time.Second)
+	d = s.WaitDelivery(t, d.EventID, "g", 20*time.Second)
 	if d.Status != "success" || len(d.Attempts) != 2 {
 		t.Fatalf("retried delivery = %+v, want success on attempt 2", d)
 	}
 	var replay struct{ Replayed int }
-	if code := do(t, "POST", s.URL+"/v1/endpoints/g/replay", map[string]any{"status": "error"}, &replay); code != 200 || replay.Replayed != 2 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/endpoints/g/replay", map[string]any{"status": "error"}, &replay); code != 200 || replay.Replayed != 2 {
 		t.Fatalf("replay = %d %+v, want 2 reopened", code, replay)
 	}
-	s.wantSuccess(t, "g", 20*time.Second, ids[:2]...)
-	if code := do(t, "POST", s.URL+"/v1/deliveries/nope/retry", nil, nil); code != 404 {
+	s.WantSuccess(t, "g", 20*time.Second, ids[:2]...)
+	if code := harness.Do(t, "POST", s.URL+"/v1/deliveries/nope/retry", nil, nil); code != 404 {
 		t.Fatalf("retry of unknown delivery = %d", code)
 	}
 }
@@ -159,26 +161,26 @@ func TestInspectRetryAndReplay(t *testing.T) {
 // PULSE_ENDPOINTS_FILE registers endpoints at start and again when the file changes; an invalid entry stops
 // the start naming it.
 func TestEndpointsFile(t *testing.T) {
-	b := setup(t)
+	b := harness.Setup(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "endpoints.yaml")
-	rcv := newReceiver(t, 200)
+	rcv := harness.NewReceiver(t, 200)
 	write := func(content string) {
 		if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	write("- consumerGroup: billing\n  url: " + rcv.URL + "\n  topics: [payment.captured]\n")
-	env := b.fastEnv()
+	env := b.FastEnv()
 	env["PULSE_ENDPOINTS_FILE"] = file
-	s := b.start(env)
+	s := b.Start(env)
 	var ep struct{ URL string }
-	if code := do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &ep); code != 200 || ep.URL != rcv.URL {
+	if code := harness.Do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &ep); code != 200 || ep.URL != rcv.URL {
 		t.Fatalf("endpoint from file = %d %+v", code, ep)
 	}
 	write("- consumerGroup: billing\n  url: " + rcv.URL + "/v2\n  topics: [payment.captured]\n")
-	waitFor(t, 20*time.Second, "the changed file to be re-applied", func() bool {
-		return do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &ep) == 200 && ep.URL == rcv.URL+"/v2"
+	harness.WaitFor(t, 20*time.Second, "the changed file to be re-applied", func() bool {
+		return harness.Do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &ep) == 200 && ep.URL == rcv.URL+"/v2"
 	})
 
 	bad := filepath.Join(dir, "bad.yaml")
@@ -186,7 +188,7 @@ func TestEndpointsFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	env["PULSE_ENDPOINTS_FILE"] = bad
-	err := run(t.Context(), nil, func(k string) string { return env[k] }, io.Discard)
+	err := harness.StartError(t.Context(), env)
 	if err == nil || !strings.Contains(err.Error(), "entry 2") || !strings.Contains(err.Error(), "broken") || !strings.Contains(err.Error(), "url") {
 		t.Fatalf("start with an invalid entry = %v", err)
 	}
@@ -195,9 +197,7 @@ func TestEndpointsFile(t *testing.T) {
 // A bad configuration stops the start with one line naming the variable.
 func TestBadConfigurationStopsStart(t *testing.T) {
 	t.Parallel()
-	err := run(t.Context(), nil, func(k string) string {
-		return map[string]string{"PULSE_LOCK_TIMEOUT": "soon"}[k]
-	}, io.Discard)
+	err := harness.StartError(t.Context(), map[string]string{"PULSE_LOCK_TIMEOUT": "soon"})
 	if err == nil || !strings.Contains(err.Error(), "PULSE_LOCK_TIMEOUT") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("err = %v", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -14,6 +14,9 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // attackPage is what a web page of another origin tries against the sidecar at API (its base URL): every
@@ -49,12 +52,12 @@ Promise.allSettled(tries).then(() => { document.title = "done" });
 // same-origin in the browser's eyes and is refused by its Host. The console keeps working from its own origin.
 func TestBrowserPagesCannotOperateTheSidecar(t *testing.T) {
 	path := browserPath(t)
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"},
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"},
 		"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"})
-	d := s.waitDelivery(t, s.publish(t, "t", map[string]any{"n": 1}), "billing", 30*time.Second)
+	d := s.WaitDelivery(t, s.Publish(t, "t", map[string]any{"n": 1}), "billing", 30*time.Second)
 	before := rawGet(t, s.URL+"/v1/endpoints/billing")
 	api, err := url.Parse(s.URL)
 	if err != nil {
@@ -111,7 +114,7 @@ func TestBrowserPagesCannotOperateTheSidecar(t *testing.T) {
 		if read[bool](t, ctx, `window.readSucceeded === true`) {
 			t.Errorf("a page at %s read an endpoint", from)
 		}
-		waitFor(t, 10*time.Second, "the browser to log the sidecar's answer to every attack of "+from, func() bool {
+		testwait.Eventually(t, 10*time.Second, "the browser to log the sidecar's answer to every attack of "+from, func() bool {
 			got := answered()
 			for _, a := range attacks {
 				if _, ok := got[from+" "+a]; !ok {
@@ -150,7 +153,7 @@ func TestBrowserPagesCannotOperateTheSidecar(t *testing.T) {
 	if list := rawGet(t, s.URL+"/v1/deliveries"); strings.Count(list, `"consumerGroup":"billing"`) != 1 {
 		t.Errorf("deliveries after the attacks: %s; want the one delivery published by the test", list)
 	}
-	if got := len(rcv.received()); got != 1 {
+	if got := len(rcv.Received()); got != 1 {
 		t.Errorf("the receiver got %d POSTs, want 1 (nothing replayed, retried or published)", got)
 	}
 

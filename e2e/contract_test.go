@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"cmp"
@@ -11,15 +11,17 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // slowReceiver answers 200 after holding each POST for hold; it records when each POST arrived.
-func slowReceiver(t *testing.T, hold time.Duration) *receiver {
-	r := &receiver{statuses: []int{200}, notify: make(chan struct{}, 1000)}
+func slowReceiver(t *testing.T, hold time.Duration) *harness.Receiver {
+	r := &harness.Receiver{Statuses: []int{200}, Notify: make(chan struct{}, 1000)}
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		r.mu.Lock()
-		r.got = append(r.got, received{Header: req.Header.Clone(), At: time.Now()})
-		r.mu.Unlock()
+		r.Mu.Lock()
+		r.Got = append(r.Got, harness.Received{Header: req.Header.Clone(), At: time.Now()})
+		r.Mu.Unlock()
 		select { // the receiver's own slowness, not a wait for an outcome
 		case <-time.After(hold):
 		case <-req.Context().Done():
@@ -33,10 +35,10 @@ func slowReceiver(t *testing.T, hold time.Duration) *receiver {
 // Retention holds on every path: attempts made by the local fan-out keep the event in memory, yet none of
 // them starts a POST after the event's expiresAt; they end event_expired instead.
 func TestNoPostAfterTheEventExpired(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv(map[string]string{"PULSE_EVENT_RETENTION": "2s"}))
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv(map[string]string{"PULSE_EVENT_RETENTION": "2s"}))
 	rcv := slowReceiver(t, 900*time.Millisecond)
-	s.registerEndpoint(t, "slow", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxConcurrency": 1})
+	s.RegisterEndpoint(t, "slow", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxConcurrency": 1})
 	batch := make([]map[string]any, 6)
 	for i := range batch {
 		batch[i] = map[string]any{"topic": "t", "data": i}
@@ -45,7 +47,7 @@ func TestNoPostAfterTheEventExpired(t *testing.T) {
 		ID        string    `json:"id"`
 		CreatedAt time.Time `json:"createdAt"`
 	}
-	if code := do(t, "POST", s.URL+"/v1/events", batch, &published); code != 202 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", batch, &published); code != 202 {
 		t.Fatalf("publish answered %d", code)
 	}
 	ds := waitGroupDone(s, t, "slow", len(published), 30*time.Second)
@@ -59,7 +61,7 @@ func TestNoPostAfterTheEventExpired(t *testing.T) {
 	if expired == 0 {
 		t.Fatalf("no delivery ended event_expired: the scenario did not outlast the retention: %+v", ds)
 	}
-	for _, g := range rcv.received() {
+	for _, g := range rcv.Received() {
 		for _, e := range published {
 			// 100 ms of slack for the POST to travel from the sidecar's start to the receiver.
 			if g.Header.Get("Idempotency-Key") == e.ID && g.At.After(e.CreatedAt.Add(2*time.Second+100*time.Millisecond)) {
@@ -67,17 +69,17 @@ func TestNoPostAfterTheEventExpired(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d of %d deliveries ended event_expired, %d POSTs", expired, len(published), len(rcv.received()))
+	t.Logf("%d of %d deliveries ended event_expired, %d POSTs", expired, len(published), len(rcv.Received()))
 }
 
 // waitGroupDone waits until the consumer group has n deliveries, none pending, and returns them with their
 // attempts (it reads deliveries, not events: an expired event is gone from GET /v1/events).
-func waitGroupDone(s *sidecar, t *testing.T, group string, n int, timeout time.Duration) []deliveryView {
+func waitGroupDone(s *harness.Sidecar, t *testing.T, group string, n int, timeout time.Duration) []harness.DeliveryView {
 	t.Helper()
-	var out []deliveryView
-	waitFor(t, timeout, "the deliveries of "+group+" to end", func() bool {
-		var list struct{ Deliveries []deliveryView }
-		if do(t, "GET", s.URL+"/v1/deliveries?limit=500&consumerGroup="+group, nil, &list) != 200 || len(list.Deliveries) != n {
+	var out []harness.DeliveryView
+	harness.WaitFor(t, timeout, "the deliveries of "+group+" to end", func() bool {
+		var list struct{ Deliveries []harness.DeliveryView }
+		if harness.Do(t, "GET", s.URL+"/v1/deliveries?limit=500&consumerGroup="+group, nil, &list) != 200 || len(list.Deliveries) != n {
 			return false
 		}
 		out = out[:0]
@@ -85,8 +87,8 @@ func waitGroupDone(s *sidecar, t *testing.T, group string, n int, timeout time.D
 			if x.Status == "pending" {
 				return false
 			}
-			var d deliveryView
-			do(t, "GET", s.URL+"/v1/deliveries/"+x.ID, nil, &d)
+			var d harness.DeliveryView
+			harness.Do(t, "GET", s.URL+"/v1/deliveries/"+x.ID, nil, &d)
 			out = append(out, d)
 		}
 		return true
@@ -95,7 +97,7 @@ func waitGroupDone(s *sidecar, t *testing.T, group string, n int, timeout time.D
 }
 
 // lastAttempt returns the delivery's last attempt, failing the test when it has none.
-func lastAttempt(t *testing.T, d deliveryView) attemptView {
+func lastAttempt(t *testing.T, d harness.DeliveryView) harness.AttemptView {
 	t.Helper()
 	if len(d.Attempts) == 0 {
 		t.Fatalf("delivery %s has no attempts", d.ID)
@@ -104,18 +106,18 @@ func lastAttempt(t *testing.T, d deliveryView) attemptView {
 }
 
 // getDelivery reads one delivery by id.
-func getDelivery(s *sidecar, t *testing.T, id string) deliveryView {
+func getDelivery(s *harness.Sidecar, t *testing.T, id string) harness.DeliveryView {
 	t.Helper()
-	return get[deliveryView](t, s.URL+"/v1/deliveries/"+id)
+	return harness.Get[harness.DeliveryView](t, s.URL+"/v1/deliveries/"+id)
 }
 
 // deliveryOf returns the id of the event's delivery to group, waiting until it exists.
-func deliveryOf(s *sidecar, t *testing.T, eventID, group string) string {
+func deliveryOf(s *harness.Sidecar, t *testing.T, eventID, group string) string {
 	t.Helper()
 	id := ""
-	waitFor(t, 20*time.Second, "the delivery of "+eventID+" to "+group, func() bool {
-		var ev eventView
-		do(t, "GET", s.URL+"/v1/events/"+eventID, nil, &ev)
+	harness.WaitFor(t, 20*time.Second, "the delivery of "+eventID+" to "+group, func() bool {
+		var ev harness.EventView
+		harness.Do(t, "GET", s.URL+"/v1/events/"+eventID, nil, &ev)
 		for _, x := range ev.Deliveries {
 			if x.ConsumerGroup == group {
 				id = x.ID
@@ -130,36 +132,36 @@ func deliveryOf(s *sidecar, t *testing.T, eventID, group string) string {
 // another replica with another URL and topic: the pending delivery ends at once as endpoint_deleted, and
 // nothing of the old subscription ever reaches the new receiver.
 func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
-	b := setup(t)
-	s1, s2 := b.start(b.fastEnv()), b.start(b.fastEnv())
-	old, fresh := newReceiver(t, 500), newReceiver(t, 200)
-	s1.registerEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"invoice.paid"}, "retryDelay": "1s"})
-	paid := s1.publish(t, "invoice.paid", map[string]any{"invoice": 1})
+	b := harness.Setup(t)
+	s1, s2 := b.Start(b.FastEnv()), b.Start(b.FastEnv())
+	old, fresh := harness.NewReceiver(t, 500), harness.NewReceiver(t, 200)
+	s1.RegisterEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"invoice.paid"}, "retryDelay": "1s"})
+	paid := s1.Publish(t, "invoice.paid", map[string]any{"invoice": 1})
 	did := deliveryOf(s1, t, paid, "billing")
-	waitFor(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool {
+	harness.WaitFor(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool {
 		d := getDelivery(s1, t, did)
 		return len(d.Attempts) == 2 && d.Attempts[1].Status == "pending"
 	})
-	s2.deleteEndpoint(t, "billing")
+	s2.DeleteEndpoint(t, "billing")
 	d := getDelivery(s1, t, did)
 	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
 		t.Fatalf("right after the delete, delivery = %+v, want error with endpoint_deleted", d)
 	}
-	s2.registerEndpoint(t, "billing", map[string]any{"url": fresh.URL, "topics": []string{"user.created"}, "offsetReset": "latest"})
-	created := s1.publish(t, "user.created", map[string]any{"user": 1})
-	if got := s1.waitDelivery(t, created, "billing", 20*time.Second); got.Status != "success" {
+	s2.RegisterEndpoint(t, "billing", map[string]any{"url": fresh.URL, "topics": []string{"user.created"}, "offsetReset": "latest"})
+	created := s1.Publish(t, "user.created", map[string]any{"user": 1})
+	if got := s1.WaitDelivery(t, created, "billing", 20*time.Second); got.Status != "success" {
 		t.Fatalf("delivery to the re-created group = %+v", got)
 	}
 	retryAt := d.Attempts[1].NextAttemptAt
-	waitFor(t, 20*time.Second, "the old retry's due time to pass by a second", func() bool { return time.Now().After(retryAt.Add(time.Second)) })
+	harness.WaitFor(t, 20*time.Second, "the old retry's due time to pass by a second", func() bool { return time.Now().After(retryAt.Add(time.Second)) })
 	if got := postsByKey(fresh); got[paid] != 0 || got[created] != 1 {
 		t.Fatalf("the re-created group's receiver got %v, want only %s once", got, created)
 	}
-	old.wantPOSTs(t, 1, "at the deleted group's endpoint (before the delete)")
+	old.WantPOSTs(t, 1, "at the deleted group's endpoint (before the delete)")
 	if d := getDelivery(s1, t, did); d.Status != "error" || len(d.Attempts) != 2 {
 		t.Fatalf("the old delivery changed after the re-creation: %+v", d)
 	}
-	if strings.Contains(s1.logs.String()+s2.logs.String(), `"level":"error","consumer_group":"billing"`) {
+	if strings.Contains(s1.Logs.String()+s2.Logs.String(), `"level":"error","consumer_group":"billing"`) {
 		t.Fatal("the deletion was logged at error level")
 	}
 }
@@ -167,21 +169,21 @@ func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
 // A PUT that drops a topic ends the group's pending deliveries of that topic as unsubscribed; one that only
 // changes the URL keeps pending work, and the next attempt goes to the new URL.
 func TestPutDroppingATopicEndsItsDeliveries(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	failing, fixed := newReceiver(t, 500), newReceiver(t, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": failing.URL, "topics": []string{"a", "b"}, "retryDelay": "1s"})
-	ea, eb := s.publish(t, "a", 1), s.publish(t, "b", 2)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	failing, fixed := harness.NewReceiver(t, 500), harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": failing.URL, "topics": []string{"a", "b"}, "retryDelay": "1s"})
+	ea, eb := s.Publish(t, "a", 1), s.Publish(t, "b", 2)
 	da, db := deliveryOf(s, t, ea, "g"), deliveryOf(s, t, eb, "g")
-	waitFor(t, 20*time.Second, "both deliveries to wait for a retry", func() bool {
+	harness.WaitFor(t, 20*time.Second, "both deliveries to wait for a retry", func() bool {
 		return len(getDelivery(s, t, da).Attempts) == 2 && len(getDelivery(s, t, db).Attempts) == 2
 	})
-	s.registerEndpoint(t, "g", map[string]any{"url": fixed.URL, "topics": []string{"b"}, "retryDelay": "1s"})
+	s.RegisterEndpoint(t, "g", map[string]any{"url": fixed.URL, "topics": []string{"b"}, "retryDelay": "1s"})
 	d := getDelivery(s, t, da)
 	if d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "unsubscribed" {
 		t.Fatalf("delivery of the dropped topic = %+v, want error with unsubscribed", d)
 	}
-	if got := s.waitDelivery(t, eb, "g", 20*time.Second); got.Status != "success" {
+	if got := s.WaitDelivery(t, eb, "g", 20*time.Second); got.Status != "success" {
 		t.Fatalf("delivery of the kept topic = %+v, want success at the new URL", got)
 	}
 	if got := postsByKey(fixed); got[ea] != 0 || got[eb] != 1 {
@@ -192,36 +194,36 @@ func TestPutDroppingATopicEndsItsDeliveries(t *testing.T) {
 // A POST in flight when its group is deleted finishes and is recorded; its failure does not carry the
 // delivery over to the group registered again under the same name.
 func TestInFlightAttemptOfADeletedGroupDoesNotReachItsSuccessor(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	old := newHoldingReceiver(t, 500)
-	fresh := newReceiver(t, 200)
-	s.registerEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"t"}, "retryDelay": "100ms"})
-	id := s.publish(t, "t", 1)
-	old.waitArrival(t)
-	s.deleteEndpoint(t, "billing")
-	s.registerEndpoint(t, "billing", map[string]any{"url": fresh.URL, "topics": []string{"t"}})
-	old.letGo()
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	old := harness.NewHoldingReceiver(t, 500)
+	fresh := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"t"}, "retryDelay": "100ms"})
+	id := s.Publish(t, "t", 1)
+	old.WaitArrival(t)
+	s.DeleteEndpoint(t, "billing")
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": fresh.URL, "topics": []string{"t"}})
+	old.LetGo()
 	did := deliveryOf(s, t, id, "billing")
-	var d deliveryView
-	waitFor(t, 20*time.Second, "the old delivery to end", func() bool { d = getDelivery(s, t, did); return d.Status != "pending" })
+	var d harness.DeliveryView
+	harness.WaitFor(t, 20*time.Second, "the old delivery to end", func() bool { d = getDelivery(s, t, did); return d.Status != "pending" })
 	if d.Status != "error" || d.Error == nil || d.Error.Code != "endpoint_deleted" {
 		t.Fatalf("old delivery = %+v, want error ending with endpoint_deleted", d)
 	}
-	fresh.wantPOSTs(t, 0, "at the re-created group's endpoint (none of the old subscription)")
+	fresh.WantPOSTs(t, 0, "at the re-created group's endpoint (none of the old subscription)")
 }
 
 // hangingReceivers returns n receivers that hold every POST until the test ends, and a function that
 // counts the POSTs they hold at the moment.
-func hangingReceivers(t *testing.T, n int) ([]*holdingReceiver, func() int) {
-	out := make([]*holdingReceiver, n)
+func hangingReceivers(t *testing.T, n int) ([]*harness.HoldingReceiver, func() int) {
+	out := make([]*harness.HoldingReceiver, n)
 	for i := range out {
-		out[i] = newHoldingReceiver(t, 200)
+		out[i] = harness.NewHoldingReceiver(t, 200)
 	}
 	return out, func() int {
 		held := 0
 		for _, r := range out {
-			now, _ := r.held()
+			now, _ := r.Held()
 			held += now
 		}
 		return held
@@ -232,35 +234,35 @@ func hangingReceivers(t *testing.T, n int) ([]*holdingReceiver, func() int) {
 // one event for a healthy group, delivered while every slow POST still hangs. It returns how long the
 // healthy event waited between its publish answer and its POST.
 func fairnessCase(t *testing.T, workers, slowGroups, events, maxConcurrency, busy int) time.Duration {
-	b := setup(t)
-	env := b.fastEnv()
+	b := harness.Setup(t)
+	env := b.FastEnv()
 	if workers > 0 {
 		env["PULSE_WORKERS"] = strconv.Itoa(workers)
 	}
-	s := b.start(env)
+	s := b.Start(env)
 	slow, held := hangingReceivers(t, slowGroups)
-	healthy := newReceiver(t, 200)
+	healthy := harness.NewReceiver(t, 200)
 	for i, r := range slow {
-		s.registerEndpoint(t, fmt.Sprintf("slow%d", i), map[string]any{"url": r.URL, "topics": []string{fmt.Sprintf("s%d", i)},
+		s.RegisterEndpoint(t, fmt.Sprintf("slow%d", i), map[string]any{"url": r.URL, "topics": []string{fmt.Sprintf("s%d", i)},
 			"maxConcurrency": maxConcurrency, "timeout": "60s"})
 	}
-	s.registerEndpoint(t, "healthy", map[string]any{"url": healthy.URL, "topics": []string{"h"}})
+	s.RegisterEndpoint(t, "healthy", map[string]any{"url": healthy.URL, "topics": []string{"h"}})
 	for i := range slow {
 		batch := make([]map[string]any, events)
 		for j := range batch {
 			batch[j] = map[string]any{"topic": fmt.Sprintf("s%d", i), "data": j}
 		}
-		if code := do(t, "POST", s.URL+"/v1/events", batch, nil); code != 202 {
+		if code := harness.Do(t, "POST", s.URL+"/v1/events", batch, nil); code != 202 {
 			t.Fatalf("publish answered %d", code)
 		}
 	}
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d slow POSTs to hang", busy), func() bool { return held() >= busy })
+	harness.WaitFor(t, 30*time.Second, fmt.Sprintf("%d slow POSTs to hang", busy), func() bool { return held() >= busy })
 	start := time.Now()
-	id := s.publish(t, "h", "healthy")
+	id := s.Publish(t, "h", "healthy")
 	// The slow POSTs hang for a minute: without fairness the healthy one would wait for that long. Five
 	// seconds is fifty times the ordinary scheduling delay, to absorb a loaded machine.
-	waitFor(t, 5*time.Second, "the healthy group's POST while every slow one hangs", func() bool { return postsByKey(healthy)[id] == 1 })
-	waited := healthy.received()[0].At.Sub(start)
+	harness.WaitFor(t, 5*time.Second, "the healthy group's POST while every slow one hangs", func() bool { return postsByKey(healthy)[id] == 1 })
+	waited := healthy.Received()[0].At.Sub(start)
 	if n := held(); n < busy {
 		t.Fatalf("only %d slow POSTs hang when the healthy one arrived; the case needs %d", n, busy)
 	}
@@ -291,43 +293,43 @@ func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
 // A group deleted (through another replica) while its POST is in flight, with a retry due at once: the
 // failed POST is recorded, no further attempt is created or POSTed, and the delivery ends endpoint_deleted.
 func TestNoAttemptAfterTheDelete(t *testing.T) {
-	b := setup(t)
+	b := harness.Setup(t)
 	// A lease of 3 s, so that a loaded machine missing heartbeats does not reap the attempt in flight.
 	slowLease := map[string]string{"PULSE_LOCK_TIMEOUT": "3s"}
-	s1, s2 := b.start(b.fastEnv(slowLease)), b.start(b.fastEnv(slowLease))
-	rcv := newHoldingReceiver(t, 500)
-	s1.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
-	id := s1.publish(t, "t", 1)
-	rcv.waitArrival(t)
-	s2.deleteEndpoint(t, "billing")
-	rcv.letGo()
+	s1, s2 := b.Start(b.FastEnv(slowLease)), b.Start(b.FastEnv(slowLease))
+	rcv := harness.NewHoldingReceiver(t, 500)
+	s1.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
+	id := s1.Publish(t, "t", 1)
+	rcv.WaitArrival(t)
+	s2.DeleteEndpoint(t, "billing")
+	rcv.LetGo()
 	did := deliveryOf(s1, t, id, "billing")
-	var d deliveryView
-	waitFor(t, 20*time.Second, "the delivery to end", func() bool { d = getDelivery(s1, t, did); return d.Status != "pending" })
+	var d harness.DeliveryView
+	harness.WaitFor(t, 20*time.Second, "the delivery to end", func() bool { d = getDelivery(s1, t, did); return d.Status != "pending" })
 	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].HTTPStatus != 500 {
 		t.Fatalf("delivery = %+v, want error after the one attempt in flight (HTTP 500)", d)
 	}
 	if d.Error == nil || d.Error.Code != "endpoint_deleted" {
 		t.Fatalf("delivery error = %+v, want endpoint_deleted", d.Error)
 	}
-	rcv.wantPOSTs(t, 1, "")
+	rcv.WantPOSTs(t, 1, "")
 }
 
 // A pending delivery of an earlier registration of an ordered group, its next attempt due in an hour, does
 // not hold up the line of the group registered again: it ends endpoint_deleted and the new event arrives.
 func TestStaleHeadDoesNotBlockARecreatedOrderedGroup(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true})
 	later := time.Now().Add(time.Hour).UTC()
 	old := tornState(b, "ledger", bson.M{"incarnation": "earlier-registration"},
 		bson.M{"status": "pending", "incarnation": "earlier-registration", "nextAttemptAt": later})
-	id := s.publish(t, "t", "new")
-	if d := s.waitDelivery(t, id, "ledger", 20*time.Second); d.Status != "success" {
+	id := s.Publish(t, "t", "new")
+	if d := s.WaitDelivery(t, id, "ledger", 20*time.Second); d.Status != "success" {
 		t.Fatalf("new delivery = %+v", d)
 	}
-	if d := s.waitDelivery(t, old, "ledger", 20*time.Second); d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
+	if d := s.WaitDelivery(t, old, "ledger", 20*time.Second); d.Status != "error" || lastAttempt(t, d).Error == nil || lastAttempt(t, d).Error.Code != "endpoint_deleted" {
 		t.Fatalf("stale delivery = %+v, want error endpoint_deleted", d)
 	}
 	if got := postsByKey(rcv); got[old] != 0 {
@@ -339,51 +341,51 @@ func TestStaleHeadDoesNotBlockARecreatedOrderedGroup(t *testing.T) {
 // deleted straight in the database): the reconciler ends them, and deleting again answers 404 and ends them
 // too.
 func TestUnfinishedDeleteIsCompleted(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 500)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 500)
 	for _, g := range []string{"a", "b"} {
-		s.registerEndpoint(t, g, map[string]any{"url": rcv.URL, "topics": []string{"t-" + g}, "retryDelay": "1h"})
+		s.RegisterEndpoint(t, g, map[string]any{"url": rcv.URL, "topics": []string{"t-" + g}, "retryDelay": "1h"})
 	}
-	ea, eb := s.publish(t, "t-a", 1), s.publish(t, "t-b", 2)
+	ea, eb := s.Publish(t, "t-a", 1), s.Publish(t, "t-b", 2)
 	da, db := deliveryOf(s, t, ea, "a"), deliveryOf(s, t, eb, "b")
-	waitFor(t, 20*time.Second, "both retries to be scheduled", func() bool {
+	harness.WaitFor(t, 20*time.Second, "both retries to be scheduled", func() bool {
 		return len(getDelivery(s, t, da).Attempts) == 2 && len(getDelivery(s, t, db).Attempts) == 2
 	})
-	subs := b.client.Database(b.dbName).Collection("pulse.subscriptions")
+	subs := b.Client.Database(b.DBName).Collection("pulse.subscriptions")
 	if _, err := subs.DeleteMany(t.Context(), bson.M{"_id": bson.M{"$in": []string{"a", "b"}}}); err != nil {
 		t.Fatal(err)
 	}
-	if code := do(t, "DELETE", s.URL+"/v1/endpoints/b", nil, nil); code != 404 {
+	if code := harness.Do(t, "DELETE", s.URL+"/v1/endpoints/b", nil, nil); code != 404 {
 		t.Fatalf("deleting b again answered %d, want 404", code)
 	}
 	if d := getDelivery(s, t, db); d.Status != "error" {
 		t.Fatalf("delivery of b after the second delete = %+v, want error", d)
 	}
-	waitFor(t, 20*time.Second, "the reconciler to end a's delivery", func() bool { return getDelivery(s, t, da).Status == "error" })
+	harness.WaitFor(t, 20*time.Second, "the reconciler to end a's delivery", func() bool { return getDelivery(s, t, da).Status == "error" })
 }
 
 // maxConcurrency holds on a replica that has not seen the endpoint yet (registered through another replica
 // a moment before an array publish).
 func TestMaxConcurrencyHoldsOnAReplicaThatJustLearnsTheGroup(t *testing.T) {
-	b := setup(t)
-	s1, s2 := b.start(b.fastEnv()), b.start(b.fastEnv())
-	rcv := newHoldingReceiver(t, 200)
-	s2.registerEndpoint(t, "one", map[string]any{"url": rcv.URL, "topics": []string{"mc"}, "maxConcurrency": 1})
+	b := harness.Setup(t)
+	s1, s2 := b.Start(b.FastEnv()), b.Start(b.FastEnv())
+	rcv := harness.NewHoldingReceiver(t, 200)
+	s2.RegisterEndpoint(t, "one", map[string]any{"url": rcv.URL, "topics": []string{"mc"}, "maxConcurrency": 1})
 	batch := make([]map[string]any, 10)
 	for i := range batch {
 		batch[i] = map[string]any{"topic": "mc", "data": i}
 	}
-	if code := do(t, "POST", s1.URL+"/v1/events", batch, nil); code != 202 {
+	if code := harness.Do(t, "POST", s1.URL+"/v1/events", batch, nil); code != 202 {
 		t.Fatalf("publish answered %d", code)
 	}
-	rcv.waitArrival(t)
+	rcv.WaitArrival(t)
 	// Let POSTs through one at a time; a second one in flight would show in rcv.most.
 	for range 10 {
-		rcv.release <- struct{}{}
+		rcv.Release <- struct{}{}
 	}
-	waitFor(t, 30*time.Second, "10 POSTs", func() bool { return len(rcv.received()) >= 10 })
-	if _, most := rcv.held(); most > 1 {
+	harness.WaitFor(t, 30*time.Second, "10 POSTs", func() bool { return len(rcv.Received()) >= 10 })
+	if _, most := rcv.Held(); most > 1 {
 		t.Fatalf("%d POSTs were in flight at once, maxConcurrency is 1", most)
 	}
 }

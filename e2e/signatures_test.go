@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
+	"github.com/pulse-sidecar/pulse/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
@@ -64,10 +65,10 @@ func readmeExample(t *testing.T, lang string) string {
 // from another to it (both 1 h overlaps), publishes one event and checks that the receiver accepted it
 // (the delivery succeeded) from all but the one signing with the other secret, whose first attempt got 401.
 // It returns the event id.
-func verifyingScenario(t *testing.T, s *sidecar, url string) string {
+func verifyingScenario(t *testing.T, s *harness.Sidecar, url string) string {
 	t.Helper()
 	register := func(group, secret string) {
-		s.registerEndpoint(t, group, map[string]any{"url": url, "topics": []string{"t"}, "secret": secret, "retryDelay": "1h"})
+		s.RegisterEndpoint(t, group, map[string]any{"url": url, "topics": []string{"t"}, "secret": secret, "retryDelay": "1h"})
 	}
 	register("right", secretOld)
 	register("wrong", secretNewer)
@@ -78,15 +79,15 @@ func verifyingScenario(t *testing.T, s *sidecar, url string) string {
 			t.Fatalf("rotate %s answered %d", group, code)
 		}
 	}
-	id := s.publish(t, "t", map[string]any{"order": 42})
+	id := s.Publish(t, "t", map[string]any{"order": 42})
 	for _, group := range []string{"right", "rotated-from", "rotated-to"} {
-		if d := s.waitDelivery(t, id, group, 20*time.Second); d.Status != "success" {
+		if d := s.WaitDelivery(t, id, group, 20*time.Second); d.Status != "success" {
 			t.Errorf("delivery to %s = %+v, want success: the receiver accepted its signature", group, d)
 		}
 	}
 	did := deliveryOf(s, t, id, "wrong")
-	var d deliveryView
-	waitFor(t, 20*time.Second, "the wrongly signed attempt to be recorded", func() bool {
+	var d harness.DeliveryView
+	harness.WaitFor(t, 20*time.Second, "the wrongly signed attempt to be recorded", func() bool {
 		d = getDelivery(s, t, did)
 		return len(d.Attempts) > 0 && d.Attempts[0].Status != "pending"
 	})
@@ -109,8 +110,8 @@ func TestReadmeGoVerifierAcceptsTheSidecarsPOSTs(t *testing.T) {
 		t.Fatalf("README.md's Go example differs from the function verified that this test runs:\n%s", example)
 	}
 
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	var mu sync.Mutex
 	var bodies []string
 	h, err := verified(secretOld, func(w http.ResponseWriter, body []byte) {
@@ -167,7 +168,7 @@ func runExampleReceiver(t *testing.T, dir, lang, file string, command ...string)
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	waitFor(t, 20*time.Second, "the "+lang+" receiver to listen on "+addr, func() bool {
+	harness.WaitFor(t, 20*time.Second, "the "+lang+" receiver to listen on "+addr, func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("the %s receiver exited:\n%s", lang, out.String())
@@ -197,8 +198,8 @@ func TestReadmeNodeVerifierAcceptsTheSidecarsPOSTs(t *testing.T) {
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Skipf("npm install standardwebhooks failed (no registry?): the README's Node example is not run: %v\n%s", err, out)
 	}
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	url, out := runExampleReceiver(t, dir, "js", "receiver.js", "node")
 	id := verifyingScenario(t, s, url)
 	if n := strings.Count(out.String(), "delivery t "+id); n != 3 {
@@ -226,8 +227,8 @@ func TestReadmePythonVerifierAcceptsTheSidecarsPOSTs(t *testing.T) {
 		}
 		t.Logf("python3 has no standardwebhooks module: using the library's source from %s", lib)
 	}
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	url, out := runExampleReceiver(t, dir, "python", "receiver.py", "python3", "-u")
 	id := verifyingScenario(t, s, url)
 	if n := strings.Count(out.String(), "delivery t "+id); n != 3 {

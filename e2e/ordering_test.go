@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // published is what a publish answered for one event.
@@ -17,10 +19,10 @@ type published struct {
 }
 
 // orderOf returns the ids of the events a receiver got, first POST of each, in arrival order.
-func orderOf(r *receiver) []string {
+func orderOf(r *harness.Receiver) []string {
 	var out []string
 	seen := map[string]bool{}
-	for _, g := range r.received() {
+	for _, g := range r.Received() {
 		if id := g.Header.Get("Idempotency-Key"); !seen[id] {
 			seen[id] = true
 			out = append(out, id)
@@ -49,9 +51,9 @@ func inversions(t *testing.T, arrival []string, events map[string]time.Time) int
 }
 
 // createdAtOf reads an event's createdAt through the API.
-func createdAtOf(s *sidecar, t *testing.T, id string) time.Time {
+func createdAtOf(s *harness.Sidecar, t *testing.T, id string) time.Time {
 	t.Helper()
-	return get[struct {
+	return harness.Get[struct {
 		CreatedAt time.Time `json:"createdAt"`
 	}](t, s.URL+"/v1/events/"+id).CreatedAt
 }
@@ -60,24 +62,24 @@ func createdAtOf(s *sidecar, t *testing.T, id string) time.Time {
 // through another replica, reaches the ordered group only after E1 (whose delivery the repair creates a
 // lease timeout later).
 func TestOrderHoldsWhenThePublisherDiesBeforeFanOut(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true})
-	crashEnv := b.fastEnv()
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true})
+	crashEnv := b.FastEnv()
 	crashEnv["PULSE_TEST_CRASH_AFTER_PUBLISH"] = "true"
-	doomed := b.startProcess(crashEnv)
+	doomed := b.StartProcess(crashEnv)
 	var e1 published
-	if code := do(t, "POST", doomed.URL+"/v1/events", map[string]any{"topic": "o", "data": 1}, &e1); code != 202 {
+	if code := harness.Do(t, "POST", doomed.URL+"/v1/events", map[string]any{"topic": "o", "data": 1}, &e1); code != 202 {
 		t.Fatalf("publish through the doomed replica answered %d", code)
 	}
 	select {
-	case <-doomed.done:
+	case <-doomed.Done:
 	case <-time.After(20 * time.Second):
 		t.Fatal("the doomed replica did not die")
 	}
-	e2 := s.publish(t, "o", 2)
-	s.wantSuccess(t, "ledger", 30*time.Second, e1.ID, e2)
+	e2 := s.Publish(t, "o", 2)
+	s.WantSuccess(t, "ledger", 30*time.Second, e1.ID, e2)
 	if got := strings.Join(orderOf(rcv), ","); got != e1.ID+","+e2 {
 		t.Fatalf("the ordered group got %s, want E1 (%s) before E2 (%s)", got, e1.ID, e2)
 	}
@@ -87,12 +89,12 @@ func TestOrderHoldsWhenThePublisherDiesBeforeFanOut(t *testing.T) {
 // arriving through two replicas: it receives every event once, in (createdAt, id) order, none live before
 // an older retained one.
 func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
-	b := setup(t)
-	env := b.fastEnv()
+	b := harness.Setup(t)
+	env := b.FastEnv()
 	// Slower recovery periods than the other tests: with 600 ms leases the repair scans of two replicas
 	// saturate the serialized test database and an ordered group (one POST at a time) crawls.
 	env["PULSE_LOCK_TIMEOUT"] = "3s"
-	s1, s2 := b.start(env), b.start(env)
+	s1, s2 := b.Start(env), b.Start(env)
 	const retained = 60
 	created := map[string]time.Time{}
 	var mu sync.Mutex
@@ -102,7 +104,7 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 			batch[i] = map[string]any{"topic": "bf.t", "data": i}
 		}
 		var out []published
-		if code := do(t, "POST", s1.URL+"/v1/events", batch, &out); code != 202 {
+		if code := harness.Do(t, "POST", s1.URL+"/v1/events", batch, &out); code != 202 {
 			t.Fatalf("publish answered %d", code)
 		}
 		for _, p := range out {
@@ -118,18 +120,18 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 				return
 			case <-time.After(20 * time.Millisecond): // the publishing client's own pace
 			}
-			via := []*sidecar{s1, s2}[i%2]
+			via := []*harness.Sidecar{s1, s2}[i%2]
 			var p published
-			if do(t, "POST", via.URL+"/v1/events", map[string]any{"topic": "bf.t", "data": i}, &p) == 202 {
+			if harness.Do(t, "POST", via.URL+"/v1/events", map[string]any{"topic": "bf.t", "data": i}, &p) == 202 {
 				mu.Lock()
 				created[p.ID] = p.CreatedAt
 				mu.Unlock()
 			}
 		}
 	}()
-	rcv := newReceiver(t, 200)
-	s1.registerEndpoint(t, "audit", map[string]any{"url": rcv.URL, "topics": []string{"bf.t"}, "ordered": true, "offsetReset": "earliest"})
-	waitFor(t, 60*time.Second, "20 live events after the registration", func() bool {
+	rcv := harness.NewReceiver(t, 200)
+	s1.RegisterEndpoint(t, "audit", map[string]any{"url": rcv.URL, "topics": []string{"bf.t"}, "ordered": true, "offsetReset": "earliest"})
+	harness.WaitFor(t, 60*time.Second, "20 live events after the registration", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(created) >= retained+20
@@ -139,7 +141,7 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 	mu.Lock()
 	total := len(created)
 	mu.Unlock()
-	waitFor(t, 240*time.Second, "every event to reach the ordered group", func() bool { return len(orderOf(rcv)) == total })
+	harness.WaitFor(t, 240*time.Second, "every event to reach the ordered group", func() bool { return len(orderOf(rcv)) == total })
 	arrival := orderOf(rcv)
 	mu.Lock()
 	defer mu.Unlock()
@@ -150,17 +152,17 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 }
 
 // startBehindPauseProxy starts a sidecar with env whose database connections go through a pauseProxy.
-func startBehindPauseProxy(b *bundle, env map[string]string) (*sidecar, *pauseProxy) {
-	b.t.Helper()
-	host := strings.TrimSuffix(strings.TrimPrefix(b.uri, "mongodb://"), "/")
+func startBehindPauseProxy(b *harness.Bundle, env map[string]string) (*harness.Sidecar, *pauseProxy) {
+	b.T.Helper()
+	host := strings.TrimSuffix(strings.TrimPrefix(b.URI, "mongodb://"), "/")
 	host, _, _ = strings.Cut(host, "/")
-	proxy := newPauseProxy(b.t, host)
+	proxy := newPauseProxy(b.T, host)
 	behind := map[string]string{}
 	for k, v := range env {
 		behind[k] = v
 	}
 	behind["PULSE_MONGODB_URI"] = "mongodb://" + proxy.ln.Addr().String() + "/"
-	return b.start(behind), proxy
+	return b.Start(behind), proxy
 }
 
 // pauseProxy forwards TCP connections to upstream; while paused it holds every byte its clients send, or,
@@ -255,17 +257,17 @@ func (p *pauseProxy) resume() {
 // replica (E2) is stored and delivered: the ordered group's arrival order is the (createdAt, id) order the
 // API reports, because createdAt is stamped when the write reaches the database.
 func TestOrderHoldsWhenAnInsertStalls(t *testing.T) {
-	b := setup(t)
-	stalled, proxy := startBehindPauseProxy(b, b.fastEnv())
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true})
+	b := harness.Setup(t)
+	stalled, proxy := startBehindPauseProxy(b, b.FastEnv())
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true})
 
 	proxy.pause("stalled-insert-e1")
 	e1 := make(chan published, 1)
 	go func() {
 		var p published
-		do(t, "POST", stalled.URL+"/v1/events", map[string]any{"topic": "o", "data": "stalled-insert-e1"}, &p)
+		harness.Do(t, "POST", stalled.URL+"/v1/events", map[string]any{"topic": "o", "data": "stalled-insert-e1"}, &p)
 		e1 <- p
 	}()
 	select { // E1's write is on its way to the database, held by the proxy
@@ -273,14 +275,14 @@ func TestOrderHoldsWhenAnInsertStalls(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("E1's write never reached the proxy")
 	}
-	e2 := s.publish(t, "o", 2)
-	waitFor(t, 20*time.Second, "E2 to be delivered while E1's insert stalls", func() bool { return len(orderOf(rcv)) == 1 })
+	e2 := s.Publish(t, "o", 2)
+	harness.WaitFor(t, 20*time.Second, "E2 to be delivered while E1's insert stalls", func() bool { return len(orderOf(rcv)) == 1 })
 	proxy.resume()
 	first := <-e1
 	if first.ID == "" {
 		t.Fatal("the stalled publish failed")
 	}
-	waitFor(t, 30*time.Second, "E1 to be delivered", func() bool { return len(orderOf(rcv)) == 2 })
+	harness.WaitFor(t, 30*time.Second, "E1 to be delivered", func() bool { return len(orderOf(rcv)) == 2 })
 	created := map[string]time.Time{first.ID: createdAtOf(s, t, first.ID), e2: createdAtOf(s, t, e2)}
 	if n := inversions(t, orderOf(rcv), created); n != 0 {
 		t.Fatalf("arrival %v contradicts createdAt %v", orderOf(rcv), created)

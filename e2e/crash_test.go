@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -11,20 +11,21 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/pulse-sidecar/pulse/internal/harness"
 	pmongo "github.com/pulse-sidecar/pulse/mongo"
 )
 
 // blockingReceiver answers its first POST only when the test says so (or the sender goes away); later POSTs
 // get 200 at once. started is closed when the first POST arrives.
 type blockingReceiver struct {
-	*receiver
+	*harness.Receiver
 	started chan struct{}
 	answer  chan int // the status of the first POST
 	once    sync.Once
 }
 
 func newBlockingReceiver(t *testing.T) *blockingReceiver {
-	br := &blockingReceiver{receiver: newReceiver(t, 200), started: make(chan struct{}), answer: make(chan int, 1)}
+	br := &blockingReceiver{Receiver: harness.NewReceiver(t, 200), started: make(chan struct{}), answer: make(chan int, 1)}
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) }) // runs before the server's Close: never leave the handler blocked
 	inner := br.Config.Handler
@@ -36,9 +37,9 @@ func newBlockingReceiver(t *testing.T) *blockingReceiver {
 			return
 		}
 		body, _ := io.ReadAll(r.Body) // once the body is read, the server notices when the sender goes away
-		br.mu.Lock()
-		br.got = append(br.got, received{Header: r.Header.Clone(), Body: body, At: time.Now()})
-		br.mu.Unlock()
+		br.Mu.Lock()
+		br.Got = append(br.Got, harness.Received{Header: r.Header.Clone(), Body: body, At: time.Now()})
+		br.Mu.Unlock()
 		close(br.started)
 		select {
 		case status := <-br.answer:
@@ -70,23 +71,23 @@ func TestSIGKILLDuringWebhookIsRecoveredAsWorkerLost(t *testing.T) {
 			name = "after the side effect"
 		}
 		t.Run(name, func(t *testing.T) {
-			b := setup(t)
-			env := b.fastEnv()
+			b := harness.Setup(t)
+			env := b.FastEnv()
 			env["PULSE_LOCK_TIMEOUT"] = "500ms"
 			rcv := newBlockingReceiver(t)
-			a := b.startProcess(env)
-			a.sidecar().registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
-			id := a.sidecar().publish(t, "t", map[string]any{"n": 1})
+			a := b.StartProcess(env)
+			a.Sidecar().RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
+			id := a.Sidecar().Publish(t, "t", map[string]any{"n": 1})
 			waitClosed(t, rcv.started, 20*time.Second, "the first POST")
 			if sideEffectDone {
 				rcv.answer <- 200 // the receiver commits its side effect; the sender dies before reading the answer
 			}
-			a.kill()
+			a.Kill()
 			killedAt := time.Now()
 
-			s := b.startProcess(env).sidecar()
-			d := s.waitDelivery(t, id, "billing", 30*time.Second)
-			got := rcv.received()
+			s := b.StartProcess(env).Sidecar()
+			d := s.WaitDelivery(t, id, "billing", 30*time.Second)
+			got := rcv.Received()
 			recovery := got[len(got)-1].At.Sub(killedAt)
 			t.Logf("recovery after SIGKILL: attempt 2 POSTed %s after the kill (lease timeout 500ms, includes the restart)", recovery.Round(time.Millisecond))
 			if d.Status != "success" || len(d.Attempts) != 2 {
@@ -105,19 +106,19 @@ func TestSIGKILLDuringWebhookIsRecoveredAsWorkerLost(t *testing.T) {
 
 // tornState writes an event, its delivery to group and the given attempts straight into the database, as a
 // crash between two writes would leave them. It returns the event id.
-func tornState(b *bundle, group string, delivery bson.M, attempts ...bson.M) string {
-	b.t.Helper()
-	return tornStateNamed(b, "ev-"+strings.ReplaceAll(b.t.Name(), "/", "-"), group, delivery, attempts...)
+func tornState(b *harness.Bundle, group string, delivery bson.M, attempts ...bson.M) string {
+	b.T.Helper()
+	return tornStateNamed(b, "ev-"+strings.ReplaceAll(b.T.Name(), "/", "-"), group, delivery, attempts...)
 }
 
 // tornStateNamed is tornState with the event id given.
-func tornStateNamed(b *bundle, eventID, group string, delivery bson.M, attempts ...bson.M) string {
-	b.t.Helper()
+func tornStateNamed(b *harness.Bundle, eventID, group string, delivery bson.M, attempts ...bson.M) string {
+	b.T.Helper()
 	ctx := context.Background()
-	db := b.client.Database(b.dbName)
+	db := b.Client.Database(b.DBName)
 	now := time.Now().UTC()
 	if _, err := db.Collection("pulse.events").InsertOne(ctx, bson.M{"_id": eventID, "topic": "t", "data": `{"torn":true}`, "createdAt": now}); err != nil {
-		b.t.Fatal(err)
+		b.T.Fatal(err)
 	}
 	if delivery == nil {
 		return eventID
@@ -144,7 +145,7 @@ func tornStateNamed(b *bundle, eventID, group string, delivery bson.M, attempts 
 		}
 	}
 	if _, err := db.Collection("pulse.deliveries").InsertOne(ctx, doc); err != nil {
-		b.t.Fatal(err)
+		b.T.Fatal(err)
 	}
 	for i, a := range attempts {
 		doc := bson.M{"_id": deliveryID + "-" + string(rune('1'+i)), "deliveryId": deliveryID, "eventId": eventID,
@@ -153,27 +154,27 @@ func tornStateNamed(b *bundle, eventID, group string, delivery bson.M, attempts 
 			doc[k] = v
 		}
 		if _, err := db.Collection("pulse.history").InsertOne(ctx, doc); err != nil {
-			b.t.Fatal(err)
+			b.T.Fatal(err)
 		}
 	}
 	// Queued last: running replicas see the torn state whole (a queue document an hour old whose delivery
 	// does not exist yet would be removed as one its fan-out left behind).
 	if _, err := db.Collection("pulse.queue").InsertOne(ctx, queued); err != nil {
-		b.t.Fatal(err)
+		b.T.Fatal(err)
 	}
 	return eventID
 }
 
 // markForFanOut leaves event id of topic t as a publisher that died before fanning it out leaves it: marked
 // for fan-out, with its document in the outbox (written before the mark).
-func markForFanOut(b *bundle, id string) {
-	b.t.Helper()
-	db := b.client.Database(b.dbName)
+func markForFanOut(b *harness.Bundle, id string) {
+	b.T.Helper()
+	db := b.Client.Database(b.DBName)
 	if _, err := db.Collection("pulse.outbox").InsertOne(context.Background(), bson.M{"_id": id, "topic": "t", "createdAt": time.Now().UTC()}); err != nil {
-		b.t.Fatal(err)
+		b.T.Fatal(err)
 	}
 	if _, err := db.Collection("pulse.events").UpdateOne(context.Background(), bson.M{"_id": id}, bson.M{"$set": bson.M{"fanout": true}}); err != nil {
-		b.t.Fatal(err)
+		b.T.Fatal(err)
 	}
 }
 
@@ -216,16 +217,16 @@ func TestCrashWindowsAreRepaired(t *testing.T) {
 			wantPOSTs: []string{"1"}, wantCodes: []string{"success"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := setup(t)
-			s := b.start(b.fastEnv())
-			rcv := newReceiver(t, 200)
-			s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
+			b := harness.Setup(t)
+			s := b.Start(b.FastEnv())
+			rcv := harness.NewReceiver(t, 200)
+			s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
 			id := tornState(b, "g", tc.delivery, tc.attempts...)
 			if tc.wantFanout {
 				// Published after the group registered (createdAt now); older than a lease timeout once repaired.
 				markForFanOut(b, id)
 			}
-			d := s.waitDelivery(t, id, "g", 30*time.Second)
+			d := s.WaitDelivery(t, id, "g", 30*time.Second)
 			if d.Status != "success" || len(d.Attempts) != len(tc.wantCodes) {
 				t.Fatalf("delivery = %+v, want success with %d attempts", d, len(tc.wantCodes))
 			}
@@ -240,7 +241,7 @@ func TestCrashWindowsAreRepaired(t *testing.T) {
 				}
 			}
 			var posts []string
-			for _, r := range rcv.received() {
+			for _, r := range rcv.Received() {
 				posts = append(posts, r.Header.Get("Pulse-Attempt"))
 			}
 			if strings.Join(posts, ",") != strings.Join(tc.wantPOSTs, ",") {
@@ -253,31 +254,31 @@ func TestCrashWindowsAreRepaired(t *testing.T) {
 // Fencing: a worker whose attempt was taken over while its POST was in flight cannot write its result; it
 // logs the lost lease and goes on working.
 func TestStolenLeaseResultIsNotWritten(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	rcv := newBlockingReceiver(t)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
-	id := s.publish(t, "t", 1)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
+	id := s.Publish(t, "t", 1)
 	waitClosed(t, rcv.started, 20*time.Second, "the first POST")
-	res, err := b.client.Database(b.dbName).Collection("pulse.history").UpdateOne(context.Background(),
+	res, err := b.Client.Database(b.DBName).Collection("pulse.history").UpdateOne(context.Background(),
 		bson.M{"eventId": id, "attempt": 1, "status": "pending"}, bson.M{"$set": bson.M{"lockToken": "stolen-by-another-worker"}})
 	if err != nil || res.ModifiedCount != 1 {
 		t.Fatalf("steal token: %v %+v", err, res)
 	}
 	rcv.answer <- 200 // the stale worker's POST succeeds, but its lease is gone
 
-	d := s.waitDelivery(t, id, "g", 30*time.Second)
+	d := s.WaitDelivery(t, id, "g", 30*time.Second)
 	if d.Attempts[0].Status == "success" {
 		t.Fatalf("the stale worker wrote its result: attempt 1 = %+v", d.Attempts[0])
 	}
 	if d.Status != "success" || len(d.Attempts) != 2 || d.Attempts[0].Error == nil || d.Attempts[0].Error.Code != "worker_lost" {
 		t.Fatalf("delivery = %+v, want attempt 1 worker_lost then success", d)
 	}
-	if !strings.Contains(s.logs.String(), "lease lost") {
-		t.Fatalf("the lost lease was not logged:\n%s", s.logs.String())
+	if !strings.Contains(s.Logs.String(), "lease lost") {
+		t.Fatalf("the lost lease was not logged:\n%s", s.Logs.String())
 	}
 	// The worker goes on working.
-	if d := s.waitDelivery(t, s.publish(t, "t", 2), "g", 20*time.Second); d.Status != "success" {
+	if d := s.WaitDelivery(t, s.Publish(t, "t", 2), "g", 20*time.Second); d.Status != "success" {
 		t.Fatalf("next delivery = %+v", d)
 	}
 }
@@ -285,19 +286,19 @@ func TestStolenLeaseResultIsNotWritten(t *testing.T) {
 // Heartbeats keep a long webhook call alive: it takes 5 × the lease timeout, two replicas run, and the event
 // is POSTed once. The replicas' clocks are 5 minutes ahead and behind: leases follow the database's clock.
 func TestHeartbeatKeepsLongCallAliveAcrossSkewedReplicas(t *testing.T) {
-	b := setup(t)
+	b := harness.Setup(t)
 	lease := map[string]string{"PULSE_LOCK_TIMEOUT": "1s"}
-	s1 := b.start(b.fastEnv(lease, map[string]string{"PULSE_TEST_CLOCK_SKEW": "-5m"}))
-	b.start(b.fastEnv(lease, map[string]string{"PULSE_TEST_CLOCK_SKEW": "5m"}))
+	s1 := b.Start(b.FastEnv(lease, map[string]string{"PULSE_TEST_CLOCK_SKEW": "-5m"}))
+	b.Start(b.FastEnv(lease, map[string]string{"PULSE_TEST_CLOCK_SKEW": "5m"}))
 	rcv := newBlockingReceiver(t)
-	s1.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
-	id := s1.publish(t, "t", 1) // published by the replica whose clock is behind: still discovered at once
+	s1.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
+	id := s1.Publish(t, "t", 1) // published by the replica whose clock is behind: still discovered at once
 	waitClosed(t, rcv.started, 20*time.Second, "the first POST")
 	time.Sleep(5 * time.Second) // the receiver's work: 5 × the lease timeout (not a wait for an outcome)
 	rcv.answer <- 200
-	d := s1.waitDelivery(t, id, "g", 20*time.Second)
+	d := s1.WaitDelivery(t, id, "g", 20*time.Second)
 	if d.Status != "success" || len(d.Attempts) != 1 {
 		t.Fatalf("delivery = %+v, want success on attempt 1 (the lease was renewed, not reaped)", d)
 	}
-	rcv.wantPOSTs(t, 1, "")
+	rcv.WantPOSTs(t, 1, "")
 }

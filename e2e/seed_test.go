@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -11,23 +11,24 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/pulse-sidecar/pulse/internal/harness"
 	pmongo "github.com/pulse-sidecar/pulse/mongo"
 )
 
 // A retry the reconciler creates (the worker died after recording the failure) waits for the Retry-After
 // that the failed attempt received, as the worker's own retry would have.
 func TestReconcilerRetryHonoursRetryAfter(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
 	ended := time.Now().UTC().Truncate(time.Millisecond)
 	id := tornState(b, "g", bson.M{}, bson.M{"status": "error", "httpStatus": 429, "endedAt": ended, "startedAt": ended,
 		"lockToken": "dead", "lockOwner": "dead", "lockedUntil": ended, "retryAfterMs": 4000,
 		"error": bson.M{"code": "handler_error", "message": "HTTP 429 Too Many Requests"}})
 	did := deliveryOf(s, t, id, "g")
-	var d deliveryView
-	waitFor(t, 20*time.Second, "the reconciler to create attempt 2", func() bool { d = getDelivery(s, t, did); return len(d.Attempts) == 2 })
+	var d harness.DeliveryView
+	harness.WaitFor(t, 20*time.Second, "the reconciler to create attempt 2", func() bool { d = getDelivery(s, t, did); return len(d.Attempts) == 2 })
 	if due := d.Attempts[1].NextAttemptAt; due.Before(ended.Add(4 * time.Second)) {
 		t.Fatalf("attempt 2 is due %s after attempt 1 ended, want at least the 4 s Retry-After", due.Sub(ended))
 	}
@@ -38,15 +39,15 @@ func TestReconcilerRetryHonoursRetryAfter(t *testing.T) {
 // attempt as worker_lost and delivers attempt 2, and the stalled replica records nothing when the database
 // comes back: one success, as the crash table says.
 func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
-	b := setup(t)
-	env := b.fastEnv()
+	b := harness.Setup(t)
+	env := b.FastEnv()
 	env["PULSE_LOCK_TIMEOUT"] = "1s"
 	stalled, proxy := startBehindPauseProxy(b, env)
 
 	cancelled, testDone := make(chan struct{}, 1), make(chan struct{})
 	var mu sync.Mutex
 	var attempts []string
-	rcv := newReceiver(t, 200)
+	rcv := harness.NewReceiver(t, 200)
 	t.Cleanup(func() { close(testDone) }) // runs before the receiver closes
 	rcv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body) // the server notices a closed connection only once the body is read
@@ -63,24 +64,24 @@ func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
 		}
 		w.WriteHeader(200)
 	})
-	stalled.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms", "timeout": "1m"})
-	id := stalled.publish(t, "t", 1) // the publishing replica leases the first attempt itself
-	waitFor(t, 20*time.Second, "attempt 1 to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 1 })
-	other := b.start(env) // started now, so that the stalled replica holds attempt 1
+	stalled.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms", "timeout": "1m"})
+	id := stalled.Publish(t, "t", 1) // the publishing replica leases the first attempt itself
+	harness.WaitFor(t, 20*time.Second, "attempt 1 to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 1 })
+	other := b.Start(env) // started now, so that the stalled replica holds attempt 1
 	proxy.pause("")
 	stallStart := time.Now()
 	select {
 	case <-cancelled:
 	case <-time.After(20 * time.Second):
-		t.Fatalf("the stalled replica did not cancel its POST when its lease could not be renewed\n%s", stalled.logs.String())
+		t.Fatalf("the stalled replica did not cancel its POST when its lease could not be renewed\n%s", stalled.Logs.String())
 	}
-	d := other.waitDelivery(t, id, "g", 30*time.Second)
-	waitFor(t, 10*time.Second, "the stall to last 1.5 × the lease timeout", func() bool { return time.Since(stallStart) > 1500*time.Millisecond })
+	d := other.WaitDelivery(t, id, "g", 30*time.Second)
+	harness.WaitFor(t, 10*time.Second, "the stall to last 1.5 × the lease timeout", func() bool { return time.Since(stallStart) > 1500*time.Millisecond })
 	proxy.resume()
 	// The stalled replica is back: give it a poll or two to (wrongly) write anything, then read again.
-	waitFor(t, 10*time.Second, "the stalled replica to answer again", func() bool {
+	harness.WaitFor(t, 10*time.Second, "the stalled replica to answer again", func() bool {
 		var h struct{ Status string }
-		return do(t, "GET", stalled.URL+"/readyz", nil, &h) == 200
+		return harness.Do(t, "GET", stalled.URL+"/readyz", nil, &h) == 200
 	})
 	d = getDelivery(other, t, deliveryOf(other, t, id, "g"))
 	successes := 0
@@ -103,26 +104,26 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: a minute of load")
 	}
-	b := setup(t)
-	env := b.fastEnv()
+	b := harness.Setup(t)
+	env := b.FastEnv()
 	// Six replicas' repair scans would saturate the serialized test database at 600 ms; and on a loaded
 	// machine the database can stall a heartbeat past 5 s, so that a live POST's lease is reaped and its
 	// event POSTed twice (at-least-once, but not what this test is about).
 	env["PULSE_LOCK_TIMEOUT"] = "10s"
-	replicas := make([]*sidecar, 6)
+	replicas := make([]*harness.Sidecar, 6)
 	for i := range replicas {
-		replicas[i] = b.start(env)
+		replicas[i] = b.Start(env)
 	}
 	s := replicas[0]
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t", "bulk"}, "retryDelay": "10ms"})
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t", "bulk"}, "retryDelay": "10ms"})
 	const bulk = 400
 	for range bulk / 100 {
 		batch := make([]map[string]any, 100)
 		for i := range batch {
 			batch[i] = map[string]any{"topic": "bulk", "data": i}
 		}
-		if code := do(t, "POST", s.URL+"/v1/events", batch, nil); code != 202 {
+		if code := harness.Do(t, "POST", s.URL+"/v1/events", batch, nil); code != 202 {
 			t.Fatalf("publish answered %d", code)
 		}
 	}
@@ -160,15 +161,15 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 	// unfinished fan-out is repaired once it is a lease timeout old. Three minutes is that with a wide margin
 	// for six replicas on one serialized database; it took 6 s here at a 5 s lease, 11 s at 10 s.
 	start := time.Now()
-	waitFor(t, 3*time.Minute, "every delivery to exist and end", func() bool {
-		return b.count("deliveries", bson.M{}) == bulk+48 && b.count("deliveries", bson.M{"status": "pending"}) == 0
+	harness.WaitFor(t, 3*time.Minute, "every delivery to exist and end", func() bool {
+		return b.Count("deliveries", bson.M{}) == bulk+48 && b.Count("deliveries", bson.M{"status": "pending"}) == 0
 	})
 	t.Logf("%d deliveries (48 torn) converged in %s with 6 replicas", bulk+48, time.Since(start).Round(time.Second))
-	if n := b.count("deliveries", bson.M{"status": "success"}); n != bulk+48 {
+	if n := b.Count("deliveries", bson.M{"status": "success"}); n != bulk+48 {
 		t.Fatalf("%d deliveries succeeded, want %d", n, bulk+48)
 	}
 	posts := map[string][]string{}
-	for _, r := range rcv.received() {
+	for _, r := range rcv.Received() {
 		k := r.Header.Get("Idempotency-Key")
 		posts[k] = append(posts[k], r.Header.Get("Pulse-Attempt"))
 	}
@@ -182,7 +183,7 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 	// worker_lost. Any other duplicate is a bug.
 	for k, p := range posts {
 		if len(p) > 1 && !strings.HasPrefix(k, "torn-") {
-			if lost := b.count("history", bson.M{"deliveryId": pmongo.DeliveryID("g", k), "error.code": "worker_lost"}); lost < int64(len(p)-1) {
+			if lost := b.Count("history", bson.M{"deliveryId": pmongo.DeliveryID("g", k), "error.code": "worker_lost"}); lost < int64(len(p)-1) {
 				t.Errorf("event %s was POSTed %d times (attempts %v) with %d attempts ended by the reaper", k, len(p), p, lost)
 			} else {
 				t.Logf("event %s was POSTed %d times (attempts %v) after its lease expired (worker_lost)", k, len(p), p)
@@ -206,33 +207,33 @@ func merge(a, b bson.M) bson.M {
 // through one receives every event published after its registration, through either, exactly once, and an
 // event whose publisher died before fanning it out is fanned out once by a skewed replica.
 func TestClockSkewNeitherSkipsNorDuplicates(t *testing.T) {
-	b := setup(t)
-	ahead, behind := b.fastEnv(), b.fastEnv()
+	b := harness.Setup(t)
+	ahead, behind := b.FastEnv(), b.FastEnv()
 	ahead["PULSE_TEST_CLOCK_SKEW"] = "5m"
 	behind["PULSE_TEST_CLOCK_SKEW"] = "-5m"
-	sa, sb := b.start(ahead), b.start(behind)
-	before := sb.publish(t, "t", "before the group")
-	rcv := newReceiver(t, 200)
-	for i, reg := range []*sidecar{sb, sa} {
+	sa, sb := b.Start(ahead), b.Start(behind)
+	before := sb.Publish(t, "t", "before the group")
+	rcv := harness.NewReceiver(t, 200)
+	for i, reg := range []*harness.Sidecar{sb, sa} {
 		group := fmt.Sprintf("g%d", i)
-		reg.registerEndpoint(t, group, map[string]any{"url": rcv.URL, "topics": []string{"t"}})
+		reg.RegisterEndpoint(t, group, map[string]any{"url": rcv.URL, "topics": []string{"t"}})
 	}
 	var ids []string
 	for i := range 10 {
-		ids = append(ids, []*sidecar{sa, sb}[i%2].publish(t, "t", i))
+		ids = append(ids, []*harness.Sidecar{sa, sb}[i%2].Publish(t, "t", i))
 	}
-	crashEnv := b.fastEnv()
+	crashEnv := b.FastEnv()
 	crashEnv["PULSE_TEST_CRASH_AFTER_PUBLISH"] = "true"
 	crashEnv["PULSE_TEST_CLOCK_SKEW"] = "-5m"
-	doomed := b.startProcess(crashEnv)
+	doomed := b.StartProcess(crashEnv)
 	var orphan published
-	if code := do(t, "POST", doomed.URL+"/v1/events", map[string]any{"topic": "t", "data": "orphan"}, &orphan); code != 202 {
+	if code := harness.Do(t, "POST", doomed.URL+"/v1/events", map[string]any{"topic": "t", "data": "orphan"}, &orphan); code != 202 {
 		t.Fatalf("publish through the doomed replica answered %d", code)
 	}
 	ids = append(ids, orphan.ID)
 	for _, id := range ids {
 		for _, g := range []string{"g0", "g1"} {
-			if d := sa.waitDelivery(t, id, g, 30*time.Second); d.Status != "success" {
+			if d := sa.WaitDelivery(t, id, g, 30*time.Second); d.Status != "success" {
 				t.Fatalf("delivery of %s to %s = %+v", id, g, d)
 			}
 		}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 var fixedWidthTime = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`)
@@ -48,20 +50,20 @@ func checkTimes(t *testing.T, what string, raw []byte) int {
 // byte-identical on the first attempt (built from the event in memory) and a retry (read back from the
 // database).
 func TestTimestampsAreFixedWidthEverywhere(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 500, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "50ms"})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 500, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "50ms"})
 	var raw json.RawMessage
-	if code := do(t, "POST", s.URL+"/v1/events", `[{"topic":"t","data":1}]`, &raw); code != 202 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", `[{"topic":"t","data":1}]`, &raw); code != 202 {
 		t.Fatalf("publish = %d %s", code, raw)
 	}
 	var published []struct{ ID, CreatedAt string }
 	_ = json.Unmarshal(raw, &published)
 	checked := checkTimes(t, "publish answer", raw)
 	id := published[0].ID
-	d := s.waitDelivery(t, id, "g", 30*time.Second)
-	got := rcv.received()
+	d := s.WaitDelivery(t, id, "g", 30*time.Second)
+	got := rcv.Received()
 	if len(got) != 2 || !bytes.Equal(got[0].Body, got[1].Body) {
 		t.Fatalf("%d POSTs; bodies differ between attempts:\n%s\n%s", len(got), got[0].Body, got[len(got)-1].Body)
 	}
@@ -73,7 +75,7 @@ func TestTimestampsAreFixedWidthEverywhere(t *testing.T) {
 	checked += checkTimes(t, "webhook body", got[0].Body)
 	for _, path := range []string{"/v1/events/" + id, "/v1/deliveries/" + d.ID, "/v1/deliveries?consumerGroup=g", "/v1/endpoints/g", "/v1/endpoints"} {
 		raw = nil
-		if code := do(t, "GET", s.URL+path, nil, &raw); code != 200 {
+		if code := harness.Do(t, "GET", s.URL+path, nil, &raw); code != 200 {
 			t.Fatalf("GET %s = %d", path, code)
 		}
 		checked += checkTimes(t, "GET "+path, raw)

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -19,6 +19,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/pulse-sidecar/pulse/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
@@ -77,22 +78,22 @@ func auditLines(logs string) []map[string]any {
 // accepts every token of PULSE_API_TOKEN (rotation), a read-only token only on GET routes; every
 // administrative action logs one audit line with who, what and which fields, and never a secret value.
 func TestProbeListenerTokensAndAudit(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv(map[string]string{
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv(map[string]string{
 		"PULSE_PROBE_LISTEN":   "127.0.0.1:0",
 		"PULSE_API_TOKEN":      "tok-new-1a2b, tok-old-3c4d",
 		"PULSE_API_READ_TOKEN": "tok-view-5e6f",
 	}))
-	waitFor(t, 5*time.Second, "the listening line in the logs", func() bool { return strings.Contains(s.logs.String(), `"probe_addr"`) })
-	probe := "http://" + probeAddr(t, s.logs.String())
+	harness.WaitFor(t, 5*time.Second, "the listening line in the logs", func() bool { return strings.Contains(s.Logs.String(), `"probe_addr"`) })
+	probe := "http://" + probeAddr(t, s.Logs.String())
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		for _, base := range []string{probe, s.URL} { // the API listener keeps them too
-			if code := do(t, "GET", base+path, nil, nil); code != 200 {
+			if code := harness.Do(t, "GET", base+path, nil, nil); code != 200 {
 				t.Errorf("GET %s%s = %d, want 200 without a token", base, path, code)
 			}
 		}
 	}
-	if code := do(t, "GET", probe+"/v1/endpoints", nil, nil); code != 404 {
+	if code := harness.Do(t, "GET", probe+"/v1/endpoints", nil, nil); code != 404 {
 		t.Errorf("GET /v1/endpoints on the probe listener = %d, want 404", code)
 	}
 
@@ -116,7 +117,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 		out, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(out)
 	}
-	rcv := newReceiver(t, 400)
+	rcv := harness.NewReceiver(t, 400)
 	const secret, cred = "whsec_dGhpcy1pcy1hLXRlc3Qtc2lnbmluZy1r", "Bearer cred-9d8c7b6a"
 	ep := map[string]any{"url": rcv.URL, "topics": []string{"t"}, "secret": secret, "headers": map[string]string{"Authorization": cred}}
 	if code, body := call("PUT", "/v1/endpoints/billing", "", ep); code != 401 {
@@ -149,9 +150,9 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 	var pub struct{ ID string }
 	_ = json.Unmarshal([]byte(body), &pub)
 	var deliveryID string
-	waitFor(t, 20*time.Second, "the delivery to end", func() bool {
+	harness.WaitFor(t, 20*time.Second, "the delivery to end", func() bool {
 		_, body := call("GET", "/v1/events/"+pub.ID, "tok-view-5e6f", nil)
-		var ev eventView
+		var ev harness.EventView
 		_ = json.Unmarshal([]byte(body), &ev)
 		if len(ev.Deliveries) == 1 && ev.Deliveries[0].Status == "error" {
 			deliveryID = ev.Deliveries[0].ID
@@ -161,9 +162,9 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 	if code, body := call("POST", "/v1/deliveries/"+deliveryID+"/retry", "tok-new-1a2b", nil); code != 202 {
 		t.Fatalf("retry = %d %s", code, body)
 	}
-	waitFor(t, 20*time.Second, "the retried delivery to end", func() bool {
+	harness.WaitFor(t, 20*time.Second, "the retried delivery to end", func() bool {
 		_, body := call("GET", "/v1/deliveries/"+deliveryID, "tok-new-1a2b", nil)
-		var d deliveryView
+		var d harness.DeliveryView
 		_ = json.Unmarshal([]byte(body), &d)
 		return d.Status == "error" && len(d.Attempts) == 2
 	})
@@ -185,7 +186,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 		{"endpoint.deleted", "PULSE_API_TOKEN#2", nil},
 	}
 	var lines []map[string]any
-	waitFor(t, 5*time.Second, "the audit lines", func() bool { lines = auditLines(s.logs.String()); return len(lines) >= len(want) })
+	harness.WaitFor(t, 5*time.Second, "the audit lines", func() bool { lines = auditLines(s.Logs.String()); return len(lines) >= len(want) })
 	if len(lines) != len(want) {
 		t.Fatalf("audit lines = %v, want %d", lines, len(want))
 	}
@@ -212,7 +213,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 		}
 	}
 	for _, leak := range []string{"dGhpcy1pcy1h", "cred-9d8c", "tok-new", "tok-old", "tok-view"} {
-		if strings.Contains(s.logs.String(), leak) {
+		if strings.Contains(s.Logs.String(), leak) {
 			t.Errorf("the logs carry %q", leak)
 		}
 	}
@@ -230,26 +231,26 @@ func keyB64(b byte) string { return base64.StdEncoding.EncodeToString(bytes.Repe
 // phase, not next to the load-sensitive tests (TestLargestEventFitsOneDocument).
 func TestEncryptionAtRestAndKeyRotation(t *testing.T) {
 	client, dbName := testdb.Database(t)
-	b := &bundle{t: t, client: client, dbName: dbName, uri: testdb.URI(t)}
-	rcv := newReceiver(t, 200)
+	b := &harness.Bundle{T: t, Client: client, DBName: dbName, URI: testdb.URI(t)}
+	rcv := harness.NewReceiver(t, 200)
 	const secretA, credA = "whsec_YS1zaWduaW5nLWtleS1vZi1ncm91cC1h", "Bearer cred-a-77aa11"
 	const secretB, credB = "whsec_Yi1zaWduaW5nLWtleS1vZi1ncm91cC1i", "Bearer cred-b-88bb22"
 	env := func(keys string) map[string]string {
-		e := b.fastEnv()
+		e := b.FastEnv()
 		e["PULSE_ENCRYPTION_KEY"] = keys
 		return e
 	}
-	register := func(s *sidecar, group, secret, cred string) {
-		s.registerEndpoint(t, group, map[string]any{"url": rcv.URL + "/" + group, "topics": []string{"t"}, "secret": secret,
+	register := func(s *harness.Sidecar, group, secret, cred string) {
+		s.RegisterEndpoint(t, group, map[string]any{"url": rcv.URL + "/" + group, "topics": []string{"t"}, "secret": secret,
 			"headers": map[string]string{"Authorization": cred}})
 	}
 	// deliver publishes one event and waits until every group got it with its own header and a signature.
-	deliver := func(s *sidecar, groups map[string]string) {
+	deliver := func(s *harness.Sidecar, groups map[string]string) {
 		t.Helper()
-		before := len(rcv.received())
-		s.publish(t, "t", 1)
-		waitFor(t, 20*time.Second, "the POSTs", func() bool { return len(rcv.received()) == before+len(groups) })
-		for _, r := range rcv.received()[before:] {
+		before := len(rcv.Received())
+		s.Publish(t, "t", 1)
+		harness.WaitFor(t, 20*time.Second, "the POSTs", func() bool { return len(rcv.Received()) == before+len(groups) })
+		for _, r := range rcv.Received()[before:] {
 			group := r.Header.Get("Pulse-Consumer-Group")
 			if r.Header.Get("Authorization") != groups[group] || !strings.HasPrefix(r.Header.Get("Webhook-Signature"), "v1,") {
 				t.Errorf("POST to %s: Authorization %q, signature %q", group, r.Header.Get("Authorization"), r.Header.Get("Webhook-Signature"))
@@ -258,7 +259,7 @@ func TestEncryptionAtRestAndKeyRotation(t *testing.T) {
 	}
 	noClear := func() {
 		t.Helper()
-		cur, err := b.client.Database(b.dbName).Collection("pulse.subscriptions").Find(context.Background(), bson.M{})
+		cur, err := b.Client.Database(b.DBName).Collection("pulse.subscriptions").Find(context.Background(), bson.M{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,28 +272,28 @@ func TestEncryptionAtRestAndKeyRotation(t *testing.T) {
 		}
 	}
 
-	p1 := b.startProcess(env(keyB64(1)))
-	register(p1.sidecar(), "a", secretA, credA)
+	p1 := b.StartProcess(env(keyB64(1)))
+	register(p1.Sidecar(), "a", secretA, credA)
 	noClear()
-	deliver(p1.sidecar(), map[string]string{"a": credA})
-	p1.kill()
+	deliver(p1.Sidecar(), map[string]string{"a": credA})
+	p1.Kill()
 
-	p2 := b.startProcess(env(keyB64(2) + "," + keyB64(1))) // rotation: the new key encrypts, the old one still decrypts
-	deliver(p2.sidecar(), map[string]string{"a": credA})
-	register(p2.sidecar(), "b", secretB, credB)
-	register(p2.sidecar(), "a", secretA, credA) // re-encrypted with the new key
+	p2 := b.StartProcess(env(keyB64(2) + "," + keyB64(1))) // rotation: the new key encrypts, the old one still decrypts
+	deliver(p2.Sidecar(), map[string]string{"a": credA})
+	register(p2.Sidecar(), "b", secretB, credB)
+	register(p2.Sidecar(), "a", secretA, credA) // re-encrypted with the new key
 	noClear()
-	deliver(p2.sidecar(), map[string]string{"a": credA, "b": credB})
-	p2.kill()
+	deliver(p2.Sidecar(), map[string]string{"a": credA, "b": credB})
+	p2.Kill()
 
-	p3 := b.startProcess(env(keyB64(2))) // the old key dropped
-	deliver(p3.sidecar(), map[string]string{"a": credA, "b": credB})
-	p3.kill()
+	p3 := b.StartProcess(env(keyB64(2))) // the old key dropped
+	deliver(p3.Sidecar(), map[string]string{"a": credA, "b": credB})
+	p3.Kill()
 
 	for _, keys := range []string{keyB64(3), ""} {
-		p, err := launch(testdb.Binary(t), env(keys))
+		p, err := harness.Launch(testdb.Binary(t), env(keys))
 		if p != nil {
-			p.kill()
+			p.Kill()
 		}
 		if err == nil || !strings.Contains(err.Error(), `endpoint \"a\"`) && !strings.Contains(err.Error(), `endpoint "a"`) {
 			t.Errorf("start with PULSE_ENCRYPTION_KEY=%q: %v, want an exit naming endpoint a", keys, err)
@@ -306,13 +307,13 @@ func TestDevDatabaseFilesHoldNoSecret(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	env := map[string]string{"PULSE_DATA_DIR": dir, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_ENCRYPTION_KEY": keyB64(7),
 		"PULSE_LOG_LEVEL": "info"}
-	s := (&bundle{t: t}).start(env)
+	s := (&harness.Bundle{T: t}).Start(env)
 	const secret, cred, marker = "whsec_ZGV2LWRiLXNpZ25pbmcta2V5LWNsZWFy", "Bearer devcred-6a5b4c3d", "marker-event-data-0f1e2d"
-	s.registerEndpoint(t, "g", map[string]any{"url": "http://127.0.0.1:9/", "topics": []string{"t"}, "secret": secret,
+	s.RegisterEndpoint(t, "g", map[string]any{"url": "http://127.0.0.1:9/", "topics": []string{"t"}, "secret": secret,
 		"headers": map[string]string{"Authorization": cred}})
-	s.publish(t, "t", marker)
-	s.stop() // the database's files are complete once it stopped
-	if strings.Contains(s.logs.String(), "PULSE_ENCRYPTION_KEY is not set") {
+	s.Publish(t, "t", marker)
+	s.Stop() // the database's files are complete once it stopped
+	if strings.Contains(s.Logs.String(), "PULSE_ENCRYPTION_KEY is not set") {
 		t.Error("warned about a missing key although one is set")
 	}
 	var sawMarker bool
@@ -344,18 +345,18 @@ func TestDevDatabaseFilesHoldNoSecret(t *testing.T) {
 // name with a placeholder value, the webhook still gets the real value, the logs never carry it, and a PUT
 // that sends the placeholder back is refused.
 func TestEndpointHeaderValuesAreRedacted(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 400) // terminal: the failure is logged
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 400) // terminal: the failure is logged
 	const credential = "Bearer tok-7f3a9c-credential"
 	body := map[string]any{"url": rcv.URL, "topics": []string{"t"}, "headers": map[string]string{"Authorization": credential, "X-Env": "prod"}}
 	var put map[string]any
-	if code := do(t, "PUT", s.URL+"/v1/endpoints/g", body, &put); code != 201 {
+	if code := harness.Do(t, "PUT", s.URL+"/v1/endpoints/g", body, &put); code != 201 {
 		t.Fatalf("PUT = %d %v", code, put)
 	}
-	one := get[map[string]any](t, s.URL+"/v1/endpoints/g")
+	one := harness.Get[map[string]any](t, s.URL+"/v1/endpoints/g")
 	var list struct{ Endpoints []map[string]any }
-	if code := do(t, "GET", s.URL+"/v1/endpoints", nil, &list); code != 200 || len(list.Endpoints) != 1 {
+	if code := harness.Do(t, "GET", s.URL+"/v1/endpoints", nil, &list); code != 200 || len(list.Endpoints) != 1 {
 		t.Fatalf("list = %d %v", code, list)
 	}
 	for name, ep := range map[string]map[string]any{"PUT answer": put, "GET": one, "list": list.Endpoints[0]} {
@@ -365,29 +366,29 @@ func TestEndpointHeaderValuesAreRedacted(t *testing.T) {
 		}
 	}
 
-	s.publish(t, "t", 1)
-	waitFor(t, 20*time.Second, "the POST", func() bool { return len(rcv.received()) == 1 })
-	if got := rcv.received()[0].Header.Get("Authorization"); got != credential {
+	s.Publish(t, "t", 1)
+	harness.WaitFor(t, 20*time.Second, "the POST", func() bool { return len(rcv.Received()) == 1 })
+	if got := rcv.Received()[0].Header.Get("Authorization"); got != credential {
 		t.Errorf("the webhook got Authorization %q, want the stored value", got)
 	}
-	waitFor(t, 20*time.Second, "the terminal failure to be logged", func() bool {
-		return strings.Contains(s.logs.String(), `"consumer_group":"g"`)
+	harness.WaitFor(t, 20*time.Second, "the terminal failure to be logged", func() bool {
+		return strings.Contains(s.Logs.String(), `"consumer_group":"g"`)
 	})
-	if strings.Contains(s.logs.String(), "tok-7f3a9c") {
-		t.Errorf("the logs carry the header value:\n%s", s.logs.String())
+	if strings.Contains(s.Logs.String(), "tok-7f3a9c") {
+		t.Errorf("the logs carry the header value:\n%s", s.Logs.String())
 	}
 
 	body["headers"] = map[string]string{"Authorization": redacted}
 	var e errorView
-	if code := do(t, "PUT", s.URL+"/v1/endpoints/g", body, &e); code != 400 || e.Error.Code != "invalid_endpoint" || !strings.Contains(e.Error.Message, "Authorization") {
+	if code := harness.Do(t, "PUT", s.URL+"/v1/endpoints/g", body, &e); code != 400 || e.Error.Code != "invalid_endpoint" || !strings.Contains(e.Error.Message, "Authorization") {
 		t.Fatalf("PUT with the placeholder = %d %+v, want 400 invalid_endpoint naming the header", code, e)
 	}
-	rcv.mu.Lock()
-	rcv.statuses = []int{400, 200}
-	rcv.mu.Unlock()
-	s.publish(t, "t", 2)
-	waitFor(t, 20*time.Second, "the second POST", func() bool { return len(rcv.received()) == 2 })
-	if got := rcv.received()[1].Header.Get("Authorization"); got != credential {
+	rcv.Mu.Lock()
+	rcv.Statuses = []int{400, 200}
+	rcv.Mu.Unlock()
+	s.Publish(t, "t", 2)
+	harness.WaitFor(t, 20*time.Second, "the second POST", func() bool { return len(rcv.Received()) == 2 })
+	if got := rcv.Received()[1].Header.Get("Authorization"); got != credential {
 		t.Errorf("after the refused PUT the webhook got Authorization %q, want the stored value", got)
 	}
 }
@@ -395,15 +396,15 @@ func TestEndpointHeaderValuesAreRedacted(t *testing.T) {
 // Header names that differ only in case are refused at PUT (400 naming both, nothing stored) and in
 // PULSE_ENDPOINTS_FILE (the start stops, naming both).
 func TestHeaderNamesDifferingInCaseAreRefused(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	var e errorView
 	body := `{"url":"http://127.0.0.1:9/hook","topics":["t"],"headers":{"X-Tenant":"a","x-tenant":"b"}}`
-	if code := do(t, "PUT", s.URL+"/v1/endpoints/g", body, &e); code != 400 || e.Error.Code != "invalid_endpoint" ||
+	if code := harness.Do(t, "PUT", s.URL+"/v1/endpoints/g", body, &e); code != 400 || e.Error.Code != "invalid_endpoint" ||
 		!strings.Contains(e.Error.Message, `"X-Tenant"`) || !strings.Contains(e.Error.Message, `"x-tenant"`) {
 		t.Fatalf("PUT = %d %+v, want 400 invalid_endpoint naming both keys", code, e)
 	}
-	if n := b.count("subscriptions", bson.M{}); n != 0 {
+	if n := b.Count("subscriptions", bson.M{}); n != 0 {
 		t.Fatalf("%d endpoints stored after a refused PUT", n)
 	}
 
@@ -412,9 +413,9 @@ func TestHeaderNamesDifferingInCaseAreRefused(t *testing.T) {
 	if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := b.fastEnv()
+	env := b.FastEnv()
 	env["PULSE_ENDPOINTS_FILE"] = file
-	err := run(t.Context(), nil, func(k string) string { return env[k] }, io.Discard)
+	err := harness.StartError(t.Context(), env)
 	if err == nil || !strings.Contains(err.Error(), "PULSE_ENDPOINTS_FILE") || !strings.Contains(err.Error(), `"X-Tenant"`) || !strings.Contains(err.Error(), `"x-tenant"`) {
 		t.Fatalf("start with the file = %v, want an error naming the variable and both keys", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/hex"
@@ -13,6 +13,8 @@ import (
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // otlpReceiver is an OTLP/HTTP trace receiver on loopback that keeps every span it got.
@@ -62,11 +64,11 @@ func (o *otlpReceiver) named(name string) []*tracepb.Span {
 // its own attempt span in the same trace, and the publish and attempt spans (group, attempt number, HTTP
 // status, outcome) are exported over OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT.
 func TestTracePropagatesFromPublishToEachAttempt(t *testing.T) {
-	b := setup(t)
+	b := harness.Setup(t)
 	collector := newOTLPReceiver(t)
-	s := b.start(b.fastEnv(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL}))
-	rcv := newReceiver(t, 500, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
+	s := b.Start(b.FastEnv(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL}))
+	rcv := harness.NewReceiver(t, 500, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	req, _ := http.NewRequest("POST", s.URL+"/v1/events", strings.NewReader(`{"topic":"t","data":1}`))
 	req.Header.Set("Content-Type", "application/json")
@@ -77,9 +79,9 @@ func TestTracePropagatesFromPublishToEachAttempt(t *testing.T) {
 		t.Fatalf("publish = %v, %v", resp, err)
 	}
 	resp.Body.Close()
-	waitFor(t, 20*time.Second, "two attempts", func() bool { return len(rcv.received()) == 2 })
+	harness.WaitFor(t, 20*time.Second, "two attempts", func() bool { return len(rcv.Received()) == 2 })
 	var spanIDs []string
-	for i, r := range rcv.received() {
+	for i, r := range rcv.Received() {
 		parts := strings.Split(r.Header.Get("traceparent"), "-")
 		if len(parts) != 4 || parts[1] != traceID || parts[2] == parentID {
 			t.Fatalf("POST %d carries traceparent %q, want a child span of trace %s", i+1, r.Header.Get("traceparent"), traceID)
@@ -92,7 +94,7 @@ func TestTracePropagatesFromPublishToEachAttempt(t *testing.T) {
 	if spanIDs[0] == spanIDs[1] {
 		t.Errorf("both attempts carry span %s; want one span per attempt", spanIDs[0])
 	}
-	waitFor(t, 20*time.Second, "the publish span and two attempt spans exported", func() bool {
+	harness.WaitFor(t, 20*time.Second, "the publish span and two attempt spans exported", func() bool {
 		return len(collector.named("publish")) == 1 && len(collector.named("deliver t")) == 2
 	})
 	pub := collector.named("publish")[0]

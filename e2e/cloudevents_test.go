@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
+	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -44,10 +46,10 @@ func postCE(t *testing.T, url string, header map[string]string, body string, out
 // CloudEvents 1.0 in structured, batch and binary mode become events: type the topic, id the id, data the
 // data, partitionkey the ordering key, the other attributes event headers ce-*, all delivered to the webhook.
 func TestCloudEventsIn(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"order.created"}})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"order.created"}})
 	structured := `{"specversion":"1.0","id":"ce-1","type":"order.created","source":"/shop","subject":"o-1",
 		"time":"2025-03-01T12:00:00Z","datacontenttype":"application/json","tenant":"eu","data":{"n":1}}`
 	if code := postCE(t, s.URL, map[string]string{"Content-Type": "application/cloudevents+json"}, structured, nil); code != 202 {
@@ -64,13 +66,13 @@ func TestCloudEventsIn(t *testing.T) {
 	if code := postCE(t, s.URL, binary, `{"n":4}`, nil); code != 202 {
 		t.Fatalf("binary mode answered %d", code)
 	}
-	waitFor(t, 20*time.Second, "four POSTs", func() bool { return len(orderOf(rcv)) == 4 })
+	harness.WaitFor(t, 20*time.Second, "four POSTs", func() bool { return len(orderOf(rcv)) == 4 })
 	got := map[string]struct {
 		Topic, OrderingKey string
 		Data               json.RawMessage
 		Headers            map[string]string
 	}{}
-	for _, r := range rcv.received() {
+	for _, r := range rcv.Received() {
 		var env struct {
 			ID, Topic, OrderingKey string
 			Data                   json.RawMessage
@@ -104,8 +106,8 @@ func TestCloudEventsIn(t *testing.T) {
 
 // A CloudEvent missing required attributes, or with data that is not JSON, is refused naming the problem.
 func TestCloudEventsInRejects(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	for _, tc := range []struct {
 		name   string
 		header map[string]string
@@ -140,7 +142,7 @@ func TestCloudEventsInRejects(t *testing.T) {
 			}
 		}
 	}
-	if n := b.count("events", map[string]any{}); n != 0 {
+	if n := b.Count("events", map[string]any{}); n != 0 {
 		t.Fatalf("%d events stored after rejected CloudEvents", n)
 	}
 }
@@ -149,19 +151,19 @@ func TestCloudEventsInRejects(t *testing.T) {
 // ce-type, ce-source, ce-specversion, ce-time, ce-subject and the data as the body, with Idempotency-Key and
 // a signature, the same bytes and headers on the retry.
 func TestCloudEventsOut(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 500, 200)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 500, 200)
 	secret := "whsec_" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
-	s.registerEndpoint(t, "ce", map[string]any{"url": rcv.URL, "topics": []string{"order.created"}, "format": "cloudevents",
+	s.RegisterEndpoint(t, "ce", map[string]any{"url": rcv.URL, "topics": []string{"order.created"}, "format": "cloudevents",
 		"retryDelay": "1ms", "secret": secret})
 	binary := map[string]string{"Ce-Specversion": "1.0", "Ce-Id": "o-7", "Ce-Type": "order.created",
 		"Ce-Source": "/shop", "Ce-Subject": "o-7", "Ce-Tenant": "eu", "Content-Type": "application/json"}
 	if code := postCE(t, s.URL, binary, `{"n": 7}`, nil); code != 202 {
 		t.Fatalf("publish answered %d", code)
 	}
-	waitFor(t, 20*time.Second, "the failed POST and its retry", func() bool { return len(rcv.received()) == 2 })
-	got := rcv.received()
+	harness.WaitFor(t, 20*time.Second, "the failed POST and its retry", func() bool { return len(rcv.Received()) == 2 })
+	got := rcv.Received()
 	first, retry := got[0], got[1]
 	if !bytes.Equal(first.Body, retry.Body) || string(first.Body) != `{"n":7}` {
 		t.Errorf("bodies %q and %q, want {\"n\":7} twice", first.Body, retry.Body)
@@ -188,18 +190,18 @@ func TestCloudEventsOut(t *testing.T) {
 		t.Errorf("read back %v (validate: %v)", ev, err)
 	}
 	// An event published as plain JSON gets the default source and its createdAt as time.
-	if code := do(t, "POST", s.URL+"/v1/events", map[string]any{"topic": "order.created", "data": 1, "orderingKey": "c-1"}, nil); code != 202 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", map[string]any{"topic": "order.created", "data": 1, "orderingKey": "c-1"}, nil); code != 202 {
 		t.Fatalf("JSON publish answered %d", code)
 	}
-	waitFor(t, 20*time.Second, "the JSON event", func() bool { return len(rcv.received()) == 3 })
-	h := rcv.received()[2].Header
+	harness.WaitFor(t, 20*time.Second, "the JSON event", func() bool { return len(rcv.Received()) == 3 })
+	h := rcv.Received()[2].Header
 	if h.Get("Ce-Source") != "/pulse-sidecar" || h.Get("Ce-Time") == "" || h.Get("Ce-Partitionkey") != "c-1" || h.Get("Ce-Specversion") != "1.0" {
 		t.Errorf("JSON event sent with ce headers %v", h)
 	}
 	var e struct {
 		Error struct{ Code, Message string }
 	}
-	if code := do(t, "PUT", s.URL+"/v1/endpoints/bad", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "format": "xml"}, &e); code != 400 ||
+	if code := harness.Do(t, "PUT", s.URL+"/v1/endpoints/bad", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "format": "xml"}, &e); code != 400 ||
 		!strings.Contains(e.Error.Message, "format") {
 		t.Errorf("format xml answered %d %+v", code, e.Error)
 	}
@@ -210,11 +212,11 @@ func TestCloudEventsOut(t *testing.T) {
 // a receiver decoding the headers reads the attributes as published, source byte for byte. An envelope
 // receiver gets them unencoded in the body.
 func TestCloudEventsArriveTheSameInEveryMode(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	ce, env := newReceiver(t, 200), newReceiver(t, 200)
-	s.registerEndpoint(t, "ce", map[string]any{"url": ce.URL, "topics": []string{"order.created"}, "format": "cloudevents"})
-	s.registerEndpoint(t, "env", map[string]any{"url": env.URL, "topics": []string{"order.created"}})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	ce, env := harness.NewReceiver(t, 200), harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "ce", map[string]any{"url": ce.URL, "topics": []string{"order.created"}, "format": "cloudevents"})
+	s.RegisterEndpoint(t, "env", map[string]any{"url": env.URL, "topics": []string{"order.created"}})
 	const source, subject, pct = "https://Example.COM/Path/ é", "a b", "100%"
 	binary := map[string]string{"Ce-Specversion": "1.0", "Ce-Id": "bin-1", "Ce-Type": "order.created", "Content-Type": "application/json",
 		"Ce-Source": "https://Example.COM/Path/%20%C3%A9", "Ce-Subject": "a%20b", "Ce-Pct": "100%25"}
@@ -225,8 +227,8 @@ func TestCloudEventsArriveTheSameInEveryMode(t *testing.T) {
 	if code := postCE(t, s.URL, map[string]string{"Content-Type": "application/cloudevents+json"}, structured, nil); code != 202 {
 		t.Fatalf("structured publish answered %d", code)
 	}
-	waitFor(t, 30*time.Second, "both events at both receivers", func() bool { return len(ce.received()) == 2 && len(env.received()) == 2 })
-	for _, r := range ce.received() {
+	testwait.Eventually(t, 30*time.Second, "both events at both receivers", func() bool { return len(ce.Received()) == 2 && len(env.Received()) == 2 })
+	for _, r := range ce.Received() {
 		for name, want := range map[string]string{"Ce-Source": "https://Example.COM/Path/%20%C3%A9", "Ce-Subject": "a%20b", "Ce-Pct": "100%25"} {
 			if got := r.Header.Get(name); got != want {
 				t.Errorf("event %s: %s: %q, want %q (encoded once)", r.Header.Get("Ce-Id"), name, got, want)
@@ -236,7 +238,7 @@ func TestCloudEventsArriveTheSameInEveryMode(t *testing.T) {
 			t.Errorf("event %s: ce-source decodes to %q, %v; want %q", r.Header.Get("Ce-Id"), got, err, source)
 		}
 	}
-	for _, r := range env.received() {
+	for _, r := range env.Received() {
 		var body struct{ Headers map[string]string }
 		if err := json.Unmarshal(r.Body, &body); err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pulse-sidecar/pulse/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 )
 
@@ -94,15 +95,15 @@ func timedStatus(t *testing.T, method, url string, body any) (int, string, strin
 // within PULSE_DATABASE_TIMEOUT, /readyz says so, and after the database returns, publishing again with the
 // id of a publish that got a 503 stores it once.
 func TestDatabaseDownAnswers503Fast(t *testing.T) {
-	b := setup(t)
+	b := harness.Setup(t)
 	db := startPrivateDB(t, "127.0.0.1:0", t.TempDir())
-	s := b.start(b.fastEnv(map[string]string{
+	s := b.Start(b.FastEnv(map[string]string{
 		"PULSE_MONGODB_URI":      db.URI,
 		"PULSE_DATABASE_TIMEOUT": "1s",
 	}))
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
-	s.publish(t, "t", "before")
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
+	s.Publish(t, "t", "before")
 
 	db.kill()
 	for i, req := range []struct{ method, path string }{
@@ -128,17 +129,17 @@ func TestDatabaseDownAnswers503Fast(t *testing.T) {
 	u := strings.TrimSuffix(strings.TrimPrefix(db.URI, "mongodb://"), "/")
 	startPrivateDB(t, u, db.cmd.Args[len(db.cmd.Args)-1]) // the same port and data directory
 	var code int
-	waitFor(t, 30*time.Second, "a publish to succeed after the outage", func() bool {
+	harness.WaitFor(t, 30*time.Second, "a publish to succeed after the outage", func() bool {
 		code, _, _, _ = timedStatus(t, "POST", s.URL+"/v1/events", map[string]any{"id": "during-outage", "topic": "t", "data": 0})
 		return code == 202 || code == 200
 	})
 	if code, _, _, _ := timedStatus(t, "POST", s.URL+"/v1/events", map[string]any{"id": "during-outage", "topic": "t", "data": 0}); code != 200 {
 		t.Fatalf("publishing the same id again answered %d, want 200 (stored once)", code)
 	}
-	if d := s.waitDelivery(t, "during-outage", "g", 30*time.Second); d.Status != "success" {
+	if d := s.WaitDelivery(t, "during-outage", "g", 30*time.Second); d.Status != "success" {
 		t.Fatalf("delivery after the outage = %+v", d)
 	}
-	waitFor(t, 20*time.Second, "/readyz to answer 200", func() bool {
+	harness.WaitFor(t, 20*time.Second, "/readyz to answer 200", func() bool {
 		code, _, _, _ := timedStatus(t, "GET", s.URL+"/readyz", nil)
 		return code == 200
 	})
@@ -147,14 +148,14 @@ func TestDatabaseDownAnswers503Fast(t *testing.T) {
 // The embedded database's disk is full: publishes answer 503 database_unavailable (never a bare 500), and
 // /readyz turns 503 although the database still answers pings.
 func TestDiskFullAnswers503(t *testing.T) {
-	b := setup(t)
+	b := harness.Setup(t)
 	dir := t.TempDir()
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
 		t.Skipf("cannot mount a small tmpfs to fill (needs root): %v", err)
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
 	db := startPrivateDB(t, "127.0.0.1:0", dir)
-	s := b.start(b.fastEnv(map[string]string{"PULSE_MONGODB_URI": db.URI}))
+	s := b.Start(b.FastEnv(map[string]string{"PULSE_MONGODB_URI": db.URI}))
 	code, errCode := 0, ""
 	fill := func(from int) { // fill with ever smaller events until none fits
 		for size := from; size >= 256; size /= 4 {
@@ -172,7 +173,7 @@ func TestDiskFullAnswers503(t *testing.T) {
 	}
 	// The sidecar's own deletes (the outbox documents of the events it fanned out) free a few pages after the
 	// last publish failed: each look at /readyz fills them first.
-	waitFor(t, 30*time.Second, "/readyz to answer 503 database_unavailable on a full disk", func() bool {
+	harness.WaitFor(t, 30*time.Second, "/readyz to answer 503 database_unavailable on a full disk", func() bool {
 		fill(4 << 10)
 		c, e, _, _ := timedStatus(t, "GET", s.URL+"/readyz", nil)
 		return c == 503 && e == "database_unavailable"

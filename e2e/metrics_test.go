@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -6,9 +6,11 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
-func scrape(t *testing.T, s *sidecar) string {
+func scrape(t *testing.T, s *harness.Sidecar) string {
 	t.Helper()
 	resp, err := http.Get(s.URL + "/metrics")
 	if err != nil {
@@ -25,15 +27,15 @@ func scrape(t *testing.T, s *sidecar) string {
 // Label sets stay bounded: 1,000 events with distinct topics add no series (the topic is not a label), and a
 // registered consumer group's attempt series exist at 0 before its first event.
 func TestMetricsLabelSetsAreBounded(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	s.registerEndpoint(t, "billing", map[string]any{"url": "http://127.0.0.1:9/hook", "topics": []string{"payment.captured"}})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": "http://127.0.0.1:9/hook", "topics": []string{"payment.captured"}})
 	before := scrape(t, s)
 	var arr []string
 	for i := range 1000 {
 		arr = append(arr, fmt.Sprintf(`{"topic":"topic.%04d","data":%d}`, i, i))
 	}
-	if code := do(t, "POST", s.URL+"/v1/events", "["+strings.Join(arr, ",")+"]", nil); code != 202 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", "["+strings.Join(arr, ",")+"]", nil); code != 202 {
 		t.Fatalf("publish = %d", code)
 	}
 	after := scrape(t, s)

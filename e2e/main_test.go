@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -9,22 +9,24 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/internal/harness"
 )
 
 // A published event reaches the consumer group's webhook once, with the envelope and the idempotency headers,
 // and long before the poll interval: a publish to this process wakes its dispatcher.
 func TestPublishDeliversOnceWithIdempotencyKey(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv(map[string]string{
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv(map[string]string{
 		"PULSE_POLL_INTERVAL": "1m", // delivery must not wait for a poll
 	}))
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL + "/hook", "topics": []string{"payment.captured"}})
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL + "/hook", "topics": []string{"payment.captured"}})
 
-	id := s.publish(t, "payment.captured", map[string]any{"paymentId": "p1"})
-	d := s.waitDelivery(t, id, "billing", 20*time.Second)
+	id := s.Publish(t, "payment.captured", map[string]any{"paymentId": "p1"})
+	d := s.WaitDelivery(t, id, "billing", 20*time.Second)
 
-	got := rcv.received()
+	got := rcv.Received()
 	if len(got) != 1 {
 		t.Fatalf("receiver got %d POSTs, want 1", len(got))
 	}
@@ -50,27 +52,27 @@ func TestPublishDeliversOnceWithIdempotencyKey(t *testing.T) {
 	if d.Status != "success" || len(d.Attempts) != 1 || d.Attempts[0].Status != "success" {
 		t.Errorf("delivery = %+v", d)
 	}
-	if strings.Contains(s.logs.String(), id) {
-		t.Errorf("a successful delivery was logged at info level:\n%s", s.logs.String())
+	if strings.Contains(s.Logs.String(), id) {
+		t.Errorf("a successful delivery was logged at info level:\n%s", s.Logs.String())
 	}
 }
 
 // 500, 500, 200: three byte-identical POSTs with backoff, and the history shows each attempt.
 func TestRetriesUntilSuccess(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 500, 500, 200)
-	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"payment.captured"}, "retryDelay": "100ms"})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 500, 500, 200)
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"payment.captured"}, "retryDelay": "100ms"})
 
 	var pub struct{ ID string }
 	raw := `{"topic":"payment.captured","data":{"paymentId":"p1","amount":12.50,"big":12345678901234567890,"note":"crème <b> \u00e9"}}`
-	if code := do(t, "POST", s.URL+"/v1/events", raw, &pub); code != 202 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", raw, &pub); code != 202 {
 		t.Fatalf("publish = %d", code)
 	}
 	id := pub.ID
-	d := s.waitDelivery(t, id, "billing", 30*time.Second)
+	d := s.WaitDelivery(t, id, "billing", 30*time.Second)
 
-	got := rcv.received()
+	got := rcv.Received()
 	if len(got) != 3 {
 		t.Fatalf("receiver got %d POSTs, want 3", len(got))
 	}
@@ -104,23 +106,23 @@ func TestRetriesUntilSuccess(t *testing.T) {
 
 // A terminal status (422) ends the delivery after exactly one POST.
 func TestTerminalStatusEndsDelivery(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 422)
-	s.registerEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"payment.captured"}, "retryDelay": "10ms"})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 422)
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"payment.captured"}, "retryDelay": "10ms"})
 
-	id := s.publish(t, "payment.captured", 1)
-	d := s.waitDelivery(t, id, "billing", 20*time.Second)
+	id := s.Publish(t, "payment.captured", 1)
+	d := s.WaitDelivery(t, id, "billing", 20*time.Second)
 	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].HTTPStatus != 422 {
 		t.Fatalf("delivery = %+v", d)
 	}
-	rcv.wantPOSTs(t, 1, "")
-	if n := b.count("history", bson.M{"deliveryId": d.ID}); n != 1 {
+	rcv.WantPOSTs(t, 1, "")
+	if n := b.Count("history", bson.M{"deliveryId": d.ID}); n != 1 {
 		t.Fatalf("%d attempts stored, want 1", n)
 	}
 	// One log line for the terminal failure, with the fields an operator needs.
 	var found bool
-	for _, line := range strings.Split(s.logs.String(), "\n") {
+	for _, line := range strings.Split(s.Logs.String(), "\n") {
 		var l map[string]any
 		if json.Unmarshal([]byte(line), &l) != nil || l["message"] != "delivery failed terminally" {
 			continue
@@ -131,17 +133,17 @@ func TestTerminalStatusEndsDelivery(t *testing.T) {
 		}
 	}
 	if !found {
-		t.Fatalf("no log line for the terminal failure:\n%s", s.logs.String())
+		t.Fatalf("no log line for the terminal failure:\n%s", s.Logs.String())
 	}
 }
 
 // A receiver that accepts and never answers fails at the endpoint timeout and is retried, while another
 // consumer group's deliveries keep arriving.
 func TestHangingReceiverHoldsUpNoOtherEndpoint(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	release := make(chan struct{})
-	hang := newReceiver(t, 200)
+	hang := harness.NewReceiver(t, 200)
 	hang.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-release:
@@ -149,33 +151,33 @@ func TestHangingReceiverHoldsUpNoOtherEndpoint(t *testing.T) {
 		}
 	})
 	defer close(release)
-	ok := newReceiver(t, 200)
-	s.registerEndpoint(t, "slow", map[string]any{"url": hang.URL, "topics": []string{"t"}, "timeout": "300ms", "retryDelay": "50ms", "maxRetries": 1})
-	s.registerEndpoint(t, "fast", map[string]any{"url": ok.URL, "topics": []string{"t"}})
+	ok := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "slow", map[string]any{"url": hang.URL, "topics": []string{"t"}, "timeout": "300ms", "retryDelay": "50ms", "maxRetries": 1})
+	s.RegisterEndpoint(t, "fast", map[string]any{"url": ok.URL, "topics": []string{"t"}})
 
 	var ids []string
 	for range 5 {
-		ids = append(ids, s.publish(t, "t", "x"))
+		ids = append(ids, s.Publish(t, "t", "x"))
 	}
-	s.wantSuccess(t, "fast", 20*time.Second, ids...)
-	wantErrorAfter(t, s.waitDelivery(t, ids[0], "slow", 30*time.Second), 2, 1, "timeout")
+	s.WantSuccess(t, "fast", 20*time.Second, ids...)
+	harness.WantErrorAfter(t, s.WaitDelivery(t, ids[0], "slow", 30*time.Second), 2, 1, "timeout")
 }
 
 // A 301 is not followed: the attempt fails (retryable) saying so, and the redirect target is never called.
 func TestRedirectIsNotFollowed(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	target := newReceiver(t, 200)
-	rcv := newReceiver(t, 301)
-	rcv.headers = map[string]string{"Location": target.URL + "/elsewhere"}
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 1, "retryDelay": "10ms"})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	target := harness.NewReceiver(t, 200)
+	rcv := harness.NewReceiver(t, 301)
+	rcv.Headers = map[string]string{"Location": target.URL + "/elsewhere"}
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 1, "retryDelay": "10ms"})
 
-	d := s.waitDelivery(t, s.publish(t, "t", "x"), "g", 20*time.Second)
-	wantErrorAfter(t, d, 2, 1, "not followed") // 301 is retryable
+	d := s.WaitDelivery(t, s.Publish(t, "t", "x"), "g", 20*time.Second)
+	harness.WantErrorAfter(t, d, 2, 1, "not followed") // 301 is retryable
 	if d.Attempts[0].HTTPStatus != 301 {
 		t.Fatalf("attempt 1 = %+v, want httpStatus 301", d.Attempts[0])
 	}
-	target.wantPOSTs(t, 0, "at the redirect target")
+	target.WantPOSTs(t, 0, "at the redirect target")
 }
 
 // 429 with Retry-After (seconds, or an HTTP date) delays the next attempt at least that long, not the 10ms
@@ -198,14 +200,14 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 		}, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := setup(t)
-			s := b.start(b.fastEnv())
-			rcv := newReceiver(t, 429, 200)
+			b := harness.Setup(t)
+			s := b.Start(b.FastEnv())
+			rcv := harness.NewReceiver(t, 429, 200)
 			header, earliest := tc.value()
-			rcv.headers = map[string]string{"Retry-After": header}
-			s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
-			d := s.waitDelivery(t, s.publish(t, "t", "x"), "g", 30*time.Second)
-			got := rcv.received()
+			rcv.Headers = map[string]string{"Retry-After": header}
+			s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
+			d := s.WaitDelivery(t, s.Publish(t, "t", "x"), "g", 30*time.Second)
+			got := rcv.Received()
 			if d.Status != "success" || len(got) != 2 {
 				t.Fatalf("delivery = %+v, %d POSTs", d, len(got))
 			}
@@ -223,32 +225,32 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 // Publishing the same client-chosen id twice stores one event (200 with the stored event the second time);
 // the same id with other data answers 409.
 func TestIdempotentPublish(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	body := `{"id":"order-42","topic":"order.placed","data":{"n":1}}`
 	var first, second map[string]any
-	if code := do(t, "POST", s.URL+"/v1/events", body, &first); code != 202 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", body, &first); code != 202 {
 		t.Fatalf("first publish = %d", code)
 	}
-	if code := do(t, "POST", s.URL+"/v1/events", body, &second); code != 200 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", body, &second); code != 200 {
 		t.Fatalf("second publish = %d, want 200", code)
 	}
 	if first["id"] != "order-42" || second["id"] != "order-42" || first["createdAt"] != second["createdAt"] {
 		t.Fatalf("answers differ: %v vs %v", first, second)
 	}
 	var e map[string]map[string]string
-	if code := do(t, "POST", s.URL+"/v1/events", `{"id":"order-42","topic":"order.placed","data":{"n":2}}`, &e); code != 409 || e["error"]["code"] != "id_conflict" {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", `{"id":"order-42","topic":"order.placed","data":{"n":2}}`, &e); code != 409 || e["error"]["code"] != "id_conflict" {
 		t.Fatalf("conflicting publish = %d %v", code, e)
 	}
-	if n := b.count("events", bson.M{}); n != 1 {
+	if n := b.Count("events", bson.M{}); n != 1 {
 		t.Fatalf("%d events stored, want 1", n)
 	}
 }
 
 // Bad input answers 4xx with a JSON error naming the problem, and stores nothing.
 func TestRejectedPublishStoresNothing(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
 	big := `{"topic":"t","data":"` + strings.Repeat("x", 1<<20) + `"}`
 	arr := "[" + strings.Repeat(`{"topic":"t","data":1},`, 1000) + `{"topic":"t","data":1}]`
 	for _, tc := range []struct {
@@ -274,28 +276,28 @@ func TestRejectedPublishStoresNothing(t *testing.T) {
 		var e struct {
 			Error struct{ Code, Message string }
 		}
-		status := do(t, "POST", s.URL+"/v1/events", tc.body, &e)
+		status := harness.Do(t, "POST", s.URL+"/v1/events", tc.body, &e)
 		if status != tc.status || e.Error.Code != tc.code || e.Error.Message == "" {
 			t.Errorf("%s: got %d %+v, want %d %s", tc.name, status, e.Error, tc.status, tc.code)
 		}
 	}
-	if n := b.count("events", bson.M{}); n != 0 {
+	if n := b.Count("events", bson.M{}); n != 0 {
 		t.Fatalf("%d events stored after rejected publishes", n)
 	}
 }
 
 // An array publish is all or nothing and answers with one entry per event.
 func TestArrayPublish(t *testing.T) {
-	b := setup(t)
-	s := b.start(b.fastEnv())
-	rcv := newReceiver(t, 200)
-	s.registerEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"a", "b"}})
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"a", "b"}})
 	var out []struct{ ID, Topic string }
-	if code := do(t, "POST", s.URL+"/v1/events", `[{"topic":"a","data":1},{"topic":"b","data":2},{"topic":"c","data":3}]`, &out); code != 202 || len(out) != 3 {
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", `[{"topic":"a","data":1},{"topic":"b","data":2},{"topic":"c","data":3}]`, &out); code != 202 || len(out) != 3 {
 		t.Fatalf("array publish = %d %v", code, out)
 	}
-	waitFor(t, 20*time.Second, "two POSTs", func() bool { return len(rcv.received()) == 2 })
-	if n := b.count("events", bson.M{"staged": true}); n != 0 {
+	harness.WaitFor(t, 20*time.Second, "two POSTs", func() bool { return len(rcv.Received()) == 2 })
+	if n := b.Count("events", bson.M{"staged": true}); n != 0 {
 		t.Fatalf("%d events left staged", n)
 	}
 }

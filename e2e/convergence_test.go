@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -10,24 +10,25 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/pulse-sidecar/pulse/internal/harness"
 	pmongo "github.com/pulse-sidecar/pulse/mongo"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // postsByKey counts a receiver's POSTs per Idempotency-Key.
-func postsByKey(r *receiver) map[string]int {
+func postsByKey(r *harness.Receiver) map[string]int {
 	out := map[string]int{}
-	for _, g := range r.received() {
+	for _, g := range r.Received() {
 		out[g.Header.Get("Idempotency-Key")]++
 	}
 	return out
 }
 
 // waitDeliveries waits until n deliveries are in status, polling the database.
-func waitDeliveries(b *bundle, status string, n int64, timeout time.Duration) {
-	b.t.Helper()
-	waitFor(b.t, timeout, fmt.Sprintf("%d deliveries in status %s", n, status), func() bool {
-		return b.count("deliveries", bson.M{"status": status}) >= n
+func waitDeliveries(b *harness.Bundle, status string, n int64, timeout time.Duration) {
+	b.T.Helper()
+	harness.WaitFor(b.T, timeout, fmt.Sprintf("%d deliveries in status %s", n, status), func() bool {
+		return b.Count("deliveries", bson.M{"status": status}) >= n
 	})
 }
 
@@ -47,17 +48,17 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 		events = 100
 		t.Logf("SQLite test database: %d events (set PULSE_TEST_POSTGRES_URL for the full 500)", events)
 	}
-	b := setup(t)
-	env := b.fastEnv()
+	b := harness.Setup(t)
+	env := b.FastEnv()
 	// No lease may expire in a healthy run: the test database serializes every operation, so under this load
 	// a renewal can wait seconds in its queue.
 	env["PULSE_LOCK_TIMEOUT"] = "30s"
 	env["PULSE_POLL_INTERVAL"] = "200ms"
 	env["PULSE_WORKERS"] = "8" // bounded queues at the test database keep renewals fast
-	procs := b.startProcesses(replicas, env)
-	rcvA, rcvB := newReceiver(t, 200), newReceiver(t, 200)
-	procs[0].sidecar().registerEndpoint(t, "ledger", map[string]any{"url": rcvA.URL, "topics": []string{"t"}})
-	procs[1].sidecar().registerEndpoint(t, "mailer", map[string]any{"url": rcvB.URL, "topics": []string{"t"}})
+	procs := b.StartProcesses(replicas, env)
+	rcvA, rcvB := harness.NewReceiver(t, 200), harness.NewReceiver(t, 200)
+	procs[0].Sidecar().RegisterEndpoint(t, "ledger", map[string]any{"url": rcvA.URL, "topics": []string{"t"}})
+	procs[1].Sidecar().RegisterEndpoint(t, "mailer", map[string]any{"url": rcvB.URL, "topics": []string{"t"}})
 
 	start := time.Now()
 	ids := make(chan string, events)
@@ -67,7 +68,7 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < events; i += 8 {
-				ids <- procs[i%replicas].sidecar().publish(t, "t", map[string]int{"i": i})
+				ids <- procs[i%replicas].Sidecar().Publish(t, "t", map[string]int{"i": i})
 			}
 		}()
 	}
@@ -76,13 +77,13 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 	waitDeliveries(b, "success", int64(2*events), 5*time.Minute)
 	elapsed := time.Since(start)
 
-	for name, r := range map[string]*receiver{"ledger": rcvA, "mailer": rcvB} {
+	for name, r := range map[string]*harness.Receiver{"ledger": rcvA, "mailer": rcvB} {
 		byKey := postsByKey(r)
 		dups := 0
 		for _, n := range byKey {
 			dups += n - 1
 		}
-		t.Logf("%s: %d POSTs for %d events, %d duplicates", name, len(r.received()), len(byKey), dups)
+		t.Logf("%s: %d POSTs for %d events, %d duplicates", name, len(r.Received()), len(byKey), dups)
 		if len(byKey) != events || dups != 0 {
 			t.Errorf("%s got %d distinct events and %d duplicates, want %d and 0", name, len(byKey), dups, events)
 		}
@@ -92,10 +93,10 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 			t.Fatalf("event %s was POSTed %d times to ledger", id, postsByKey(rcvA)[id])
 		}
 	}
-	if n := b.count("deliveries", bson.M{"status": bson.M{"$ne": "success"}}); n != 0 {
+	if n := b.Count("deliveries", bson.M{"status": bson.M{"$ne": "success"}}); n != 0 {
 		t.Fatalf("%d deliveries not successful", n)
 	}
-	if n := b.count("history", bson.M{}); n != int64(2*events) {
+	if n := b.Count("history", bson.M{}); n != int64(2*events) {
 		t.Fatalf("%d attempts stored, want %d (one each)", n, 2*events)
 	}
 	t.Logf("convergence: %d deliveries by %d replicas in %s (%.0f deliveries/s)", 2*events, replicas, elapsed.Round(time.Millisecond), float64(2*events)/elapsed.Seconds())
@@ -105,9 +106,9 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 // every event is delivered once.
 func TestStampedeOnEarliestSubscriptionDeliversEachEventOnce(t *testing.T) {
 	const replicas, events = 12, 100
-	b := setup(t)
+	b := harness.Setup(t)
 	ctx := context.Background()
-	store := pmongo.New(b.client, pmongo.Options{Database: b.dbName, CollectionPrefix: "pulse", LeaseTimeout: time.Second})
+	store := pmongo.New(b.Client, pmongo.Options{Database: b.DBName, CollectionPrefix: "pulse", LeaseTimeout: time.Second})
 	if _, err := store.EnsureSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestStampedeOnEarliestSubscriptionDeliversEachEventOnce(t *testing.T) {
 	if _, err := store.FanOut(ctx, batch); err != nil { // no subscriber yet: nothing to deliver
 		t.Fatal(err)
 	}
-	rcv := newReceiver(t, 200)
+	rcv := harness.NewReceiver(t, 200)
 	ep := &pulsetype.Endpoint{ConsumerGroup: "late", URL: rcv.URL, Topics: []string{"t"}, OffsetReset: pulsetype.OffsetEarliest}
 	if err := ep.Normalize(); err != nil {
 		t.Fatal(err)
@@ -130,25 +131,25 @@ func TestStampedeOnEarliestSubscriptionDeliversEachEventOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	env := b.fastEnv()
+	env := b.FastEnv()
 	env["PULSE_POLL_INTERVAL"] = "500ms" // 12 idle replicas polling every 50ms saturate the test database
 	env["PULSE_WORKERS"] = "4"
 	// The serialized SQLite test database under 12 replicas (and other test packages) has shown renewal
 	// latencies near 10 s: a lease must outlast them, or at-least-once redelivers.
 	env["PULSE_LOCK_TIMEOUT"] = "30s"
-	procs := b.startProcesses(replicas, env)
+	procs := b.StartProcesses(replicas, env)
 	defer func() {
 		if t.Failed() {
-			t.Logf("deliveries: %d, success: %d; logs of replica 0:\n%s", b.count("deliveries", bson.M{}),
-				b.count("deliveries", bson.M{"status": "success"}), procs[0].logs.String())
+			t.Logf("deliveries: %d, success: %d; logs of replica 0:\n%s", b.Count("deliveries", bson.M{}),
+				b.Count("deliveries", bson.M{"status": "success"}), procs[0].Logs.String())
 		}
 	}()
 	waitDeliveries(b, "success", events, 3*time.Minute)
 	byKey := postsByKey(rcv)
-	if len(byKey) != events || len(rcv.received()) != events {
-		t.Fatalf("receiver got %d POSTs for %d events, want %d each once", len(rcv.received()), len(byKey), events)
+	if len(byKey) != events || len(rcv.Received()) != events {
+		t.Fatalf("receiver got %d POSTs for %d events, want %d each once", len(rcv.Received()), len(byKey), events)
 	}
-	if n := b.count("deliveries", bson.M{}); n != events {
+	if n := b.Count("deliveries", bson.M{}); n != events {
 		t.Fatalf("%d deliveries, want %d", n, events)
 	}
 }
