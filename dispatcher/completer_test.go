@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pulse-sidecar/pulse/internal/startstop"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -122,7 +123,7 @@ func TestCompleterGroupCommit(t *testing.T) {
 		t.Fatalf("first batch of %d, want 1", n)
 	}
 	rest := completeAll(c, cs[1:])
-	eventually(t, "five results queued", func() bool { return c.queued() == 5 })
+	testwait.Eventually(t, 10*time.Second, "five results queued", func() bool { return c.queued() == 5 })
 	send(t, store.finishGate, struct{}{}, "the first batch to be written")
 	if n := recv(t, store.finishing, "the second batch"); n != 5 {
 		t.Fatalf("second batch of %d, want the 5 that arrived meanwhile", n)
@@ -170,7 +171,7 @@ func TestCompleterStopFlushes(t *testing.T) {
 	answers := completeAll(c, cs[:1])
 	recv(t, store.finishing, "the first batch")
 	more := completeAll(c, cs[1:])
-	eventually(t, "three results queued", func() bool { return c.queued() == 3 })
+	testwait.Eventually(t, 10*time.Second, "three results queued", func() bool { return c.queued() == 3 })
 	stopped := make(chan struct{})
 	go func() { c.Stop(); close(stopped) }()
 	store.finishGate <- struct{}{} // buffered: the first batch, then the batch Stop flushes

@@ -7,6 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/webhook"
 )
@@ -255,7 +256,7 @@ func TestExecutorStopAborts(t *testing.T) {
 	ev := &pulsetype.Event{ID: "e1", Topic: "t"}
 	a := b.claim(t, ev)
 	b.exec.launch(job{a: a, ev: ev, evKnown: true})
-	eventually(t, "the POST to start", func() bool { started, _ := snd.posts(); return started == 1 })
+	testwait.Eventually(t, 10*time.Second, "the POST to start", func() bool { started, _ := snd.posts(); return started == 1 })
 	b.exec.stop(10 * time.Millisecond)
 	if _, running := snd.posts(); running != 0 {
 		t.Fatal("stop returned with a POST running")

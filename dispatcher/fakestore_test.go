@@ -482,15 +482,3 @@ func (s *sender) posts() (started, running int) {
 	defer s.mu.Unlock()
 	return len(s.requests), s.running
 }
-
-// eventually polls cond every few milliseconds until it holds, and fails the test after 10 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(2 * time.Millisecond) // polling for cond
-	}
-}

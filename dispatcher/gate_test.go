@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // gateStore answers InactiveGroups from off, recording each read's groups; each read waits for proceed.
@@ -55,19 +57,11 @@ func TestStateGateAnswersWithALaterRead(t *testing.T) {
 	ask("a")
 	<-store.started // the first read runs: questions asked now wait for the next one
 	ask("paused", "b", "b")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.Eventually(t, 10*time.Second, "the questions to queue", func() bool {
 		g.mu.Lock()
-		n := len(g.asked["b"]) + len(g.asked["paused"])
-		g.mu.Unlock()
-		if n == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the questions did not queue")
-		}
-		time.Sleep(time.Millisecond) // polling interval
-	}
+		defer g.mu.Unlock()
+		return len(g.asked["b"])+len(g.asked["paused"]) == 3
+	})
 	store.proceed <- struct{}{}
 	<-store.started
 	store.proceed <- struct{}{}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // Two replicas started in the same instant do not poll in lockstep: their poll intervals are jittered, so
@@ -21,13 +23,9 @@ func TestReplicasStartedTogetherPollApart(t *testing.T) {
 	for _, d := range ds {
 		_ = d.Start(t.Context())
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(stores[0].times()) < 40 || len(stores[1].times()) < 40 {
-		if time.Now().After(deadline) {
-			t.Fatal("the loops did not poll 40 times within 20s")
-		}
-		time.Sleep(poll) // polling for the count, not waiting for an outcome
-	}
+	testwait.Eventually(t, 20*time.Second, "each loop to poll 40 times", func() bool {
+		return len(stores[0].times()) >= 40 && len(stores[1].times()) >= 40
+	})
 	for _, d := range ds {
 		d.Stop()
 	}

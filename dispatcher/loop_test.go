@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/webhook"
 )
@@ -55,7 +56,7 @@ func TestLoopClaimsDueWork(t *testing.T) {
 	store.publish(events("e", "t", 5)...)
 	snd := &sender{}
 	startDispatcher(t, store, snd, 4)
-	eventually(t, "5 deliveries to succeed", func() bool { return store.succeeded("g") == 5 })
+	testwait.Eventually(t, 10*time.Second, "5 deliveries to succeed", func() bool { return store.succeeded("g") == 5 })
 	if started, _ := snd.posts(); started != 5 {
 		t.Fatalf("%d POSTs for 5 deliveries, want 5", started)
 	}
@@ -69,10 +70,10 @@ func TestLoopRunsPublishedEvents(t *testing.T) {
 	snd := &sender{}
 	d := startDispatcher(t, store, snd, 8)
 	d.Published(events("e", "t", 3))
-	eventually(t, "6 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 6 })
+	testwait.Eventually(t, 10*time.Second, "6 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 6 })
 	claims := store.count("ClaimAttempts")
 	d.Published(events("f", "t", 3))
-	eventually(t, "12 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 12 })
+	testwait.Eventually(t, 10*time.Second, "12 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 12 })
 	if n := store.count("ClaimAttempts"); n != claims || store.count("GetEvent")+store.count("GetEvents") != 0 {
 		t.Fatalf("%d ClaimAttempts for the second batch, %d GetEvent, %d GetEvents; want its attempts inserted leased, no event read",
 			n-claims, store.count("GetEvent"), store.count("GetEvents"))
@@ -86,23 +87,20 @@ func TestLoopRunsPublishedEvents(t *testing.T) {
 // release opens the gate for POSTs until every one of want deliveries of groups succeeded.
 func release(t *testing.T, store *memStore, snd *sender, want int, groups ...string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testwait.Eventually(t, 20*time.Second, fmt.Sprintf("%d deliveries to succeed", want), func() bool {
 		done := 0
 		for _, g := range groups {
 			done += store.succeeded(g)
 		}
 		if done == want {
-			return
+			return true
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d deliveries succeeded within 20s", done, want)
-		}
-		select {
+		select { // let one more POST go, or check again
 		case snd.gate <- struct{}{}:
 		case <-time.After(5 * time.Millisecond):
 		}
-	}
+		return false
+	})
 }
 
 // No more POSTs run at once than there are worker slots, and the last one (the reserve) goes to a group
@@ -113,9 +111,9 @@ func TestLoopRespectsWorkerSlots(t *testing.T) {
 	store.publish(events("e", "t", 20)...)
 	snd := &sender{gate: make(chan struct{})}
 	startDispatcher(t, store, snd, 4)
-	eventually(t, "3 POSTs to run", func() bool { _, running := snd.posts(); return running == 3 })
+	testwait.Eventually(t, 10*time.Second, "3 POSTs to run", func() bool { _, running := snd.posts(); return running == 3 })
 	store.publish(events("f", "u", 1)...)
-	eventually(t, "the idle group's POST to run", func() bool { _, running := snd.posts(); return running == 4 })
+	testwait.Eventually(t, 10*time.Second, "the idle group's POST to run", func() bool { _, running := snd.posts(); return running == 4 })
 	release(t, store, snd, 21, "busy", "idle")
 	if all, byGroup := snd.peaks(); all != 4 || byGroup["busy"] != 3 {
 		t.Fatalf("at most %d POSTs ran at once (%v by group) with 4 worker slots, want 4 (3 of the busy group)", all, byGroup)
@@ -131,7 +129,7 @@ func TestLoopRespectsMaxConcurrency(t *testing.T) {
 	store.publish(events("e", "t", 10)...)
 	snd := &sender{gate: make(chan struct{})}
 	startDispatcher(t, store, snd, 16)
-	eventually(t, "12 POSTs to run", func() bool { _, running := snd.posts(); return running == 12 })
+	testwait.Eventually(t, 10*time.Second, "12 POSTs to run", func() bool { _, running := snd.posts(); return running == 12 })
 	release(t, store, snd, 20, "capped", "free")
 	if _, byGroup := snd.peaks(); byGroup["capped"] != 2 || byGroup["free"] != 10 {
 		t.Fatalf("peaks %v, want capped 2 (its maxConcurrency) and free 10", byGroup)
@@ -154,7 +152,7 @@ func TestLoopRetries(t *testing.T) {
 	}
 	d := startDispatcher(t, store, snd, 4)
 	d.Published(events("e", "t", 1))
-	eventually(t, "the delivery to succeed", func() bool { return store.succeeded("g") == 1 })
+	testwait.Eventually(t, 10*time.Second, "the delivery to succeed", func() bool { return store.succeeded("g") == 1 })
 	if status, n := store.delivery("g/e00"); status != pulsetype.StatusSuccess || n != 2 {
 		t.Fatalf("delivery %s after %d attempts, want success after 2", status, n)
 	}
@@ -168,7 +166,7 @@ func TestLoopOrderedLine(t *testing.T) {
 	store.publish(evs...)
 	snd := &sender{}
 	startDispatcher(t, store, snd, 8)
-	eventually(t, "5 deliveries to succeed", func() bool { return store.succeeded("o") == 5 })
+	testwait.Eventually(t, 10*time.Second, "5 deliveries to succeed", func() bool { return store.succeeded("o") == 5 })
 	snd.mu.Lock()
 	defer snd.mu.Unlock()
 	var got []string
@@ -191,7 +189,7 @@ func TestLoopStopRecordsInFlight(t *testing.T) {
 	store.publish(events("e", "t", 2)...)
 	snd := &sender{gate: make(chan struct{})}
 	d := startDispatcher(t, store, snd, 4)
-	eventually(t, "2 POSTs to run", func() bool { _, running := snd.posts(); return running == 2 })
+	testwait.Eventually(t, 10*time.Second, "2 POSTs to run", func() bool { _, running := snd.posts(); return running == 2 })
 	stopped := make(chan struct{})
 	go func() { d.Stop(); close(stopped) }()
 	snd.gate <- struct{}{}

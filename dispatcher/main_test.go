@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pulse-sidecar/pulse/internal/startstop"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // TestMain fails the package when a goroutine of a Dispatcher or one of its pieces (loop, executor,
@@ -27,13 +28,7 @@ func TestStopBeforeStartAndTwice(t *testing.T) {
 	if err := d.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(s.times()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the loop did not poll within 10s")
-		}
-		time.Sleep(5 * time.Millisecond) // poll
-	}
+	testwait.Eventually(t, 10*time.Second, "the loop to poll", func() bool { return len(s.times()) > 0 })
 	d.Stop()
 	d.Stop()
 }
@@ -51,5 +46,5 @@ func TestStartWhileRunning(t *testing.T) {
 		t.Fatalf("Start after Stop = %v", err)
 	}
 	d.Published(events("e", "t", 1))
-	eventually(t, "the delivery to succeed after a restart", func() bool { return store.succeeded("g") == 1 })
+	testwait.Eventually(t, 10*time.Second, "the delivery to succeed after a restart", func() bool { return store.succeeded("g") == 1 })
 }

@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // cancelAnswer is the answer of POST /v1/deliveries/{id}/cancel: the fields of a 200, or the error.
@@ -53,7 +54,7 @@ func TestCancelAWaitingDeliveryAndReplayIt(t *testing.T) {
 	s.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1h"})
 	did := deliveryOf(s, t, s.Publish(t, "t", 1), "billing")
 	var d harness.DeliveryView
-	harness.WaitFor(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool { d = getDelivery(s, t, did); return len(d.Attempts) == 2 })
+	testwait.Eventually(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool { d = getDelivery(s, t, did); return len(d.Attempts) == 2 })
 
 	code, ok := cancelDelivery(s, t, did)
 	if code != 200 || ok.Status != "cancelled" || ok.FinalAttempt != 2 || ok.AttemptInFlight {
@@ -122,7 +123,7 @@ func TestCancelWhileAnotherReplicaHoldsTheAttempt(t *testing.T) {
 	rcv.LetGo()
 	// A counts the attempt once its result and follow-up are written: from then on nothing can create
 	// another attempt.
-	harness.WaitFor(t, 20*time.Second, "replica A to record attempt 1 and its follow-up", func() bool {
+	testwait.Eventually(t, 20*time.Second, "replica A to record attempt 1 and its follow-up", func() bool {
 		return strings.Contains(scrape(t, a), `pulse_attempts_total{consumer_group="billing",outcome="retry"} 1`)
 	})
 	d = getDelivery(bb, t, did)
@@ -152,7 +153,7 @@ func TestCancellingTheHeadUnblocksAnOrderedLine(t *testing.T) {
 	rcv := harness.NewReceiver(t, 500, 200)
 	s.RegisterEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true, "retryDelay": "1h"})
 	head := deliveryOf(s, t, s.Publish(t, "t", "first"), "ledger")
-	harness.WaitFor(t, 20*time.Second, "the head's first POST", func() bool { return len(rcv.Received()) == 1 })
+	testwait.Eventually(t, 20*time.Second, "the head's first POST", func() bool { return len(rcv.Received()) == 1 })
 	next := s.Publish(t, "t", "second")
 	if code, _ := cancelDelivery(s, t, head); code != 200 {
 		t.Fatalf("cancel of the head answered %d", code)

@@ -66,7 +66,7 @@ func TestCloudEventsIn(t *testing.T) {
 	if code := postCE(t, s.URL, binary, `{"n":4}`, nil); code != 202 {
 		t.Fatalf("binary mode answered %d", code)
 	}
-	harness.WaitFor(t, 20*time.Second, "four POSTs", func() bool { return len(orderOf(rcv)) == 4 })
+	testwait.Eventually(t, 20*time.Second, "four POSTs", func() bool { return len(orderOf(rcv)) == 4 })
 	got := map[string]struct {
 		Topic, OrderingKey string
 		Data               json.RawMessage
@@ -162,7 +162,7 @@ func TestCloudEventsOut(t *testing.T) {
 	if code := postCE(t, s.URL, binary, `{"n": 7}`, nil); code != 202 {
 		t.Fatalf("publish answered %d", code)
 	}
-	harness.WaitFor(t, 20*time.Second, "the failed POST and its retry", func() bool { return len(rcv.Received()) == 2 })
+	testwait.Eventually(t, 20*time.Second, "the failed POST and its retry", func() bool { return len(rcv.Received()) == 2 })
 	got := rcv.Received()
 	first, retry := got[0], got[1]
 	if !bytes.Equal(first.Body, retry.Body) || string(first.Body) != `{"n":7}` {
@@ -193,7 +193,7 @@ func TestCloudEventsOut(t *testing.T) {
 	if code := harness.Do(t, "POST", s.URL+"/v1/events", map[string]any{"topic": "order.created", "data": 1, "orderingKey": "c-1"}, nil); code != 202 {
 		t.Fatalf("JSON publish answered %d", code)
 	}
-	harness.WaitFor(t, 20*time.Second, "the JSON event", func() bool { return len(rcv.Received()) == 3 })
+	testwait.Eventually(t, 20*time.Second, "the JSON event", func() bool { return len(rcv.Received()) == 3 })
 	h := rcv.Received()[2].Header
 	if h.Get("Ce-Source") != "/pulse-sidecar" || h.Get("Ce-Time") == "" || h.Get("Ce-Partitionkey") != "c-1" || h.Get("Ce-Specversion") != "1.0" {
 		t.Errorf("JSON event sent with ce headers %v", h)

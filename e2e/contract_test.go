@@ -13,6 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // slowReceiver answers 200 after holding each POST for hold; it records when each POST arrived.
@@ -77,7 +78,7 @@ func TestNoPostAfterTheEventExpired(t *testing.T) {
 func waitGroupDone(s *harness.Sidecar, t *testing.T, group string, n int, timeout time.Duration) []harness.DeliveryView {
 	t.Helper()
 	var out []harness.DeliveryView
-	harness.WaitFor(t, timeout, "the deliveries of "+group+" to end", func() bool {
+	testwait.Eventually(t, timeout, "the deliveries of "+group+" to end", func() bool {
 		var list struct{ Deliveries []harness.DeliveryView }
 		if harness.Do(t, "GET", s.URL+"/v1/deliveries?limit=500&consumerGroup="+group, nil, &list) != 200 || len(list.Deliveries) != n {
 			return false
@@ -115,7 +116,7 @@ func getDelivery(s *harness.Sidecar, t *testing.T, id string) harness.DeliveryVi
 func deliveryOf(s *harness.Sidecar, t *testing.T, eventID, group string) string {
 	t.Helper()
 	id := ""
-	harness.WaitFor(t, 20*time.Second, "the delivery of "+eventID+" to "+group, func() bool {
+	testwait.Eventually(t, 20*time.Second, "the delivery of "+eventID+" to "+group, func() bool {
 		var ev harness.EventView
 		harness.Do(t, "GET", s.URL+"/v1/events/"+eventID, nil, &ev)
 		for _, x := range ev.Deliveries {
@@ -138,7 +139,7 @@ func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
 	s1.RegisterEndpoint(t, "billing", map[string]any{"url": old.URL, "topics": []string{"invoice.paid"}, "retryDelay": "1s"})
 	paid := s1.Publish(t, "invoice.paid", map[string]any{"invoice": 1})
 	did := deliveryOf(s1, t, paid, "billing")
-	harness.WaitFor(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool {
+	testwait.Eventually(t, 20*time.Second, "attempt 2 to wait for its retry", func() bool {
 		d := getDelivery(s1, t, did)
 		return len(d.Attempts) == 2 && d.Attempts[1].Status == "pending"
 	})
@@ -153,7 +154,7 @@ func TestDeletedGroupEndsItsPendingDeliveries(t *testing.T) {
 		t.Fatalf("delivery to the re-created group = %+v", got)
 	}
 	retryAt := d.Attempts[1].NextAttemptAt
-	harness.WaitFor(t, 20*time.Second, "the old retry's due time to pass by a second", func() bool { return time.Now().After(retryAt.Add(time.Second)) })
+	testwait.Eventually(t, 20*time.Second, "the old retry's due time to pass by a second", func() bool { return time.Now().After(retryAt.Add(time.Second)) })
 	if got := postsByKey(fresh); got[paid] != 0 || got[created] != 1 {
 		t.Fatalf("the re-created group's receiver got %v, want only %s once", got, created)
 	}
@@ -175,7 +176,7 @@ func TestPutDroppingATopicEndsItsDeliveries(t *testing.T) {
 	s.RegisterEndpoint(t, "g", map[string]any{"url": failing.URL, "topics": []string{"a", "b"}, "retryDelay": "1s"})
 	ea, eb := s.Publish(t, "a", 1), s.Publish(t, "b", 2)
 	da, db := deliveryOf(s, t, ea, "g"), deliveryOf(s, t, eb, "g")
-	harness.WaitFor(t, 20*time.Second, "both deliveries to wait for a retry", func() bool {
+	testwait.Eventually(t, 20*time.Second, "both deliveries to wait for a retry", func() bool {
 		return len(getDelivery(s, t, da).Attempts) == 2 && len(getDelivery(s, t, db).Attempts) == 2
 	})
 	s.RegisterEndpoint(t, "g", map[string]any{"url": fixed.URL, "topics": []string{"b"}, "retryDelay": "1s"})
@@ -206,7 +207,7 @@ func TestInFlightAttemptOfADeletedGroupDoesNotReachItsSuccessor(t *testing.T) {
 	old.LetGo()
 	did := deliveryOf(s, t, id, "billing")
 	var d harness.DeliveryView
-	harness.WaitFor(t, 20*time.Second, "the old delivery to end", func() bool { d = getDelivery(s, t, did); return d.Status != "pending" })
+	testwait.Eventually(t, 20*time.Second, "the old delivery to end", func() bool { d = getDelivery(s, t, did); return d.Status != "pending" })
 	if d.Status != "error" || d.Error == nil || d.Error.Code != "endpoint_deleted" {
 		t.Fatalf("old delivery = %+v, want error ending with endpoint_deleted", d)
 	}
@@ -256,12 +257,12 @@ func fairnessCase(t *testing.T, workers, slowGroups, events, maxConcurrency, bus
 			t.Fatalf("publish answered %d", code)
 		}
 	}
-	harness.WaitFor(t, 30*time.Second, fmt.Sprintf("%d slow POSTs to hang", busy), func() bool { return held() >= busy })
+	testwait.Eventually(t, 30*time.Second, fmt.Sprintf("%d slow POSTs to hang", busy), func() bool { return held() >= busy })
 	start := time.Now()
 	id := s.Publish(t, "h", "healthy")
 	// The slow POSTs hang for a minute: without fairness the healthy one would wait for that long. Five
 	// seconds is fifty times the ordinary scheduling delay, to absorb a loaded machine.
-	harness.WaitFor(t, 5*time.Second, "the healthy group's POST while every slow one hangs", func() bool { return postsByKey(healthy)[id] == 1 })
+	testwait.Eventually(t, 5*time.Second, "the healthy group's POST while every slow one hangs", func() bool { return postsByKey(healthy)[id] == 1 })
 	waited := healthy.Received()[0].At.Sub(start)
 	if n := held(); n < busy {
 		t.Fatalf("only %d slow POSTs hang when the healthy one arrived; the case needs %d", n, busy)
@@ -305,7 +306,7 @@ func TestNoAttemptAfterTheDelete(t *testing.T) {
 	rcv.LetGo()
 	did := deliveryOf(s1, t, id, "billing")
 	var d harness.DeliveryView
-	harness.WaitFor(t, 20*time.Second, "the delivery to end", func() bool { d = getDelivery(s1, t, did); return d.Status != "pending" })
+	testwait.Eventually(t, 20*time.Second, "the delivery to end", func() bool { d = getDelivery(s1, t, did); return d.Status != "pending" })
 	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].HTTPStatus != 500 {
 		t.Fatalf("delivery = %+v, want error after the one attempt in flight (HTTP 500)", d)
 	}
@@ -349,7 +350,7 @@ func TestUnfinishedDeleteIsCompleted(t *testing.T) {
 	}
 	ea, eb := s.Publish(t, "t-a", 1), s.Publish(t, "t-b", 2)
 	da, db := deliveryOf(s, t, ea, "a"), deliveryOf(s, t, eb, "b")
-	harness.WaitFor(t, 20*time.Second, "both retries to be scheduled", func() bool {
+	testwait.Eventually(t, 20*time.Second, "both retries to be scheduled", func() bool {
 		return len(getDelivery(s, t, da).Attempts) == 2 && len(getDelivery(s, t, db).Attempts) == 2
 	})
 	subs := b.Client.Database(b.DBName).Collection("pulse.subscriptions")
@@ -362,7 +363,7 @@ func TestUnfinishedDeleteIsCompleted(t *testing.T) {
 	if d := getDelivery(s, t, db); d.Status != "error" {
 		t.Fatalf("delivery of b after the second delete = %+v, want error", d)
 	}
-	harness.WaitFor(t, 20*time.Second, "the reconciler to end a's delivery", func() bool { return getDelivery(s, t, da).Status == "error" })
+	testwait.Eventually(t, 20*time.Second, "the reconciler to end a's delivery", func() bool { return getDelivery(s, t, da).Status == "error" })
 }
 
 // maxConcurrency holds on a replica that has not seen the endpoint yet (registered through another replica
@@ -384,7 +385,7 @@ func TestMaxConcurrencyHoldsOnAReplicaThatJustLearnsTheGroup(t *testing.T) {
 	for range 10 {
 		rcv.Release <- struct{}{}
 	}
-	harness.WaitFor(t, 30*time.Second, "10 POSTs", func() bool { return len(rcv.Received()) >= 10 })
+	testwait.Eventually(t, 30*time.Second, "10 POSTs", func() bool { return len(rcv.Received()) >= 10 })
 	if _, most := rcv.Held(); most > 1 {
 		t.Fatalf("%d POSTs were in flight at once, maxConcurrency is 1", most)
 	}

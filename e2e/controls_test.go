@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // endpointView is the state part of an endpoint as GET /v1/endpoints/{group} shows it.
@@ -98,13 +99,13 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 	// Several lease timeouts (600 ms) and poll turns (50 ms) of both replicas pass with nothing POSTed and
 	// every attempt back in the queue, unstarted.
 	quiet := time.Now().Add(4 * 600 * time.Millisecond)
-	harness.WaitFor(t, 20*time.Second, "several lease timeouts with the groups paused", func() bool {
+	testwait.Eventually(t, 20*time.Second, "several lease timeouts with the groups paused", func() bool {
 		if n := len(rcv.Received()); n != 0 {
 			t.Fatalf("the receiver got %d POSTs while the groups were paused", n)
 		}
 		return time.Now().After(quiet)
 	})
-	harness.WaitFor(t, 10*time.Second, "every attempt queued, unstarted", func() bool {
+	testwait.Eventually(t, 10*time.Second, "every attempt queued, unstarted", func() bool {
 		for _, id := range dids {
 			d := getDelivery(bb, t, id)
 			if d.Status != "pending" || len(d.Attempts) != 1 {
@@ -125,7 +126,7 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 			t.Fatalf("resume %s answered %d %+v, want active", g, code, out)
 		}
 	}
-	harness.WaitFor(t, 20*time.Second, "every delivery after the resume", func() bool {
+	testwait.Eventually(t, 20*time.Second, "every delivery after the resume", func() bool {
 		for _, id := range dids {
 			if d := getDelivery(bb, t, id); d.Status != "success" {
 				return false
@@ -161,7 +162,7 @@ func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
 	a.RegisterEndpoint(t, "shop", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 0})
 	did := deliveryOf(a, t, a.Publish(t, "t", 1), "shop")
 	var ep endpointView
-	harness.WaitFor(t, 20*time.Second, "the endpoint disabled, seen through the other replica", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the endpoint disabled, seen through the other replica", func() bool {
 		ep = getEndpoint(bb, t, "shop")
 		return ep.State == "disabled"
 	})
@@ -170,7 +171,7 @@ func TestGoneDisablesTheEndpointUntilResumed(t *testing.T) {
 	}
 	quiet := time.Now().Add(4 * 600 * time.Millisecond)
 	var d harness.DeliveryView
-	harness.WaitFor(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool {
+	testwait.Eventually(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool {
 		if n := len(rcv.Received()); n != 1 {
 			t.Fatalf("the receiver got %d POSTs, want the one answered 410", n)
 		}
@@ -224,7 +225,7 @@ func TestDisableAfterAFailingStreak(t *testing.T) {
 	}
 	did := deliveryOf(a, t, bb.Publish(t, "t", 1), "flaky")
 	var ep endpointView
-	harness.WaitFor(t, 20*time.Second, "the endpoint disabled by its failing streak", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the endpoint disabled by its failing streak", func() bool {
 		ep = getEndpoint(a, t, "flaky")
 		return ep.State == "disabled"
 	})
@@ -233,7 +234,7 @@ func TestDisableAfterAFailingStreak(t *testing.T) {
 		t.Fatalf("endpoint %+v after the first failure at %s, want disabled for failing at least 1 s later", ep, posts[0].At)
 	}
 	quiet := time.Now().Add(4 * 600 * time.Millisecond)
-	harness.WaitFor(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool { return time.Now().After(quiet) })
+	testwait.Eventually(t, 20*time.Second, "several lease timeouts with the endpoint disabled", func() bool { return time.Now().After(quiet) })
 	if n := len(rcv.Received()); n > len(posts)+1 {
 		t.Fatalf("%d POSTs after the disable, want at most the one in flight", n-len(posts))
 	}
@@ -244,7 +245,7 @@ func TestDisableAfterAFailingStreak(t *testing.T) {
 		t.Fatalf("resume answered %d %+v", code, out)
 	}
 	n := len(rcv.Received())
-	harness.WaitFor(t, 20*time.Second, "a POST after the resume", func() bool { return len(rcv.Received()) > n })
+	testwait.Eventually(t, 20*time.Second, "a POST after the resume", func() bool { return len(rcv.Received()) > n })
 }
 
 // An endpoint with rateLimit 5 receives 40 events at no more than 5 (+ the burst of 1) POSTs in any
@@ -272,7 +273,7 @@ func TestRateLimitSpacesThePOSTs(t *testing.T) {
 	// The unlimited group does not wait behind the limited one's tokens: its 10 events arrive while the
 	// limited group is still at most halfway (20 POSTs at 5/s take 4 s), however slow the machine.
 	limitedThen := 0
-	harness.WaitFor(t, 30*time.Second, "the unlimited group's 10 events", func() bool {
+	testwait.Eventually(t, 30*time.Second, "the unlimited group's 10 events", func() bool {
 		if len(free.Received()) < 10 {
 			return false
 		}
@@ -282,7 +283,7 @@ func TestRateLimitSpacesThePOSTs(t *testing.T) {
 	if limitedThen > n/2 {
 		t.Errorf("the unlimited group's events arrived %s after publishing, when the limited one had %d of %d: want them long before", time.Since(start).Round(time.Millisecond), limitedThen, n)
 	}
-	harness.WaitFor(t, 30*time.Second, "the 40 rate-limited events", func() bool { return len(limited.Received()) == n })
+	testwait.Eventually(t, 30*time.Second, "the 40 rate-limited events", func() bool { return len(limited.Received()) == n })
 	got := limited.Received()
 	most := 0
 	for i := range got {

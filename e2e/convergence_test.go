@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	pmongo "github.com/pulse-sidecar/pulse/mongo"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -27,7 +28,7 @@ func postsByKey(r *harness.Receiver) map[string]int {
 // waitDeliveries waits until n deliveries are in status, polling the database.
 func waitDeliveries(b *harness.Bundle, status string, n int64, timeout time.Duration) {
 	b.T.Helper()
-	harness.WaitFor(b.T, timeout, fmt.Sprintf("%d deliveries in status %s", n, status), func() bool {
+	testwait.Eventually(b.T, timeout, fmt.Sprintf("%d deliveries in status %s", n, status), func() bool {
 		return b.Count("deliveries", bson.M{"status": status}) >= n
 	})
 }

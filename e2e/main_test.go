@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // A published event reaches the consumer group's webhook once, with the envelope and the idempotency headers,
@@ -296,7 +297,7 @@ func TestArrayPublish(t *testing.T) {
 	if code := harness.Do(t, "POST", s.URL+"/v1/events", `[{"topic":"a","data":1},{"topic":"b","data":2},{"topic":"c","data":3}]`, &out); code != 202 || len(out) != 3 {
 		t.Fatalf("array publish = %d %v", code, out)
 	}
-	harness.WaitFor(t, 20*time.Second, "two POSTs", func() bool { return len(rcv.Received()) == 2 })
+	testwait.Eventually(t, 20*time.Second, "two POSTs", func() bool { return len(rcv.Received()) == 2 })
 	if n := b.Count("events", bson.M{"staged": true}); n != 0 {
 		t.Fatalf("%d events left staged", n)
 	}

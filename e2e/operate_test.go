@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // SIGTERM with a POST in flight: publishes answer 503, the POST finishes and is recorded (success, one
@@ -26,7 +27,7 @@ func TestSIGTERMLetsInFlightDeliveryFinish(t *testing.T) {
 	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	harness.WaitFor(t, 10*time.Second, "publishes to answer 503", func() bool {
+	testwait.Eventually(t, 10*time.Second, "publishes to answer 503", func() bool {
 		resp, err := http.Post(s.URL+"/v1/events", "application/json", strings.NewReader(`{"topic":"t","data":2}`))
 		if err != nil {
 			return false
@@ -81,7 +82,7 @@ func TestAuthAndMetrics(t *testing.T) {
 	if resp := authed("POST", "/v1/events", `{"topic":"t","data":1}`); resp.StatusCode != 202 {
 		t.Fatalf("publish with token = %d", resp.StatusCode)
 	}
-	harness.WaitFor(t, 20*time.Second, "the POST", func() bool { return len(rcv.Received()) == 1 })
+	testwait.Eventually(t, 20*time.Second, "the POST", func() bool { return len(rcv.Received()) == 1 })
 	if sig := rcv.Received()[0].Header.Get("Webhook-Signature"); !strings.HasPrefix(sig, "v1,") {
 		t.Fatalf("webhook-signature = %q", sig)
 	}
@@ -90,7 +91,7 @@ func TestAuthAndMetrics(t *testing.T) {
 			t.Errorf("GET %s = %d", path, code)
 		}
 	}
-	harness.WaitFor(t, 20*time.Second, "metrics to count the delivery", func() bool {
+	testwait.Eventually(t, 20*time.Second, "metrics to count the delivery", func() bool {
 		resp, err := http.Get(s.URL + "/metrics")
 		if err != nil {
 			return false
@@ -179,7 +180,7 @@ func TestEndpointsFile(t *testing.T) {
 		t.Fatalf("endpoint from file = %d %+v", code, ep)
 	}
 	write("- consumerGroup: billing\n  url: " + rcv.URL + "/v2\n  topics: [payment.captured]\n")
-	harness.WaitFor(t, 20*time.Second, "the changed file to be re-applied", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the changed file to be re-applied", func() bool {
 		return harness.Do(t, "GET", s.URL+"/v1/endpoints/billing", nil, &ep) == 200 && ep.URL == rcv.URL+"/v2"
 	})
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // keyedPost is one POST a keyed receiver got: the event id, its ordering key and the status answered.
@@ -70,7 +71,7 @@ func TestOrderingKeyFailingHeadBlocksOnlyItsKey(t *testing.T) {
 			}
 		}
 	}
-	harness.WaitFor(t, 30*time.Second, "every event delivered", func() bool {
+	testwait.Eventually(t, 30*time.Second, "every event delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		ok := map[string]bool{}

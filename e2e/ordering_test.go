@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // published is what a publish answered for one event.
@@ -131,7 +132,7 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 	}()
 	rcv := harness.NewReceiver(t, 200)
 	s1.RegisterEndpoint(t, "audit", map[string]any{"url": rcv.URL, "topics": []string{"bf.t"}, "ordered": true, "offsetReset": "earliest"})
-	harness.WaitFor(t, 60*time.Second, "20 live events after the registration", func() bool {
+	testwait.Eventually(t, 60*time.Second, "20 live events after the registration", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(created) >= retained+20
@@ -141,7 +142,7 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 	mu.Lock()
 	total := len(created)
 	mu.Unlock()
-	harness.WaitFor(t, 240*time.Second, "every event to reach the ordered group", func() bool { return len(orderOf(rcv)) == total })
+	testwait.Eventually(t, 240*time.Second, "every event to reach the ordered group", func() bool { return len(orderOf(rcv)) == total })
 	arrival := orderOf(rcv)
 	mu.Lock()
 	defer mu.Unlock()
@@ -276,13 +277,13 @@ func TestOrderHoldsWhenAnInsertStalls(t *testing.T) {
 		t.Fatal("E1's write never reached the proxy")
 	}
 	e2 := s.Publish(t, "o", 2)
-	harness.WaitFor(t, 20*time.Second, "E2 to be delivered while E1's insert stalls", func() bool { return len(orderOf(rcv)) == 1 })
+	testwait.Eventually(t, 20*time.Second, "E2 to be delivered while E1's insert stalls", func() bool { return len(orderOf(rcv)) == 1 })
 	proxy.resume()
 	first := <-e1
 	if first.ID == "" {
 		t.Fatal("the stalled publish failed")
 	}
-	harness.WaitFor(t, 30*time.Second, "E1 to be delivered", func() bool { return len(orderOf(rcv)) == 2 })
+	testwait.Eventually(t, 30*time.Second, "E1 to be delivered", func() bool { return len(orderOf(rcv)) == 2 })
 	created := map[string]time.Time{first.ID: createdAtOf(s, t, first.ID), e2: createdAtOf(s, t, e2)}
 	if n := inversions(t, orderOf(rcv), created); n != 0 {
 		t.Fatalf("arrival %v contradicts createdAt %v", orderOf(rcv), created)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // privateDB is a `pulse devdb` process of one test's own, so the test can kill it without disturbing others.
@@ -129,7 +130,7 @@ func TestDatabaseDownAnswers503Fast(t *testing.T) {
 	u := strings.TrimSuffix(strings.TrimPrefix(db.URI, "mongodb://"), "/")
 	startPrivateDB(t, u, db.cmd.Args[len(db.cmd.Args)-1]) // the same port and data directory
 	var code int
-	harness.WaitFor(t, 30*time.Second, "a publish to succeed after the outage", func() bool {
+	testwait.Eventually(t, 30*time.Second, "a publish to succeed after the outage", func() bool {
 		code, _, _, _ = timedStatus(t, "POST", s.URL+"/v1/events", map[string]any{"id": "during-outage", "topic": "t", "data": 0})
 		return code == 202 || code == 200
 	})
@@ -139,7 +140,7 @@ func TestDatabaseDownAnswers503Fast(t *testing.T) {
 	if d := s.WaitDelivery(t, "during-outage", "g", 30*time.Second); d.Status != "success" {
 		t.Fatalf("delivery after the outage = %+v", d)
 	}
-	harness.WaitFor(t, 20*time.Second, "/readyz to answer 200", func() bool {
+	testwait.Eventually(t, 20*time.Second, "/readyz to answer 200", func() bool {
 		code, _, _, _ := timedStatus(t, "GET", s.URL+"/readyz", nil)
 		return code == 200
 	})
@@ -173,7 +174,7 @@ func TestDiskFullAnswers503(t *testing.T) {
 	}
 	// The sidecar's own deletes (the outbox documents of the events it fanned out) free a few pages after the
 	// last publish failed: each look at /readyz fills them first.
-	harness.WaitFor(t, 30*time.Second, "/readyz to answer 503 database_unavailable on a full disk", func() bool {
+	testwait.Eventually(t, 30*time.Second, "/readyz to answer 503 database_unavailable on a full disk", func() bool {
 		fill(4 << 10)
 		c, e, _, _ := timedStatus(t, "GET", s.URL+"/readyz", nil)
 		return c == 503 && e == "database_unavailable"

@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // Test secrets: whsec_ and the base64 of 24 to 27 readable bytes.
@@ -73,7 +74,7 @@ func postOf(t *testing.T, s *harness.Sidecar, rcv *harness.Receiver) harness.Rec
 	before := len(rcv.Received())
 	id := s.Publish(t, "t", 1)
 	var got harness.Received
-	harness.WaitFor(t, 20*time.Second, "the POST of "+id, func() bool {
+	testwait.Eventually(t, 20*time.Second, "the POST of "+id, func() bool {
 		for _, r := range rcv.Received()[before:] {
 			if r.Header.Get("webhook-id") == id {
 				got = r
@@ -174,7 +175,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 	}
 	ends := *rot.PreviousSecretExpiresAt
 	var last harness.Received
-	harness.WaitFor(t, 20*time.Second, "a POST signed by the new secret alone", func() bool {
+	testwait.Eventually(t, 20*time.Second, "a POST signed by the new secret alone", func() bool {
 		last = postOf(t, s, rcv)
 		if len(signatures(last)) == 2 {
 			wantSigners(t, "during the 1 s overlap", last, all, secretNewer, generated)
@@ -207,7 +208,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 func ownerOf(t *testing.T, s *harness.Sidecar) string {
 	t.Helper()
 	owner := ""
-	harness.WaitFor(t, 10*time.Second, "the sidecar to log its owner", func() bool {
+	testwait.Eventually(t, 10*time.Second, "the sidecar to log its owner", func() bool {
 		sc := bufio.NewScanner(strings.NewReader(s.Logs.String()))
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
@@ -241,7 +242,7 @@ func TestRotationReachesAnotherReplica(t *testing.T) {
 		t.Helper()
 		var r harness.Received
 		var began time.Time
-		harness.WaitFor(t, 20*time.Second, "a POST made by replica B", func() bool {
+		testwait.Eventually(t, 20*time.Second, "a POST made by replica B", func() bool {
 			began = time.Now()
 			r = postOf(t, bb, rcv)
 			var at struct{ LockOwner string }
@@ -258,7 +259,7 @@ func TestRotationReachesAnotherReplica(t *testing.T) {
 		t.Fatalf("rotate through replica A answered %d", code)
 	}
 	rotated := time.Now()
-	harness.WaitFor(t, 20*time.Second, "replica B to sign with both secrets", func() bool {
+	testwait.Eventually(t, 20*time.Second, "replica B to sign with both secrets", func() bool {
 		r, began := postedByB()
 		if len(signatures(r)) == 2 {
 			wantSigners(t, "replica B after the rotation", r, all, secretNewer, secretOld)

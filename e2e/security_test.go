@@ -21,6 +21,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // A sidecar asked to bind its API beyond loopback without a token exits non-zero at once, with one line
@@ -84,7 +85,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 		"PULSE_API_TOKEN":      "tok-new-1a2b, tok-old-3c4d",
 		"PULSE_API_READ_TOKEN": "tok-view-5e6f",
 	}))
-	harness.WaitFor(t, 5*time.Second, "the listening line in the logs", func() bool { return strings.Contains(s.Logs.String(), `"probe_addr"`) })
+	testwait.Eventually(t, 5*time.Second, "the listening line in the logs", func() bool { return strings.Contains(s.Logs.String(), `"probe_addr"`) })
 	probe := "http://" + probeAddr(t, s.Logs.String())
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		for _, base := range []string{probe, s.URL} { // the API listener keeps them too
@@ -150,7 +151,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 	var pub struct{ ID string }
 	_ = json.Unmarshal([]byte(body), &pub)
 	var deliveryID string
-	harness.WaitFor(t, 20*time.Second, "the delivery to end", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the delivery to end", func() bool {
 		_, body := call("GET", "/v1/events/"+pub.ID, "tok-view-5e6f", nil)
 		var ev harness.EventView
 		_ = json.Unmarshal([]byte(body), &ev)
@@ -162,7 +163,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 	if code, body := call("POST", "/v1/deliveries/"+deliveryID+"/retry", "tok-new-1a2b", nil); code != 202 {
 		t.Fatalf("retry = %d %s", code, body)
 	}
-	harness.WaitFor(t, 20*time.Second, "the retried delivery to end", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the retried delivery to end", func() bool {
 		_, body := call("GET", "/v1/deliveries/"+deliveryID, "tok-new-1a2b", nil)
 		var d harness.DeliveryView
 		_ = json.Unmarshal([]byte(body), &d)
@@ -186,7 +187,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 		{"endpoint.deleted", "PULSE_API_TOKEN#2", nil},
 	}
 	var lines []map[string]any
-	harness.WaitFor(t, 5*time.Second, "the audit lines", func() bool { lines = auditLines(s.Logs.String()); return len(lines) >= len(want) })
+	testwait.Eventually(t, 5*time.Second, "the audit lines", func() bool { lines = auditLines(s.Logs.String()); return len(lines) >= len(want) })
 	if len(lines) != len(want) {
 		t.Fatalf("audit lines = %v, want %d", lines, len(want))
 	}
@@ -249,7 +250,7 @@ func TestEncryptionAtRestAndKeyRotation(t *testing.T) {
 		t.Helper()
 		before := len(rcv.Received())
 		s.Publish(t, "t", 1)
-		harness.WaitFor(t, 20*time.Second, "the POSTs", func() bool { return len(rcv.Received()) == before+len(groups) })
+		testwait.Eventually(t, 20*time.Second, "the POSTs", func() bool { return len(rcv.Received()) == before+len(groups) })
 		for _, r := range rcv.Received()[before:] {
 			group := r.Header.Get("Pulse-Consumer-Group")
 			if r.Header.Get("Authorization") != groups[group] || !strings.HasPrefix(r.Header.Get("Webhook-Signature"), "v1,") {
@@ -367,11 +368,11 @@ func TestEndpointHeaderValuesAreRedacted(t *testing.T) {
 	}
 
 	s.Publish(t, "t", 1)
-	harness.WaitFor(t, 20*time.Second, "the POST", func() bool { return len(rcv.Received()) == 1 })
+	testwait.Eventually(t, 20*time.Second, "the POST", func() bool { return len(rcv.Received()) == 1 })
 	if got := rcv.Received()[0].Header.Get("Authorization"); got != credential {
 		t.Errorf("the webhook got Authorization %q, want the stored value", got)
 	}
-	harness.WaitFor(t, 20*time.Second, "the terminal failure to be logged", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the terminal failure to be logged", func() bool {
 		return strings.Contains(s.Logs.String(), `"consumer_group":"g"`)
 	})
 	if strings.Contains(s.Logs.String(), "tok-7f3a9c") {
@@ -387,7 +388,7 @@ func TestEndpointHeaderValuesAreRedacted(t *testing.T) {
 	rcv.Statuses = []int{400, 200}
 	rcv.Mu.Unlock()
 	s.Publish(t, "t", 2)
-	harness.WaitFor(t, 20*time.Second, "the second POST", func() bool { return len(rcv.Received()) == 2 })
+	testwait.Eventually(t, 20*time.Second, "the second POST", func() bool { return len(rcv.Received()) == 2 })
 	if got := rcv.Received()[1].Header.Get("Authorization"); got != credential {
 		t.Errorf("after the refused PUT the webhook got Authorization %q, want the stored value", got)
 	}

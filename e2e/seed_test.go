@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	pmongo "github.com/pulse-sidecar/pulse/mongo"
 )
 
@@ -28,7 +29,7 @@ func TestReconcilerRetryHonoursRetryAfter(t *testing.T) {
 		"error": bson.M{"code": "handler_error", "message": "HTTP 429 Too Many Requests"}})
 	did := deliveryOf(s, t, id, "g")
 	var d harness.DeliveryView
-	harness.WaitFor(t, 20*time.Second, "the reconciler to create attempt 2", func() bool { d = getDelivery(s, t, did); return len(d.Attempts) == 2 })
+	testwait.Eventually(t, 20*time.Second, "the reconciler to create attempt 2", func() bool { d = getDelivery(s, t, did); return len(d.Attempts) == 2 })
 	if due := d.Attempts[1].NextAttemptAt; due.Before(ended.Add(4 * time.Second)) {
 		t.Fatalf("attempt 2 is due %s after attempt 1 ended, want at least the 4 s Retry-After", due.Sub(ended))
 	}
@@ -66,7 +67,7 @@ func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
 	})
 	stalled.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms", "timeout": "1m"})
 	id := stalled.Publish(t, "t", 1) // the publishing replica leases the first attempt itself
-	harness.WaitFor(t, 20*time.Second, "attempt 1 to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 1 })
+	testwait.Eventually(t, 20*time.Second, "attempt 1 to arrive", func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 1 })
 	other := b.Start(env) // started now, so that the stalled replica holds attempt 1
 	proxy.pause("")
 	stallStart := time.Now()
@@ -76,10 +77,10 @@ func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
 		t.Fatalf("the stalled replica did not cancel its POST when its lease could not be renewed\n%s", stalled.Logs.String())
 	}
 	d := other.WaitDelivery(t, id, "g", 30*time.Second)
-	harness.WaitFor(t, 10*time.Second, "the stall to last 1.5 × the lease timeout", func() bool { return time.Since(stallStart) > 1500*time.Millisecond })
+	testwait.Eventually(t, 10*time.Second, "the stall to last 1.5 × the lease timeout", func() bool { return time.Since(stallStart) > 1500*time.Millisecond })
 	proxy.resume()
 	// The stalled replica is back: give it a poll or two to (wrongly) write anything, then read again.
-	harness.WaitFor(t, 10*time.Second, "the stalled replica to answer again", func() bool {
+	testwait.Eventually(t, 10*time.Second, "the stalled replica to answer again", func() bool {
 		var h struct{ Status string }
 		return harness.Do(t, "GET", stalled.URL+"/readyz", nil, &h) == 200
 	})
@@ -161,7 +162,7 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 	// unfinished fan-out is repaired once it is a lease timeout old. Three minutes is that with a wide margin
 	// for six replicas on one serialized database; it took 6 s here at a 5 s lease, 11 s at 10 s.
 	start := time.Now()
-	harness.WaitFor(t, 3*time.Minute, "every delivery to exist and end", func() bool {
+	testwait.Eventually(t, 3*time.Minute, "every delivery to exist and end", func() bool {
 		return b.Count("deliveries", bson.M{}) == bulk+48 && b.Count("deliveries", bson.M{"status": "pending"}) == 0
 	})
 	t.Logf("%d deliveries (48 torn) converged in %s with 6 replicas", bulk+48, time.Since(start).Round(time.Second))

@@ -13,6 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/mongo"
 )
 
@@ -107,7 +108,7 @@ func TestOffsetResetAndExpiredEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d harness.DeliveryView
-	harness.WaitFor(t, 20*time.Second, "the delivery to end", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the delivery to end", func() bool {
 		var list struct{ Deliveries []harness.DeliveryView }
 		harness.Do(t, "GET", s.URL+"/v1/deliveries?consumerGroup=latest&status=error", nil, &list)
 		for _, x := range list.Deliveries {
@@ -142,7 +143,7 @@ func TestRetentionEndsALaterAttemptEventExpired(t *testing.T) {
 	expiresAt := ev.CreatedAt.Add(5 * time.Second)
 	id := mongo.DeliveryID("g", ev.ID)
 	var d harness.DeliveryView
-	harness.WaitFor(t, 30*time.Second, "the delivery to end", func() bool {
+	testwait.Eventually(t, 30*time.Second, "the delivery to end", func() bool {
 		return harness.Do(t, "GET", s.URL+"/v1/deliveries/"+id, nil, &d) == 200 && d.Status != "pending"
 	})
 	if d.Status != "error" || d.Error == nil || d.Error.Code != "event_expired" {
@@ -186,7 +187,7 @@ func TestPolicyChangeAppliesToLaterAttempts(t *testing.T) {
 	rcv := harness.NewReceiver(t, 503)
 	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 10, "retryDelay": "1s"})
 	id := s.Publish(t, "t", 1)
-	harness.WaitFor(t, 20*time.Second, "the first POST", func() bool { return len(rcv.Received()) >= 1 })
+	testwait.Eventually(t, 20*time.Second, "the first POST", func() bool { return len(rcv.Received()) >= 1 })
 	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 1, "retryDelay": "1s"})
 	harness.WantErrorAfter(t, s.WaitDelivery(t, id, "g", 30*time.Second), 2, 2, "503") // maxRetries lowered to 1
 }
@@ -296,13 +297,13 @@ func TestSwitchToOrderedDoesNotStallAReplica(t *testing.T) {
 	for i := range 20 {
 		s1.Publish(t, "tg", i)
 	}
-	harness.WaitFor(t, 20*time.Second, "retries of g", func() bool { return len(failing.Received()) >= 100 })
+	testwait.Eventually(t, 20*time.Second, "retries of g", func() bool { return len(failing.Received()) >= 100 })
 	s2.RegisterEndpoint(t, "g", map[string]any{"url": failing.URL, "topics": []string{"tg"}, "retryDelay": "50ms",
 		"retryBackoffMultiplier": 1, "maxRetries": 100, "ordered": true})
 	// Keep publishing to s1 until an event published well after s1's cache of g expired (1 s) arrives.
 	switched := time.Now()
 	sent := map[string]time.Time{}
-	harness.WaitFor(t, 30*time.Second, "an event published to s1 after the switch", func() bool {
+	testwait.Eventually(t, 30*time.Second, "an event published to s1 after the switch", func() bool {
 		sent[s1.Publish(t, "th", len(sent))] = time.Now()
 		for _, r := range fine.Received() {
 			if at, ok := sent[r.Header.Get("Idempotency-Key")]; ok && at.Sub(switched) > 2*time.Second {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // README example begins (README.md, "Verifying signatures in your receiver": kept there verbatim).
@@ -87,7 +88,7 @@ func verifyingScenario(t *testing.T, s *harness.Sidecar, url string) string {
 	}
 	did := deliveryOf(s, t, id, "wrong")
 	var d harness.DeliveryView
-	harness.WaitFor(t, 20*time.Second, "the wrongly signed attempt to be recorded", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the wrongly signed attempt to be recorded", func() bool {
 		d = getDelivery(s, t, did)
 		return len(d.Attempts) > 0 && d.Attempts[0].Status != "pending"
 	})
@@ -168,7 +169,7 @@ func runExampleReceiver(t *testing.T, dir, lang, file string, command ...string)
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	harness.WaitFor(t, 20*time.Second, "the "+lang+" receiver to listen on "+addr, func() bool {
+	testwait.Eventually(t, 20*time.Second, "the "+lang+" receiver to listen on "+addr, func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("the %s receiver exited:\n%s", lang, out.String())

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // otlpReceiver is an OTLP/HTTP trace receiver on loopback that keeps every span it got.
@@ -79,7 +80,7 @@ func TestTracePropagatesFromPublishToEachAttempt(t *testing.T) {
 		t.Fatalf("publish = %v, %v", resp, err)
 	}
 	resp.Body.Close()
-	harness.WaitFor(t, 20*time.Second, "two attempts", func() bool { return len(rcv.Received()) == 2 })
+	testwait.Eventually(t, 20*time.Second, "two attempts", func() bool { return len(rcv.Received()) == 2 })
 	var spanIDs []string
 	for i, r := range rcv.Received() {
 		parts := strings.Split(r.Header.Get("traceparent"), "-")
@@ -94,7 +95,7 @@ func TestTracePropagatesFromPublishToEachAttempt(t *testing.T) {
 	if spanIDs[0] == spanIDs[1] {
 		t.Errorf("both attempts carry span %s; want one span per attempt", spanIDs[0])
 	}
-	harness.WaitFor(t, 20*time.Second, "the publish span and two attempt spans exported", func() bool {
+	testwait.Eventually(t, 20*time.Second, "the publish span and two attempt spans exported", func() bool {
 		return len(collector.named("publish")) == 1 && len(collector.named("deliver t")) == 2
 	})
 	pub := collector.named("publish")[0]

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -99,19 +101,11 @@ func TestKeeperRenewsAndCancelsLostLeases(t *testing.T) {
 	if !errors.Is(context.Cause(lostCtx), pulsetype.ErrLeaseLost) {
 		t.Fatalf("cause = %v, want pulsetype.ErrLeaseLost", context.Cause(lostCtx))
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.Eventually(t, 10*time.Second, "the kept lease to be renewed 3 times", func() bool {
 		mu.Lock()
-		n := renewed[kept]
-		mu.Unlock()
-		if n >= 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kept lease renewed %d times", n)
-		}
-		time.Sleep(5 * time.Millisecond) // poll
-	}
+		defer mu.Unlock()
+		return renewed[kept] >= 3
+	})
 	if keptCtx.Err() != nil {
 		t.Fatal("a renewed lease's work was cancelled")
 	}
@@ -137,13 +131,10 @@ func TestClockSyncFollowsTheDatabase(t *testing.T) {
 	defer s.Stop()
 	waitOffset := func(want time.Duration) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for d := c.Offset() - want; d < -time.Second || d > time.Second; d = c.Offset() - want {
-			if time.Now().After(deadline) {
-				t.Fatalf("offset = %s, want about %s", c.Offset(), want)
-			}
-			time.Sleep(5 * time.Millisecond) // poll
-		}
+		testwait.Eventually(t, 10*time.Second, fmt.Sprintf("the offset to be about %s", want), func() bool {
+			d := c.Offset() - want
+			return d >= -time.Second && d <= time.Second
+		})
 	}
 	waitOffset(time.Minute)
 	ahead.Store(int64(-time.Hour)) // the database's clock was set back
@@ -154,9 +145,5 @@ func TestClockSyncFollowsTheDatabase(t *testing.T) {
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatalf("Start after Stop = %v", err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); calls.Load() == n; time.Sleep(5 * time.Millisecond) { // poll
-		if time.Now().After(deadline) {
-			t.Fatal("a restarted ClockSync did not sync again")
-		}
-	}
+	testwait.Eventually(t, 10*time.Second, "a restarted ClockSync to sync again", func() bool { return calls.Load() != n })
 }

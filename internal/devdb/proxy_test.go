@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // opMsgFor builds an OP_MSG whose body is {cmd: 1, $db: db} with the given flagBits.
@@ -224,18 +226,11 @@ func TestProxyDatabasesAreIndependent(t *testing.T) {
 	if _, err := slow.Write(opMsgFor(t, "slow", 0)); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testwait.Eventually(t, 10*time.Second, "the slow request to reach upstream", func() bool {
 		up.mu.Lock()
-		arrived := slices.Contains(up.received, "slow")
-		up.mu.Unlock()
-		if arrived {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the slow request did not reach upstream within 10s")
-		}
-		runtime.Gosched()
-	}
+		defer up.mu.Unlock()
+		return slices.Contains(up.received, "slow")
+	})
 	// The mutex of "slow" is held until the gate opens; "fast" must not wait for it.
 	if _, err := fast.Write(opMsgFor(t, "fast", 0)); err != nil {
 		t.Fatal(err)
@@ -287,7 +282,7 @@ func TestProxyDropsRequestsOfClientsThatLeft(t *testing.T) {
 		defer up.mu.Unlock()
 		return len(up.received)
 	}
-	waitUntil(t, "the first request to reach upstream", func() bool { return received() == 1 })
+	testwait.Eventually(t, 10*time.Second, "the first request to reach upstream", func() bool { return received() == 1 })
 
 	leaver := dialProxy(t, p)
 	if _, err := leaver.Write(opMsgFor(t, "slow", 0)); err != nil {
@@ -298,24 +293,14 @@ func TestProxyDropsRequestsOfClientsThatLeft(t *testing.T) {
 		defer p.connsMu.Unlock()
 		return len(p.conns)
 	}
-	waitUntil(t, "the second client's connections to be tracked", func() bool { return conns() == 4 })
+	testwait.Eventually(t, 10*time.Second, "the second client's connections to be tracked", func() bool { return conns() == 4 })
 	_ = leaver.Close()
 	close(up.gate)
 	if _, err := readMessage(holder); err != nil {
 		t.Fatalf("first reply: %v", err)
 	}
-	waitUntil(t, "the proxy to drop the second client's connection", func() bool { return conns() == 2 })
+	testwait.Eventually(t, 10*time.Second, "the proxy to drop the second client's connection", func() bool { return conns() == 2 })
 	if n := received(); n != 1 {
 		t.Fatalf("upstream received %d requests, want 1: the request of the client that left was run", n)
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // poll
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/sidecar"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // Bundle is what setup gives a test: a database of its own and a way to start sidecars on it.
@@ -309,18 +310,6 @@ func (h *HoldingReceiver) WaitArrival(t *testing.T) {
 	}
 }
 
-// WaitFor polls cond every 20ms until it holds or the deadline passes.
-func WaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for an outcome
-	}
-}
-
 type AttemptView struct {
 	Attempt    int    `json:"attempt"`
 	Status     string `json:"status"`
@@ -391,7 +380,7 @@ func (s *Sidecar) Publish(t *testing.T, topic string, data any) string {
 func (s *Sidecar) WaitDelivery(t *testing.T, eventID, group string, timeout time.Duration) DeliveryView {
 	t.Helper()
 	var d DeliveryView
-	WaitFor(t, timeout, "delivery of "+eventID+" to "+group+" to end", func() bool {
+	testwait.Eventually(t, timeout, "delivery of "+eventID+" to "+group+" to end", func() bool {
 		var ev EventView
 		if Do(t, "GET", s.URL+"/v1/events/"+eventID, nil, &ev) != 200 {
 			return false
