@@ -168,7 +168,7 @@ func TestCancellingTheHeadUnblocksAnOrderedLine(t *testing.T) {
 // still pending) is finished by the repair scan: the delivery ends as cancelled, and nothing is POSTed.
 func TestHalfDoneCancelIsFinishedByTheRepair(t *testing.T) {
 	b := harness.Setup(t)
-	s := b.Start(b.FastEnv())
+	s := b.Start(b.FastEnv(harness.ShortLease))
 	rcv := harness.NewReceiver(t, 200)
 	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
 	now := time.Now().UTC()

@@ -235,6 +235,7 @@ func hangingReceivers(t *testing.T, n int) ([]*harness.HoldingReceiver, func() i
 // one event for a healthy group, delivered while every slow POST still hangs. It returns how long the
 // healthy event waited between its publish answer and its POST.
 func fairnessCase(t *testing.T, workers, slowGroups, events, maxConcurrency, busy int) time.Duration {
+	const hang = 60 * time.Second // the slow endpoints' timeout: how long their POSTs hang
 	b := harness.Setup(t)
 	env := b.FastEnv()
 	if workers > 0 {
@@ -245,7 +246,7 @@ func fairnessCase(t *testing.T, workers, slowGroups, events, maxConcurrency, bus
 	healthy := harness.NewReceiver(t, 200)
 	for i, r := range slow {
 		s.RegisterEndpoint(t, fmt.Sprintf("slow%d", i), map[string]any{"url": r.URL, "topics": []string{fmt.Sprintf("s%d", i)},
-			"maxConcurrency": maxConcurrency, "timeout": "60s"})
+			"maxConcurrency": maxConcurrency, "timeout": hang.String()})
 	}
 	s.RegisterEndpoint(t, "healthy", map[string]any{"url": healthy.URL, "topics": []string{"h"}})
 	for i := range slow {
@@ -260,9 +261,10 @@ func fairnessCase(t *testing.T, workers, slowGroups, events, maxConcurrency, bus
 	testwait.Eventually(t, 30*time.Second, fmt.Sprintf("%d slow POSTs to hang", busy), func() bool { return held() >= busy })
 	start := time.Now()
 	id := s.Publish(t, "h", "healthy")
-	// The slow POSTs hang for a minute: without fairness the healthy one would wait for that long. Five
-	// seconds is fifty times the ordinary scheduling delay, to absorb a loaded machine.
-	testwait.Eventually(t, 5*time.Second, "the healthy group's POST while every slow one hangs", func() bool { return postsByKey(healthy)[id] == 1 })
+	// The slow POSTs hang until the test ends, each given up only by its endpoint's timeout (hang): without
+	// fairness the healthy POST would wait for that timeout. So the bound is half of it, whatever the machine's
+	// speed, and the check after it is the mechanism: every slow POST still hung when the healthy one came.
+	testwait.Eventually(t, hang/2, "the healthy group's POST while every slow one hangs", func() bool { return postsByKey(healthy)[id] == 1 })
 	waited := healthy.Received()[0].At.Sub(start)
 	if n := held(); n < busy {
 		t.Fatalf("only %d slow POSTs hang when the healthy one arrived; the case needs %d", n, busy)
@@ -295,9 +297,7 @@ func TestHangingGroupsDoNotStarveAHealthyOne(t *testing.T) {
 // failed POST is recorded, no further attempt is created or POSTed, and the delivery ends endpoint_deleted.
 func TestNoAttemptAfterTheDelete(t *testing.T) {
 	b := harness.Setup(t)
-	// A lease of 3 s, so that a loaded machine missing heartbeats does not reap the attempt in flight.
-	slowLease := map[string]string{"PULSE_LOCK_TIMEOUT": "3s"}
-	s1, s2 := b.Start(b.FastEnv(slowLease)), b.Start(b.FastEnv(slowLease))
+	s1, s2 := b.Start(b.FastEnv()), b.Start(b.FastEnv()) // leases of LongLease: a loaded machine does not reap the attempt in flight
 	rcv := harness.NewHoldingReceiver(t, 500)
 	s1.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "1ms"})
 	id := s1.Publish(t, "t", 1)
@@ -320,7 +320,7 @@ func TestNoAttemptAfterTheDelete(t *testing.T) {
 // not hold up the line of the group registered again: it ends endpoint_deleted and the new event arrives.
 func TestStaleHeadDoesNotBlockARecreatedOrderedGroup(t *testing.T) {
 	b := harness.Setup(t)
-	s := b.Start(b.FastEnv())
+	s := b.Start(b.FastEnv(harness.ShortLease))
 	rcv := harness.NewReceiver(t, 200)
 	s.RegisterEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "ordered": true})
 	later := time.Now().Add(time.Hour).UTC()

@@ -51,9 +51,8 @@ func TestReplicasConvergeOnOneDeliveryPerEventAndGroup(t *testing.T) {
 	}
 	b := harness.Setup(t)
 	env := b.FastEnv()
-	// No lease may expire in a healthy run: the test database serializes every operation, so under this load
-	// a renewal can wait seconds in its queue.
-	env["PULSE_LOCK_TIMEOUT"] = "30s"
+	// No lease may expire in a healthy run (FastEnv's leases are long): the test database serializes every
+	// operation, so under this load a renewal can wait seconds in its queue.
 	env["PULSE_POLL_INTERVAL"] = "200ms"
 	env["PULSE_WORKERS"] = "8" // bounded queues at the test database keep renewals fast
 	procs := b.StartProcesses(replicas, env)
@@ -136,8 +135,7 @@ func TestStampedeOnEarliestSubscriptionDeliversEachEventOnce(t *testing.T) {
 	env["PULSE_POLL_INTERVAL"] = "500ms" // 12 idle replicas polling every 50ms saturate the test database
 	env["PULSE_WORKERS"] = "4"
 	// The serialized SQLite test database under 12 replicas (and other test packages) has shown renewal
-	// latencies near 10 s: a lease must outlast them, or at-least-once redelivers.
-	env["PULSE_LOCK_TIMEOUT"] = "30s"
+	// latencies near 10 s: FastEnv's lease (LongLease) outlasts them, or at-least-once would redeliver.
 	procs := b.StartProcesses(replicas, env)
 	defer func() {
 		if t.Failed() {

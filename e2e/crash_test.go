@@ -218,7 +218,7 @@ func TestCrashWindowsAreRepaired(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := harness.Setup(t)
-			s := b.Start(b.FastEnv())
+			s := b.Start(b.FastEnv(harness.ShortLease))
 			rcv := harness.NewReceiver(t, 200)
 			s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
 			id := tornState(b, "g", tc.delivery, tc.attempts...)

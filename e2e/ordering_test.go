@@ -64,10 +64,10 @@ func createdAtOf(s *harness.Sidecar, t *testing.T, id string) time.Time {
 // lease timeout later).
 func TestOrderHoldsWhenThePublisherDiesBeforeFanOut(t *testing.T) {
 	b := harness.Setup(t)
-	s := b.Start(b.FastEnv())
+	s := b.Start(b.FastEnv(harness.ShortLease))
 	rcv := harness.NewReceiver(t, 200)
 	s.RegisterEndpoint(t, "ledger", map[string]any{"url": rcv.URL, "topics": []string{"o"}, "ordered": true})
-	crashEnv := b.FastEnv()
+	crashEnv := b.FastEnv(harness.ShortLease)
 	crashEnv["PULSE_TEST_CRASH_AFTER_PUBLISH"] = "true"
 	doomed := b.StartProcess(crashEnv)
 	var e1 published
@@ -92,9 +92,8 @@ func TestOrderHoldsWhenThePublisherDiesBeforeFanOut(t *testing.T) {
 func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 	b := harness.Setup(t)
 	env := b.FastEnv()
-	// Slower recovery periods than the other tests: with 600 ms leases the repair scans of two replicas
-	// saturate the serialized test database and an ordered group (one POST at a time) crawls.
-	env["PULSE_LOCK_TIMEOUT"] = "3s"
+	// FastEnv's long leases also keep the recovery periods slow: with 600 ms leases the repair scans of two
+	// replicas saturated the serialized test database and an ordered group (one POST at a time) crawled.
 	s1, s2 := b.Start(env), b.Start(env)
 	const retained = 60
 	created := map[string]time.Time{}

@@ -20,7 +20,7 @@ import (
 // that the failed attempt received, as the worker's own retry would have.
 func TestReconcilerRetryHonoursRetryAfter(t *testing.T) {
 	b := harness.Setup(t)
-	s := b.Start(b.FastEnv())
+	s := b.Start(b.FastEnv(harness.ShortLease))
 	rcv := harness.NewReceiver(t, 200)
 	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
 	ended := time.Now().UTC().Truncate(time.Millisecond)
@@ -209,7 +209,7 @@ func merge(a, b bson.M) bson.M {
 // event whose publisher died before fanning it out is fanned out once by a skewed replica.
 func TestClockSkewNeitherSkipsNorDuplicates(t *testing.T) {
 	b := harness.Setup(t)
-	ahead, behind := b.FastEnv(), b.FastEnv()
+	ahead, behind := b.FastEnv(harness.ShortLease), b.FastEnv(harness.ShortLease)
 	ahead["PULSE_TEST_CLOCK_SKEW"] = "5m"
 	behind["PULSE_TEST_CLOCK_SKEW"] = "-5m"
 	sa, sb := b.Start(ahead), b.Start(behind)
@@ -223,7 +223,7 @@ func TestClockSkewNeitherSkipsNorDuplicates(t *testing.T) {
 	for i := range 10 {
 		ids = append(ids, []*harness.Sidecar{sa, sb}[i%2].Publish(t, "t", i))
 	}
-	crashEnv := b.FastEnv()
+	crashEnv := b.FastEnv(harness.ShortLease)
 	crashEnv["PULSE_TEST_CRASH_AFTER_PUBLISH"] = "true"
 	crashEnv["PULSE_TEST_CLOCK_SKEW"] = "-5m"
 	doomed := b.StartProcess(crashEnv)

@@ -58,7 +58,7 @@ func TestOrderedConsumerBlocksBehindAFailingHead(t *testing.T) {
 // At-most-once: a failed POST ends the delivery (one POST), and so does a lost worker (no second POST).
 func TestAtMostOnceNeverRetries(t *testing.T) {
 	b := harness.Setup(t)
-	s := b.Start(b.FastEnv())
+	s := b.Start(b.FastEnv(harness.ShortLease))
 	rcv := harness.NewReceiver(t, 500)
 	var e struct {
 		Error struct{ Code, Message string }
@@ -196,9 +196,9 @@ func TestPolicyChangeAppliesToLaterAttempts(t *testing.T) {
 // POSTs at once, the fast group's deliveries keep arriving while the slow ones hang.
 func TestSlowEndpointDoesNotStarveAnother(t *testing.T) {
 	b := harness.Setup(t)
-	// A lease of 3 s: with 600 ms, a heavily loaded machine can miss heartbeats, and a reaped attempt's
-	// retry reaches the receiver before it notices the abandoned connection (not what this test is about).
-	s := b.Start(b.FastEnv(map[string]string{"PULSE_WORKERS": "4", "PULSE_LOCK_TIMEOUT": "3s"}))
+	// FastEnv's long lease: with 600 ms, a heavily loaded machine could miss heartbeats, and a reaped
+	// attempt's retry reached the receiver before it noticed the abandoned connection (not what this test is about).
+	s := b.Start(b.FastEnv(map[string]string{"PULSE_WORKERS": "4"}))
 	slow := harness.NewHoldingReceiver(t, 200)
 	fast := harness.NewReceiver(t, 200)
 	s.RegisterEndpoint(t, "slow", map[string]any{"url": slow.URL, "topics": []string{"s"}, "maxConcurrency": 2, "timeout": "20s"})
@@ -286,7 +286,7 @@ func TestOutboundProxy(t *testing.T) {
 func TestSwitchToOrderedDoesNotStallAReplica(t *testing.T) {
 	b := harness.Setup(t)
 	env := b.FastEnv()
-	env["PULSE_LOCK_TIMEOUT"] = "30s" // no other replica repairs this one's fan-out within the test
+	// FastEnv's lease (LongLease, 30 s): no other replica repairs this one's fan-out within the test.
 	s1 := b.Start(env)
 	s2 := b.Start(env)
 	failing := harness.NewReceiver(t, 500)

@@ -38,14 +38,25 @@ func Setup(t *testing.T) *Bundle {
 	return &Bundle{T: t, Client: client, DBName: dbName, URI: testdb.URI(t)}
 }
 
-// FastEnv is the configuration of sidecars under test: short leases and polls keep the tests fast. Each map of
-// set is applied on top, in order; the result is a new map, which the caller may change.
+// LongLease is FastEnv's PULSE_LOCK_TIMEOUT: far longer than any stall of a test machine.
+const LongLease = "30s"
+
+// ShortLease is the configuration of a test about lease expiry or the repairs that wait for it (an expired
+// attempt reaped as worker_lost, a torn state, a publish whose fan-out died with its process): a lease of
+// 1 s, so the reaper runs every 250 ms, the repair scan every 500 ms and an unfanned publish is repaired
+// after 1 s. Apply it with FastEnv(ShortLease); FastEnv copies it, so it is never changed.
+var ShortLease = map[string]string{"PULSE_LOCK_TIMEOUT": "1s"}
+
+// FastEnv is the configuration of sidecars under test: short polls keep the tests fast, and leases of
+// LongLease mean a stall of the machine (a busy CI runner, -race) never expires one, so that only the tests
+// about expiry see it (they apply ShortLease or set their own). Each map of set is applied on top, in
+// order; the result is a new map, which the caller may change.
 func (b *Bundle) FastEnv(set ...map[string]string) map[string]string {
 	env := map[string]string{
 		"PULSE_MONGODB_URI":      b.URI,
 		"PULSE_DATABASE":         b.DBName,
 		"PULSE_LISTEN":           "127.0.0.1:0",
-		"PULSE_LOCK_TIMEOUT":     "600ms",
+		"PULSE_LOCK_TIMEOUT":     LongLease,
 		"PULSE_POLL_INTERVAL":    "50ms",
 		"PULSE_LOG_LEVEL":        "info",
 		"PULSE_SHUTDOWN_TIMEOUT": "5s",
