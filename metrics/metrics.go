@@ -20,8 +20,8 @@ import (
 // error (failed, the delivery is terminal).
 var attemptOutcomes = []string{"success", "retry", "error"}
 
-// Metrics holds the sidecar's Prometheus metrics. It implements dispatcher.Observer,
-// reconciler.Observer and httpapi.Metrics. Every label set is bounded: consumer groups (bounded by registration), attempt
+// Metrics holds the sidecar's Prometheus metrics. It implements dispatcher.Observer, reconciler.Observer
+// and httpapi.Metrics. Every label set is bounded: consumer groups (bounded by registration), attempt
 // outcomes and repair kinds; never topics (clients choose them freely), event or delivery ids. It is safe
 // for concurrent use.
 type Metrics struct {
