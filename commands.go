@@ -12,10 +12,13 @@ import (
 	"os"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/event"
+
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/bench"
 	"github.com/pulse-sidecar/pulse/internal/cli"
 	"github.com/pulse-sidecar/pulse/internal/devdb"
+	"github.com/pulse-sidecar/pulse/sidecar"
 )
 
 // runDevDB runs the embedded development database on its own (pulse devdb --listen --data-dir).
@@ -23,10 +26,16 @@ func runDevDB(ctx context.Context, args []string, stdout io.Writer) error {
 	return devdb.RunCommand(ctx, args, stdout, os.Stderr)
 }
 
-// runBench runs `pulse bench` (package internal/bench), whose sidecars (internal/sidecar) run in-process
-// and report this build's version.
+// runBench runs `pulse bench` (package internal/bench), whose sidecars run in-process: each one a
+// sidecar.Sidecar of the configuration bench gives, reporting this build's version.
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return bench.Run(ctx, args, getenv, stdout, version)
+	return bench.Run(ctx, args, getenv, stdout, func(getenv func(string) string, monitor *event.CommandMonitor, logs io.Writer) (bench.Sidecar, error) {
+		cfg, err := config.Load(getenv)
+		if err != nil {
+			return nil, err
+		}
+		return sidecar.New(cfg, sidecar.Options{Version: version, Logs: logs, Monitor: monitor}), nil
+	})
 }
 
 const healthcheckSynopsis = `Usage: pulse healthcheck [flags]

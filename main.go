@@ -18,9 +18,6 @@ import (
 	"github.com/pulse-sidecar/pulse/internal/cli"
 )
 
-// version is stamped at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 // usage is the text of `pulse help`.
 const usage = `Usage: pulse [command] [flags]
 

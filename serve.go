@@ -10,10 +10,10 @@ import (
 
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/cli"
-	sidecarpkg "github.com/pulse-sidecar/pulse/internal/sidecar"
+	"github.com/pulse-sidecar/pulse/sidecar"
 )
 
-// serve runs the sidecar (package internal/sidecar) until ctx is done, then shuts it down in the order
+// serve runs the sidecar (package sidecar) until ctx is done, then shuts it down in the order
 // that package documents. It returns nil after a clean shutdown, and an error when the sidecar cannot start
 // or an HTTP server fails.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -29,7 +29,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	s := sidecarpkg.New(cfg, sidecarpkg.Options{Version: version, Logs: stdout, TestHooks: hooks})
+	s := sidecar.New(cfg, sidecar.Options{Version: version, Logs: stdout, TestHooks: hooks})
 	if err := s.Start(ctx); err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/pulse-sidecar/pulse/config"
-	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
 )
 
 // The largest event the largest PULSE_MAX_BODY_BYTES admits (longest id and topic, 64 headers with the

@@ -5,7 +5,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
 )
 
 // Idempotent re-publish compares JSON values, not their spelling: other key order, whitespace, escapes or

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 

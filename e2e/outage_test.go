@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/internal/testwait"
 )

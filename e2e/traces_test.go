@@ -14,7 +14,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 

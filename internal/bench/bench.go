@@ -2,7 +2,7 @@
 // commands per delivery, and the sidecars' CPU and peak memory, against a fresh embedded development database
 // (a child process, so its CPU and memory are not the sidecars') or a database the caller names.
 //
-// The sidecars run in-process (internal/sidecar), so a driver command monitor counts their commands. The package is
+// The sidecars run in-process (package sidecar, through NewSidecar), so a driver command monitor counts their commands. The package is
 // development tooling: the sidecar itself never imports it.
 package bench
 
@@ -29,10 +29,23 @@ import (
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/event"
 
-	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/cli"
-	"github.com/pulse-sidecar/pulse/internal/sidecar"
 )
+
+// Sidecar is one sidecar replica as bench runs it, with the shared lifecycle (package sidecar's Sidecar):
+// Start returns once its API listens at Addr (host:port), Stop shuts it down and blocks until it has; the
+// end of Start's ctx shuts it down too.
+type Sidecar interface {
+	Start(ctx context.Context) error
+	Addr() string
+	Stop()
+}
+
+// NewSidecar returns an unstarted replica configured by getenv, which sends every database command to
+// monitor and writes its log to logs; it returns an error for a configuration that does not load. `pulse
+// bench` passes sidecar.New; bench itself never imports the sidecar's wiring, which imports every other
+// package.
+type NewSidecar func(getenv func(string) string, monitor *event.CommandMonitor, logs io.Writer) (Sidecar, error)
 
 // result holds the figures `pulse bench` prints.
 type result struct {
@@ -77,8 +90,8 @@ type flags struct {
 
 // Run is `pulse bench` with the command line args (the flags after "bench"). It starts the embedded
 // development database as a child process, `<this executable> devdb` (so the executable must be pulse),
-// unless PULSE_MONGODB_URI or --mongodb-uri names one; runs --replicas sidecars in-process (package
-// internal/sidecar, reporting version as theirs); registers
+// unless PULSE_MONGODB_URI or --mongodb-uri names one; runs --replicas sidecars in-process (each made by
+// newSidecar); registers
 // --groups consumer groups on a local receiver; publishes and delivers --history events first (untimed,
 // arrays of 100, kept as retained history); then publishes --events events, one request per event, with
 // --concurrency concurrent clients spread over the replicas (or, with --rate R, R requests per second
@@ -86,7 +99,7 @@ type flags struct {
 // raw single-document updates by _id on the same database at the same concurrency. It prints a table and
 // one machine-readable line starting with "bench:" on stdout, and blocks until done or --timeout. It
 // returns a *cli.UsageError for flags it does not accept and flag.ErrHelp after printing --help.
-func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, version string) error {
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, newSidecar NewSidecar) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var o flags
 	fs.IntVar(&o.events, "events", 1000, "events to publish in the measured run")
@@ -122,7 +135,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		defer stop()
 		o.uri, dbPID = dbURI, pid
 	}
-	r, err := run(ctx, o, dbPID, version)
+	r, err := run(ctx, o, dbPID, newSidecar)
 	if err != nil {
 		return err
 	}
@@ -131,7 +144,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 // run runs the bench o describes; dbPID is the embedded database process (0: not ours).
-func run(ctx context.Context, o flags, dbPID int, version string) (result, error) {
+func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result, error) {
 	dbName := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	rcv := newReceiver()
 	rcv.delay = o.delay
@@ -175,12 +188,8 @@ func run(ctx context.Context, o flags, dbPID int, version string) (result, error
 	}
 	logs := newLogCounter()
 	env := map[string]string{"PULSE_MONGODB_URI": o.uri, "PULSE_DATABASE": dbName, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_LOG_LEVEL": "warn"}
-	cfg, err := config.Load(func(k string) string { return env[k] })
-	if err != nil {
-		return result{}, err
-	}
 	apis := make([]string, o.replicas)
-	sidecars := make([]*sidecar.Sidecar, 0, o.replicas)
+	sidecars := make([]Sidecar, 0, o.replicas)
 	shutdown := func() { // stops every replica, each once; safe twice
 		for _, s := range sidecars {
 			s.Stop()
@@ -188,7 +197,10 @@ func run(ctx context.Context, o flags, dbPID int, version string) (result, error
 	}
 	defer shutdown()
 	for r := range o.replicas {
-		s := sidecar.New(cfg, sidecar.Options{Version: version, Logs: logs, Monitor: monitor})
+		s, err := newSidecar(func(k string) string { return env[k] }, monitor, logs)
+		if err != nil {
+			return result{}, err
+		}
 		if err := s.Start(ctx); err != nil {
 			return result{}, fmt.Errorf("bench: sidecar replica %d did not start: %w", r+1, err)
 		}

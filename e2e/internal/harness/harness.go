@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,9 +17,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/pulse-sidecar/pulse/config"
-	"github.com/pulse-sidecar/pulse/internal/sidecar"
 	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/internal/testwait"
+	"github.com/pulse-sidecar/pulse/sidecar"
 )
 
 // Bundle is what setup gives a test: a database of its own and a way to start sidecars on it.
@@ -118,51 +117,6 @@ func StartError(ctx context.Context, env map[string]string) error {
 		return err
 	}
 	s.Stop()
-	return nil
-}
-
-// StartWith runs a sidecar in-process with env through serve (serveWith or run) and returns once it
-// listens; it is stopped in t.Cleanup.
-func (b *Bundle) StartWith(env map[string]string, serve func(ctx context.Context, getenv func(string) string, stdout io.Writer) error) *Sidecar {
-	b.T.Helper()
-	logs := &testdb.SyncBuffer{}
-	pr, pw := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		err := serve(ctx, func(k string) string { return env[k] }, io.MultiWriter(pw, logs))
-		pw.Close()
-		done <- err
-	}()
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			var line struct {
-				Message string `json:"message"`
-				Addr    string `json:"addr"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "listening" {
-				addr <- line.Addr
-			}
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	stop := sync.OnceFunc(func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.T.Errorf("sidecar exited with %v", err)
-		}
-	})
-	b.T.Cleanup(stop)
-	select {
-	case a := <-addr:
-		return &Sidecar{URL: "http://" + a, Logs: logs, Stop: stop}
-	case err := <-done:
-		b.T.Fatalf("sidecar did not start: %v\n%s", err, logs.String())
-	case <-time.After(60 * time.Second):
-		b.T.Fatalf("sidecar did not start within 60s\n%s", logs.String())
-	}
 	return nil
 }
 

@@ -3,7 +3,7 @@
 // change-stream and endpoints-file watchers, the metrics, the tracer and the database client (the embedded
 // development database when no URI is configured). A Sidecar has the shared lifecycle of
 // internal/startstop; `pulse serve` (package main), `pulse bench` (internal/bench) and the system tests
-// (internal/harness) all start it the same way: New, Start, Wait or Stop.
+// (e2e/internal/harness) all start it the same way: New, Start, Wait or Stop.
 //
 // Invariants:
 //
