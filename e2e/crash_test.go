@@ -255,7 +255,7 @@ func TestCrashWindowsAreRepaired(t *testing.T) {
 // logs the lost lease and goes on working.
 func TestStolenLeaseResultIsNotWritten(t *testing.T) {
 	b := harness.Setup(t)
-	s := b.Start(b.FastEnv())
+	s := b.Start(b.FastEnv(harness.ShortLease)) // the stolen attempt is reaped once its lease expires
 	rcv := newBlockingReceiver(t)
 	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "retryDelay": "10ms"})
 	id := s.Publish(t, "t", 1)

@@ -47,7 +47,7 @@ func verified(secret string, next func(w http.ResponseWriter, body []byte)) (htt
 // your receiver".
 func readmeExample(t *testing.T, lang string) string {
 	t.Helper()
-	raw, err := os.ReadFile("README.md")
+	raw, err := os.ReadFile("../README.md") // the test runs in e2e/
 	if err != nil {
 		t.Fatal(err)
 	}
