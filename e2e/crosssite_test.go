@@ -15,7 +15,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
-	"github.com/pulse-sidecar/pulse/internal/harness"
+	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
