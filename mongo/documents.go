@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/pulse-sidecar/pulse/internal/sealing"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -242,4 +244,12 @@ type outboxDoc struct {
 	// DeferredUntil is set by the fan-out repair on the document of an event still staged or missing: it
 	// looks again after this time (see Store.FanOutStale).
 	DeferredUntil *time.Time `bson:"deferredUntil,omitempty"`
+}
+
+func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *attemptDoc {
+	return &attemptDoc{
+		ID: uuid.Must(uuid.NewV7()).String(), DeliveryID: ref.DeliveryID, EventID: ref.EventID, ConsumerGroup: ref.ConsumerGroup,
+		Topic: ref.Topic, Incarnation: ref.Incarnation, Attempt: n, Status: pulsetype.StatusPending, CreatedAt: now, NextAttemptAt: nextAt,
+		Uncounted: ref.Uncounted,
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -158,4 +159,45 @@ func findAll[T any](ctx context.Context, coll *mongo.Collection, what string, fi
 		return nil, wrap(what, err)
 	}
 	return out, nil
+}
+
+// bulkUpdate runs update models as unordered bulk writes of at most Capabilities.MaxUpdateStatements
+// statements each (all in one when it is 0) and returns how many documents their filters matched in total.
+func (s *Store) bulkUpdate(ctx context.Context, coll *mongo.Collection, models []mongo.WriteModel) (matched int64, err error) {
+	size := s.caps.MaxUpdateStatements
+	if size <= 0 {
+		size = max(len(models), 1)
+	}
+	for chunk := range slices.Chunk(models, size) {
+		res, err := coll.BulkWrite(ctx, chunk, options.BulkWrite().SetOrdered(false))
+		if err != nil {
+			return matched, err
+		}
+		matched += res.MatchedCount
+	}
+	return matched, nil
+}
+
+// onlyDuplicates reports whether err is a bulk write error made only of duplicate-key errors ("already
+// done").
+func onlyDuplicates(err error) bool {
+	var bwe mongo.BulkWriteException
+	if !errors.As(err, &bwe) || bwe.WriteConcernError != nil || len(bwe.WriteErrors) == 0 {
+		return false
+	}
+	for _, we := range bwe.WriteErrors {
+		if we.Code != 11000 && we.Code != 11001 && we.Code != 12582 {
+			return false
+		}
+	}
+	return true
+}
+
+// failedAt reports whether the insertMany that returned err failed to insert its document at index i.
+func failedAt(err error, i int) bool {
+	var bwe mongo.BulkWriteException
+	if !errors.As(err, &bwe) {
+		return false
+	}
+	return slices.ContainsFunc(bwe.WriteErrors, func(we mongo.BulkWriteError) bool { return we.Index == i })
 }

@@ -1,0 +1,210 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// Claim leases the single most overdue claimable attempt (ClaimBatch with limit 1); it returns (nil, nil)
+// when nothing is due.
+func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pulsetype.Attempt, error) {
+	out, err := s.ClaimBatch(ctx, owner, exclude, 1)
+	if len(out) == 0 {
+		return nil, err
+	}
+	return out[0], err
+}
+
+// ClaimBatch leases up to limit claimable attempts (pending, no lease, nextAttemptAt ≤ now) of consumer
+// groups not in exclude, most overdue first, in two round trips: one query of the queue reads a window of
+// candidates (three times limit, at most 64), then one fenced claim leases a random limit of them (see
+// ClaimAttempts). Replicas read the same most-overdue window; the random pick spreads them over it. It returns
+// the attempts it leased, possibly none.
+func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error) {
+	now := s.now()
+	filter := bson.M{"lockedUntil": nil, "nextAttemptAt": bson.M{"$lte": now}, "ended": bson.M{"$ne": true}}
+	if len(exclude) > 0 {
+		filter["consumerGroup"] = bson.M{"$nin": exclude}
+	}
+	docs, err := findAll[queueDoc](ctx, s.queue, "find claimable attempts", filter, options.Find().
+		SetSort(bson.D{{Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
+		SetLimit(int64(min(3*limit, 64))))
+	if err != nil {
+		return nil, err
+	}
+	rand.Shuffle(len(docs), func(i, j int) { docs[i], docs[j] = docs[j], docs[i] })
+	candidates := make([]*pulsetype.Attempt, 0, min(limit, len(docs)))
+	for _, d := range docs[:min(limit, len(docs))] {
+		candidates = append(candidates, d.attempt())
+	}
+	return s.ClaimAttempts(ctx, owner, candidates)
+}
+
+// attempt returns the queue document as the pending, unleased attempt it stands for.
+func (d *queueDoc) attempt() *pulsetype.Attempt {
+	return &pulsetype.Attempt{ID: d.ID, DeliveryID: d.DeliveryID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
+		Number: d.Attempt, Uncounted: d.Uncounted, Status: pulsetype.StatusPending, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
+		Incarnation: d.Incarnation}
+}
+
+// ClaimAttempts leases the given unleased attempts (as read from the queue, or as FanOut created them) with
+// one updateMany of their history documents whose filter holds their ids, status pending and no lease, so
+// concurrent replicas never lease one attempt twice. The attempts it wins share one fresh UUIDv7 fencing
+// token (the fencing token of every later write, together with the attempt id), lockOwner owner, lockedAt,
+// heartbeatAt and startedAt now, and lockedUntil now + lease timeout; one update of their queue documents then
+// copies the lease, so claims of the queue skip them. When the update matched fewer than all of them, a
+// second query reads back every one's state: the ones leased under the token are ours, and the queue
+// documents of the others are corrected (leased elsewhere, or ended). It returns the leased attempts with
+// their lease fields set, possibly none; it does not modify its argument.
+func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error) {
+	if len(attempts) == 0 {
+		return nil, nil
+	}
+	now := s.now()
+	token := uuid.Must(uuid.NewV7()).String()
+	until := now.Add(s.opts.LeaseTimeout)
+	ids := make([]string, len(attempts))
+	for i, a := range attempts {
+		ids[i] = a.ID
+	}
+	res, err := s.history.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending, "lockedUntil": nil},
+		bson.M{"$set": bson.M{"lockOwner": owner, "lockToken": token, "lockedAt": now, "lockedUntil": until, "heartbeatAt": now, "startedAt": now}})
+	if err != nil {
+		return nil, wrap("claim attempts", err)
+	}
+	var out []*pulsetype.Attempt
+	if int(res.MatchedCount) == len(attempts) {
+		out = make([]*pulsetype.Attempt, len(attempts))
+		for i, a := range attempts {
+			c := *a
+			c.LeaseOwner, c.FencingToken, c.LeasedUntil, c.StartedAt = owner, token, &until, &now
+			out[i] = &c
+		}
+	} else { // some were leased by another replica first, or have ended: read back which are ours
+		docs, err := findAll[attemptDoc](ctx, s.history, "read back claimed attempts", bson.M{"_id": bson.M{"$in": ids}})
+		if err != nil {
+			return nil, err
+		}
+		var stale []*attemptDoc
+		for i := range docs {
+			if docs[i].FencingToken == token && docs[i].Status == pulsetype.StatusPending {
+				out = append(out, docs[i].attempt())
+			} else {
+				stale = append(stale, &docs[i])
+			}
+		}
+		if err := s.hintQueue(ctx, stale); err != nil {
+			return nil, err
+		}
+	}
+	if len(out) > 0 {
+		leased := make([]string, len(out))
+		for i, a := range out {
+			leased[i] = a.ID
+		}
+		if _, err := s.queue.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": leased}},
+			bson.M{"$set": bson.M{"lockedUntil": until, "lockToken": token}}); err != nil {
+			return nil, wrap("copy leases to the queue", err)
+		}
+	}
+	return out, nil
+}
+
+// claimByID leases one attempt if it is still pending and unleased, and copies the lease to its queue
+// document; it returns nil when another replica leased it first.
+func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) (*pulsetype.Attempt, error) {
+	until := now.Add(s.opts.LeaseTimeout)
+	token := uuid.Must(uuid.NewV7()).String()
+	update := bson.M{"$set": bson.M{
+		"lockOwner": owner, "lockToken": token, "lockedAt": now, "lockedUntil": until, "heartbeatAt": now, "startedAt": now,
+	}}
+	var doc attemptDoc
+	err := s.history.FindOneAndUpdate(ctx, bson.M{"_id": id, "status": pulsetype.StatusPending, "lockedUntil": nil}, update,
+		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, wrap("claim attempt", err)
+	}
+	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": bson.M{"lockedUntil": until, "lockToken": token}}); err != nil {
+		return nil, wrap("copy lease to the queue", err)
+	}
+	return doc.attempt(), nil
+}
+
+// Renew extends the given leases to now + lease timeout and stamps heartbeatAt, with one updateMany fenced by
+// the attempt ids, their tokens and status pending. When it matched fewer than all, one query finds which are
+// still held. It returns the leases that were lost (reaped, released or no longer pending).
+func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	now := s.now()
+	ids, tokens := make([]string, len(leases)), make([]string, len(leases))
+	for i, l := range leases {
+		ids[i], tokens[i] = l.AttemptID, l.Token
+	}
+	filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
+	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{"lockedUntil": now.Add(s.opts.LeaseTimeout), "heartbeatAt": now}})
+	if err != nil {
+		return nil, wrap("renew leases", err)
+	}
+	if int(res.MatchedCount) == len(leases) {
+		return nil, nil
+	}
+	held, err := findAll[attemptDoc](ctx, s.history, "find renewed leases", filter, options.Find().SetProjection(bson.M{"lockToken": 1}))
+	if err != nil {
+		return nil, err
+	}
+	ok := map[pulsetype.LeaseKey]bool{}
+	for _, d := range held {
+		ok[pulsetype.LeaseKey{AttemptID: d.ID, Token: d.FencingToken}] = true
+	}
+	for _, l := range leases {
+		if !ok[l] {
+			lost = append(lost, l)
+		}
+	}
+	return lost, nil
+}
+
+// distinct returns the distinct values of vs, in first-seen order.
+func distinct(vs []string) []string {
+	seen := make(map[string]bool, len(vs))
+	out := vs[:0:0]
+	for _, v := range vs {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// ReleaseAttempt gives a leased attempt back unstarted (its lease fields removed, fenced by its token, and
+// its queue document's copy of the lease), for a claim that must not run after all. It returns
+// pulsetype.ErrLeaseLost when the lease is no longer held.
+func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error {
+	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending},
+		bson.M{"$unset": bson.M{"lockOwner": "", "lockToken": "", "lockedAt": "", "lockedUntil": "", "heartbeatAt": "", "startedAt": ""}})
+	if err != nil {
+		return wrap("release attempt", err)
+	}
+	if res.MatchedCount == 0 {
+		return pulsetype.ErrLeaseLost
+	}
+	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.FencingToken}, bson.M{"$unset": bson.M{"lockedUntil": "", "lockToken": ""}}); err != nil {
+		return wrap("release attempt in the queue", err)
+	}
+	return nil
+}
