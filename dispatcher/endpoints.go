@@ -225,7 +225,7 @@ func unsubscribed(ep *pulsetype.Endpoint, a *pulsetype.Attempt) *pulsetype.Error
 	case ep.Incarnation != a.Incarnation:
 		return &pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted,
 			Message: "the consumer group " + a.ConsumerGroup + " was deleted and registered again; this delivery belongs to the earlier registration"}
-	case !slices.Contains(ep.Topics, a.Topic):
+	case !ep.Subscribes(a.Topic):
 		return &pulsetype.ErrorInfo{Code: pulsetype.CodeUnsubscribed, Message: "the consumer group " + a.ConsumerGroup + " no longer subscribes to topic " + a.Topic}
 	}
 	return nil

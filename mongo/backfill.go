@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 
-	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// The stored names of a subscription's discovery lease fields (see fieldLeaseOwner).
+const (
+	backfillLeasedUntil  = "backfill." + fieldLeasedUntil
+	backfillFencingToken = "backfill." + fieldFencingToken
 )
 
 // Backfill advances the backfill of one earliest-offset consumer group by up to batch events: it takes the
@@ -20,13 +25,13 @@ import (
 // the unique indexes absorb any overlap. It returns how many first attempts it inserted.
 func (s *Store) Backfill(ctx context.Context, owner string, batch int) (int, error) {
 	now := s.now()
-	token := uuid.Must(uuid.NewV7()).String()
+	token := newFencingToken()
 	var sub subscriptionDoc
 	err := s.subscriptions.FindOneAndUpdate(ctx,
 		bson.M{"backfill": bson.M{"$exists": true}, "$or": bson.A{
-			bson.M{"backfill.lockedUntil": nil}, bson.M{"backfill.lockedUntil": bson.M{"$lt": now}},
+			bson.M{backfillLeasedUntil: nil}, bson.M{backfillLeasedUntil: bson.M{"$lt": now}},
 		}},
-		bson.M{"$set": bson.M{"backfill.lockOwner": owner, "backfill.lockToken": token, "backfill.lockedUntil": now.Add(s.opts.LeaseTimeout)}},
+		bson.M{"$set": bson.M{"backfill." + fieldLeaseOwner: owner, backfillFencingToken: token, backfillLeasedUntil: now.Add(s.opts.LeaseTimeout)}},
 		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&sub)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return 0, nil
@@ -51,14 +56,14 @@ func (s *Store) Backfill(ctx context.Context, owner string, batch int) (int, err
 		return 0, err
 	}
 	inserted := len(created)
-	fence := bson.M{"_id": sub.ID, "backfill.lockToken": token}
+	fenced := bson.M{"_id": sub.ID, backfillFencingToken: token}
 	var update bson.M
 	if len(docs) < batch {
 		update = bson.M{"$unset": bson.M{"backfill": ""}} // done: later events arrive through fan-out
 	} else {
-		update = bson.M{"$set": bson.M{"backfill.cursor": docs[len(docs)-1].ID}, "$unset": bson.M{"backfill.lockedUntil": "", "backfill.lockToken": ""}}
+		update = bson.M{"$set": bson.M{"backfill.cursor": docs[len(docs)-1].ID}, "$unset": bson.M{backfillLeasedUntil: "", backfillFencingToken: ""}}
 	}
-	res, err := s.subscriptions.UpdateOne(ctx, fence, update)
+	res, err := s.subscriptions.UpdateOne(ctx, fenced, update)
 	if err != nil {
 		return inserted, wrap("advance backfill cursor", err)
 	}

@@ -96,7 +96,7 @@ func (s *Store) stopAttempts(ctx context.Context, d *pulsetype.Delivery) (res pu
 		if len(attempts) > 0 {
 			last := attempts[len(attempts)-1]
 			if last.Status == pulsetype.StatusPending && last.LeasedUntil == nil {
-				upd, err := s.history.UpdateOne(ctx, bson.M{"_id": last.ID, "status": pulsetype.StatusPending, "lockedUntil": nil},
+				upd, err := s.history.UpdateOne(ctx, unleased(last.ID),
 					bson.M{"$set": ended})
 				if err != nil {
 					return res, "", wrap("end the waiting attempt of a cancelled delivery", err)

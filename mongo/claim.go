@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"time"
 
-	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -31,12 +29,12 @@ func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pul
 // the attempts it leased, possibly none.
 func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error) {
 	now := s.now()
-	filter := bson.M{"lockedUntil": nil, "nextAttemptAt": bson.M{"$lte": now}, "ended": bson.M{"$ne": true}}
+	filter := bson.M{fieldLeasedUntil: nil, "nextAttemptAt": bson.M{"$lte": now}, "ended": bson.M{"$ne": true}}
 	if len(exclude) > 0 {
 		filter["consumerGroup"] = bson.M{"$nin": exclude}
 	}
 	docs, err := findAll[queueDoc](ctx, s.queue, "find claimable attempts", filter, options.Find().
-		SetSort(bson.D{{Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
+		SetSort(bson.D{{Key: fieldLeasedUntil, Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
 		SetLimit(int64(min(3*limit, 64))))
 	if err != nil {
 		return nil, err
@@ -69,15 +67,12 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	if len(attempts) == 0 {
 		return nil, nil
 	}
-	now := s.now()
-	token := uuid.Must(uuid.NewV7()).String()
-	until := now.Add(s.opts.LeaseTimeout)
+	l := s.newLease(owner)
 	ids := make([]string, len(attempts))
 	for i, a := range attempts {
 		ids[i] = a.ID
 	}
-	res, err := s.history.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending, "lockedUntil": nil},
-		bson.M{"$set": bson.M{"lockOwner": owner, "lockToken": token, "lockedAt": now, "lockedUntil": until, "heartbeatAt": now, "startedAt": now}})
+	res, err := s.history.UpdateMany(ctx, unleased(bson.M{"$in": ids}), bson.M{"$set": l.historySet()})
 	if err != nil {
 		return nil, wrap("claim attempts", err)
 	}
@@ -86,7 +81,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		out = make([]*pulsetype.Attempt, len(attempts))
 		for i, a := range attempts {
 			c := *a
-			c.LeaseOwner, c.FencingToken, c.LeasedUntil, c.StartedAt = owner, token, &until, &now
+			c.LeaseOwner, c.FencingToken, c.LeasedUntil, c.StartedAt = l.owner, l.token, &l.until, &l.at
 			out[i] = &c
 		}
 	} else { // some were leased by another replica first, or have ended: read back which are ours
@@ -96,7 +91,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		}
 		var stale []*attemptDoc
 		for i := range docs {
-			if docs[i].FencingToken == token && docs[i].Status == pulsetype.StatusPending {
+			if docs[i].FencingToken == l.token && docs[i].Status == pulsetype.StatusPending {
 				out = append(out, docs[i].attempt())
 			} else {
 				stale = append(stale, &docs[i])
@@ -111,8 +106,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		for i, a := range out {
 			leased[i] = a.ID
 		}
-		if _, err := s.queue.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": leased}},
-			bson.M{"$set": bson.M{"lockedUntil": until, "lockToken": token}}); err != nil {
+		if _, err := s.queue.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": leased}}, bson.M{"$set": l.queueSet()}); err != nil {
 			return nil, wrap("copy leases to the queue", err)
 		}
 	}
@@ -120,15 +114,11 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 }
 
 // claimByID leases one attempt if it is still pending and unleased, and copies the lease to its queue
-// document; it returns nil when another replica leased it first.
-func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) (*pulsetype.Attempt, error) {
-	until := now.Add(s.opts.LeaseTimeout)
-	token := uuid.Must(uuid.NewV7()).String()
-	update := bson.M{"$set": bson.M{
-		"lockOwner": owner, "lockToken": token, "lockedAt": now, "lockedUntil": until, "heartbeatAt": now, "startedAt": now,
-	}}
+// document; it returns nil when another replica leased it first. The lease runs from the call.
+func (s *Store) claimByID(ctx context.Context, owner, id string) (*pulsetype.Attempt, error) {
+	l := s.newLease(owner)
 	var doc attemptDoc
-	err := s.history.FindOneAndUpdate(ctx, bson.M{"_id": id, "status": pulsetype.StatusPending, "lockedUntil": nil}, update,
+	err := s.history.FindOneAndUpdate(ctx, unleased(id), bson.M{"$set": l.historySet()},
 		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, nil
@@ -136,7 +126,7 @@ func (s *Store) claimByID(ctx context.Context, owner, id string, now time.Time) 
 	if err != nil {
 		return nil, wrap("claim attempt", err)
 	}
-	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": bson.M{"lockedUntil": until, "lockToken": token}}); err != nil {
+	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": l.queueSet()}); err != nil {
 		return nil, wrap("copy lease to the queue", err)
 	}
 	return doc.attempt(), nil
@@ -150,19 +140,15 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 		return nil, nil
 	}
 	now := s.now()
-	ids, tokens := make([]string, len(leases)), make([]string, len(leases))
-	for i, l := range leases {
-		ids[i], tokens[i] = l.AttemptID, l.Token
-	}
-	filter := bson.M{"_id": bson.M{"$in": ids}, "lockToken": bson.M{"$in": distinct(tokens)}, "status": pulsetype.StatusPending}
-	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{"lockedUntil": now.Add(s.opts.LeaseTimeout), "heartbeatAt": now}})
+	filter := fence(leases...)
+	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{fieldLeasedUntil: now.Add(s.opts.LeaseTimeout), fieldHeartbeatAt: now}})
 	if err != nil {
 		return nil, wrap("renew leases", err)
 	}
 	if int(res.MatchedCount) == len(leases) {
 		return nil, nil
 	}
-	held, err := findAll[attemptDoc](ctx, s.history, "find renewed leases", filter, options.Find().SetProjection(bson.M{"lockToken": 1}))
+	held, err := findAll[attemptDoc](ctx, s.history, "find renewed leases", filter, options.Find().SetProjection(bson.M{fieldFencingToken: 1}))
 	if err != nil {
 		return nil, err
 	}
@@ -178,32 +164,20 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	return lost, nil
 }
 
-// distinct returns the distinct values of vs, in first-seen order.
-func distinct(vs []string) []string {
-	seen := make(map[string]bool, len(vs))
-	out := vs[:0:0]
-	for _, v := range vs {
-		if !seen[v] {
-			seen[v] = true
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // ReleaseAttempt gives a leased attempt back unstarted (its lease fields removed, fenced by its token, and
 // its queue document's copy of the lease), for a claim that must not run after all. It returns
 // pulsetype.ErrLeaseLost when the lease is no longer held.
 func (s *Store) ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error {
-	res, err := s.history.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.FencingToken, "status": pulsetype.StatusPending},
-		bson.M{"$unset": bson.M{"lockOwner": "", "lockToken": "", "lockedAt": "", "lockedUntil": "", "heartbeatAt": "", "startedAt": ""}})
+	res, err := s.history.UpdateOne(ctx, fence(a.Key()), bson.M{"$unset": historyLeaseUnset})
 	if err != nil {
 		return wrap("release attempt", err)
 	}
 	if res.MatchedCount == 0 {
 		return pulsetype.ErrLeaseLost
 	}
-	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": a.ID, "lockToken": a.FencingToken}, bson.M{"$unset": bson.M{"lockedUntil": "", "lockToken": ""}}); err != nil {
+	// The queue's copy only while it is this lease's: a claim after the release may have copied its own.
+	copyOf := bson.M{"_id": a.ID, fieldFencingToken: a.FencingToken}
+	if _, err := s.queue.UpdateOne(ctx, copyOf, bson.M{"$unset": queueLeaseUnset}); err != nil {
 		return wrap("release attempt in the queue", err)
 	}
 	return nil

@@ -16,7 +16,7 @@ import (
 // returns pulsetype.ErrLeaseLost when they no longer match a pending attempt (it was reaped or released):
 // then nothing is written.
 func (s *Store) FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error {
-	res, err := s.history.UpdateOne(ctx, fence(a), bson.M{"$set": s.resultSet(r, s.now())})
+	res, err := s.history.UpdateOne(ctx, fence(a.Key()), bson.M{"$set": s.resultSet(r, s.now())})
 	if err != nil {
 		return wrap("finish attempt", err)
 	}
@@ -44,7 +44,7 @@ func (s *Store) FinishAttempts(ctx context.Context, cs []pulsetype.Completion) (
 		}
 		seen[c.Attempt.ID] = true
 		sent = append(sent, i)
-		models = append(models, mongo.NewUpdateOneModel().SetFilter(fence(c.Attempt)).SetUpdate(bson.M{"$set": s.resultSet(c.Result, now)}))
+		models = append(models, mongo.NewUpdateOneModel().SetFilter(fence(c.Attempt.Key())).SetUpdate(bson.M{"$set": s.resultSet(c.Result, now)}))
 	}
 	if len(models) == 0 {
 		return recorded, nil
@@ -73,7 +73,7 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 		ids[j] = cs[i].Attempt.ID
 	}
 	docs, err := findAll[attemptDoc](ctx, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
-		options.Find().SetProjection(bson.M{"lockToken": 1, "status": 1, "httpStatus": 1, "endedAt": 1, "error": 1}))
+		options.Find().SetProjection(bson.M{fieldFencingToken: 1, "status": 1, "httpStatus": 1, "endedAt": 1, "error": 1}))
 	if err != nil {
 		return err
 	}

@@ -246,6 +246,13 @@ type outboxDoc struct {
 	DeferredUntil *time.Time `bson:"deferredUntil,omitempty"`
 }
 
+// wants reports whether the subscription's group receives event e (pulsetype.Endpoint.Wants, from the
+// fields that rule reads: topics, offsetReset and createdAt).
+func (d *subscriptionDoc) wants(e *pulsetype.Event) bool {
+	ep := pulsetype.Endpoint{Topics: d.Topics, OffsetReset: d.OffsetReset, CreatedAt: d.CreatedAt}
+	return ep.Wants(e)
+}
+
 func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *attemptDoc {
 	return &attemptDoc{
 		ID: uuid.Must(uuid.NewV7()).String(), DeliveryID: ref.DeliveryID, EventID: ref.EventID, ConsumerGroup: ref.ConsumerGroup,

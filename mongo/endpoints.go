@@ -183,7 +183,7 @@ func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) er
 	if exp != nil {
 		attemptSet["expiresAt"] = exp
 	}
-	if _, err := s.history.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending, "lockedUntil": nil},
+	if _, err := s.history.UpdateMany(ctx, unleased(bson.M{"$in": ids}),
 		bson.M{"$set": attemptSet}); err != nil {
 		return wrap("end pending attempts", err)
 	}

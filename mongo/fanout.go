@@ -83,16 +83,12 @@ func (s *Store) ClearFanOut(ctx context.Context, eventIDs []string) error {
 // FanOutClaiming). It returns the first attempts it inserted.
 func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event, subs []subscriptionDoc, owner string, claim func(string) bool) ([]*pulsetype.Attempt, error) {
 	now := s.now()
-	until := now.Add(s.opts.LeaseTimeout)
-	token := ""
+	var l *lease // one lease for the batch, taken with its first claimed attempt
 	var deliveries, attempts, queue []any
 	for _, e := range events {
 		for _, sub := range subs {
-			if !slices.Contains(sub.Topics, e.Topic) {
+			if !sub.wants(e) {
 				continue
-			}
-			if sub.OffsetReset != pulsetype.OffsetEarliest && e.CreatedAt.Before(sub.CreatedAt) {
-				continue // offsetReset latest: the group registered after this event was published
 			}
 			d := &deliveryDoc{
 				ID: DeliveryID(sub.ID, e.ID), EventID: e.ID, ConsumerGroup: sub.ID, Topic: e.Topic, OrderingKey: e.OrderingKey,
@@ -102,11 +98,10 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 			a := newAttemptDoc(d.delivery().Ref(), 1, now, now)
 			q := queued(a, e.OrderingKey, e.CreatedAt)
 			if claim != nil && claim(sub.ID) {
-				if token == "" {
-					token = uuid.Must(uuid.NewV7()).String()
+				if l == nil {
+					l = &lease{owner: owner, token: newFencingToken(), at: now, until: now.Add(s.opts.LeaseTimeout)}
 				}
-				a.LeaseOwner, a.FencingToken, a.LeasedAt, a.LeasedUntil, a.HeartbeatAt, a.StartedAt = owner, token, &now, &until, &now, &now
-				q.LeasedUntil, q.FencingToken = &until, token
+				l.apply(a, q)
 			}
 			deliveries = append(deliveries, d)
 			attempts = append(attempts, a)

@@ -37,7 +37,7 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	}
 	var sub subscriptionDoc
 	err = s.subscriptions.FindOne(ctx, bson.M{"_id": line.ConsumerGroup},
-		options.FindOne().SetProjection(bson.M{"backfill": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1, "state": 1})).Decode(&sub)
+		options.FindOne().SetProjection(bson.M{"backfill": 1, "topics": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1, "state": 1})).Decode(&sub)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, 0, nil // deleted: its pending deliveries are being ended
 	}
@@ -83,7 +83,7 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	if earlier, err := s.queuedBefore(ctx, line, head, passed); err != nil || earlier {
 		return nil, time.Millisecond, err
 	}
-	a, err = s.claimByID(ctx, owner, at.ID, s.now()) // the lease runs from now, after the checks' round trips
+	a, err = s.claimByID(ctx, owner, at.ID) // the lease runs from now, after the checks' round trips
 	return a, 0, err
 }
 
@@ -225,7 +225,7 @@ func (s *Store) endStaleHead(ctx context.Context, d *deliveryDoc, at *attemptDoc
 	info := &pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group " + d.ConsumerGroup +
 		" was deleted and registered again; this delivery belongs to the earlier registration"}
 	if at.Status == pulsetype.StatusPending {
-		res, err := s.history.UpdateOne(ctx, bson.M{"_id": at.ID, "status": pulsetype.StatusPending, "lockedUntil": nil},
+		res, err := s.history.UpdateOne(ctx, unleased(at.ID),
 			bson.M{"$set": s.outcomeSet(pulsetype.AttemptResult{Status: pulsetype.StatusError, Terminal: true, Error: info}, now)})
 		if err != nil {
 			return wrap("end attempt of an earlier registration", err)
@@ -278,8 +278,7 @@ func (s *Store) earlierMayAppear(ctx context.Context, line pulsetype.Line, sub *
 			continue
 		}
 		earlier := e.CreatedAt.Before(head.EventCreatedAt) || e.CreatedAt.Equal(head.EventCreatedAt) && e.ID < head.EventID
-		wanted := sub.OffsetReset == pulsetype.OffsetEarliest || !e.CreatedAt.Before(sub.CreatedAt)
-		if earlier && wanted {
+		if earlier && sub.wants(&pulsetype.Event{Topic: e.Topic, CreatedAt: e.CreatedAt}) {
 			deliveries = append(deliveries, DeliveryID(sub.ID, e.ID))
 		}
 	}

@@ -104,7 +104,7 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 			return 0, err
 		}
 	}
-	if !slices.Contains(ep.Topics, d.Topic) {
+	if !ep.Subscribes(d.Topic) {
 		return 0, pulsetype.ErrNotSubscribed
 	}
 	// The next number follows the delivery's own record too: its ended attempts expire a little before it

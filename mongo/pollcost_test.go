@@ -210,8 +210,8 @@ func (pc *pollCost) retain(b *testing.B, n int) {
 				deliveries = append(deliveries, bson.M{"_id": did, "eventId": id, "consumerGroup": g, "topic": "t", "eventCreatedAt": now,
 					"status": "success", "createdAt": now, "updatedAt": now, "endedAt": now, "finalAttempt": 1})
 				attempts = append(attempts, bson.M{"_id": did + "-1", "deliveryId": did, "eventId": id, "consumerGroup": g, "topic": "t",
-					"attempt": 1, "status": "success", "createdAt": now, "nextAttemptAt": now, "startedAt": now, "lockOwner": "poller",
-					"lockToken": "t", "lockedAt": now, "lockedUntil": now, "heartbeatAt": now, "endedAt": now, "httpStatus": 200, "durationMs": 1})
+					"attempt": 1, "status": "success", "createdAt": now, "nextAttemptAt": now, fieldStartedAt: now, fieldLeaseOwner: "poller",
+					fieldFencingToken: "t", fieldLeasedAt: now, fieldLeasedUntil: now, fieldHeartbeatAt: now, "endedAt": now, "httpStatus": 200, "durationMs": 1})
 			}
 		}
 		for _, c := range []struct {

@@ -128,7 +128,7 @@ func testQueueHoldsPendingWorkOnly(t *testing.T, e *env) {
 	if err != nil || len(leased) != 6 {
 		t.Fatalf("ClaimAttempts = %d, %v", len(leased), err)
 	}
-	if n := b.count("queue", bson.M{"lockedUntil": bson.M{"$ne": nil}}); n != 6 {
+	if n := b.count("queue", bson.M{fieldLeasedUntil: bson.M{"$ne": nil}}); n != 6 {
 		t.Errorf("%d queue documents carry the lease, want 6", n)
 	}
 	cs := make([]pulsetype.Completion, len(leased))
@@ -152,7 +152,7 @@ func testQueueHoldsPendingWorkOnly(t *testing.T, e *env) {
 	if q, o := b.count("queue", bson.M{}), b.count("outbox", bson.M{}); q != 2 || o != 0 {
 		t.Errorf("after 4 successes and 2 retries: %d queued, %d in the outbox; want the 2 retries, 0", q, o)
 	}
-	if n := b.count("queue", bson.M{"attempt": 2, "lockedUntil": nil}); n != 2 {
+	if n := b.count("queue", bson.M{"attempt": 2, fieldLeasedUntil: nil}); n != 2 {
 		t.Errorf("%d queued second attempts without a lease, want 2", n)
 	}
 	if h, d := b.count("history", bson.M{}), b.count("deliveries", bson.M{"status": "success"}); h != 8 || d != 4 {
@@ -249,7 +249,7 @@ func testEnsureSchemaQueuesEarlierWork(t *testing.T, e *env) {
 		}
 	}
 	if _, err := b.coll("history").InsertMany(b.ctx, []any{
-		attempt("a-leased", "d-leased", "pending", bson.M{"lockOwner": "dead", "lockToken": "dead", "lockedUntil": past}),
+		attempt("a-leased", "d-leased", "pending", bson.M{fieldLeaseOwner: "dead", fieldFencingToken: "dead", fieldLeasedUntil: past}),
 		attempt("a-succeeded", "d-succeeded", "success", bson.M{"endedAt": past, "httpStatus": 200}),
 	}); err != nil {
 		t.Fatal(err)
@@ -338,8 +338,8 @@ func testLeaseWithoutItsQueueCopyIsReaped(t *testing.T, e *env) {
 	b.clock.Advance(time.Minute) // past the ordered line's settle window
 	// Leased in the history by a claimer that died before copying the lease to the queue.
 	until := b.clock.Now().Add(time.Second)
-	if _, err := b.coll("history").UpdateMany(b.ctx, bson.M{}, bson.M{"$set": bson.M{"lockOwner": "dead", "lockToken": "dead",
-		"lockedAt": b.clock.Now(), "lockedUntil": until, "startedAt": b.clock.Now()}}); err != nil {
+	if _, err := b.coll("history").UpdateMany(b.ctx, bson.M{}, bson.M{"$set": bson.M{fieldLeaseOwner: "dead", fieldFencingToken: "dead",
+		fieldLeasedAt: b.clock.Now(), fieldLeasedUntil: until, fieldStartedAt: b.clock.Now()}}); err != nil {
 		t.Fatal(err)
 	}
 	byGroup := map[string]*pulsetype.Attempt{}
@@ -475,7 +475,7 @@ func testFanOutClaimingInsertsLeasedAttempts(t *testing.T, e *env) {
 	if d := b.historyDoc(a.ID); d.Status != pulsetype.StatusPending || d.FencingToken != a.FencingToken || d.LeasedUntil == nil || d.StartedAt == nil {
 		t.Errorf("history document of the leased attempt = %+v, want pending under token %s", d, a.FencingToken)
 	}
-	if got := b.count("queue", bson.M{"_id": a.ID, "lockToken": a.FencingToken, "lockedUntil": bson.M{"$ne": nil}}); got != 1 {
+	if got := b.count("queue", bson.M{"_id": a.ID, fieldFencingToken: a.FencingToken, fieldLeasedUntil: bson.M{"$ne": nil}}); got != 1 {
 		t.Errorf("%d queue documents carry the leased attempt's lease, want 1", got)
 	}
 	if got := b.count("queue", bson.M{}); got != 2 {

@@ -20,8 +20,8 @@ const reapScan = 16
 // returns the reaped attempt, or nil when there was none or another replica reaped it first.
 func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	now := s.now()
-	queued, err := findAll[queueDoc](ctx, s.queue, "find expired leases", bson.M{"lockedUntil": bson.M{"$lt": now}, "ended": bson.M{"$ne": true}},
-		options.Find().SetSort(bson.D{{Key: "lockedUntil", Value: 1}}).SetLimit(reapScan).SetProjection(bson.M{"_id": 1}))
+	queued, err := findAll[queueDoc](ctx, s.queue, "find expired leases", bson.M{fieldLeasedUntil: bson.M{"$lt": now}, "ended": bson.M{"$ne": true}},
+		options.Find().SetSort(bson.D{{Key: fieldLeasedUntil, Value: 1}}).SetLimit(reapScan).SetProjection(bson.M{"_id": 1}))
 	if err != nil || len(queued) == 0 {
 		return nil, err
 	}
@@ -55,9 +55,9 @@ func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	if exp := expiry(now, s.opts.HistoryRetention); exp != nil {
 		set["expiresAt"] = exp
 	}
-	res, err := s.history.UpdateOne(ctx, bson.M{
-		"_id": doc.ID, "status": pulsetype.StatusPending, "lockToken": doc.FencingToken, "lockedUntil": bson.M{"$lt": now},
-	}, bson.M{"$set": set})
+	expiredFence := fence(pulsetype.LeaseKey{AttemptID: doc.ID, Token: doc.FencingToken})
+	expiredFence[fieldLeasedUntil] = bson.M{"$lt": now}
+	res, err := s.history.UpdateOne(ctx, expiredFence, bson.M{"$set": set})
 	if err != nil {
 		return nil, wrap("reap attempt", err)
 	}

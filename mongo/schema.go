@@ -43,15 +43,15 @@ var indexSpecs = []indexSpec{
 	{coll: "history", name: "pulse_history_delivery_attempt_unique", keys: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}, unique: true},
 	// Serves both the claim ({status: pending, lockedUntil: null, nextAttemptAt ≤ now}) and the reaper
 	// ({status: pending, lockedUntil < now}).
-	{coll: "history", name: "pulse_history_acquisition", keys: bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
+	{coll: "history", name: "pulse_history_acquisition", keys: bson.D{{Key: "status", Value: 1}, {Key: fieldLeasedUntil, Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
 	// Serves the attempt figures of GET /v1/stats: a group's attempts ended in the last hour, by status.
 	{coll: "history", name: "pulse_history_group_status_ended", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "status", Value: 1}, {Key: "endedAt", Value: -1}}},
-	{coll: "history", name: "pulse_history_lock_token", keys: bson.D{{Key: "lockToken", Value: 1}}},
+	{coll: "history", name: "pulse_history_lock_token", keys: bson.D{{Key: fieldFencingToken, Value: 1}}},
 	{coll: "history", name: "pulse_history_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
 	// The queue (pending work, see queueDoc): claims ({lockedUntil: null, nextAttemptAt ≤ now}) and the
 	// reaper ({lockedUntil < now}); the repair scan and the queue documents of one delivery; the heads of the
 	// lines of ordered consumer groups and their ordering keys.
-	{coll: "queue", name: "pulse_queue_acquisition", keys: bson.D{{Key: "lockedUntil", Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
+	{coll: "queue", name: "pulse_queue_acquisition", keys: bson.D{{Key: fieldLeasedUntil, Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
 	{coll: "queue", name: "pulse_queue_delivery", keys: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}},
 	{coll: "queue", name: "pulse_queue_line", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}},
 	// The outbox (unfinished fan-outs, see outboxDoc): the repair of interrupted fan-outs (oldest first) and

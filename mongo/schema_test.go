@@ -191,9 +191,9 @@ func testEnsureSchemaRefusesIncompatibleIndex(t *testing.T, e *env) {
 		{name: "other direction", suffix: "deliveries", index: "pulse_deliveries_group_event_unique",
 			keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: -1}}, unique: true},
 		{name: "unique where none is wanted", suffix: "history", index: "pulse_history_lock_token",
-			keys: bson.D{{Key: "lockToken", Value: 1}}, unique: true},
+			keys: bson.D{{Key: fieldFencingToken, Value: 1}}, unique: true},
 		{name: "fewer keys", suffix: "history", index: "pulse_history_acquisition",
-			keys: bson.D{{Key: "status", Value: 1}, {Key: "lockedUntil", Value: 1}}},
+			keys: bson.D{{Key: "status", Value: 1}, {Key: fieldLeasedUntil, Value: 1}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -32,7 +32,7 @@ func TestVerifyIndexNamesExpectedAndFound(t *testing.T) {
 	t.Parallel()
 	const ttlName, plainName = "pulse_events_expires_at_ttl", "pulse_history_lock_token"
 	expires := bson.D{{Key: "expiresAt", Value: int32(1)}}
-	lockToken := bson.D{{Key: "lockToken", Value: int32(1)}}
+	lockToken := bson.D{{Key: fieldFencingToken, Value: int32(1)}}
 	tests := []struct {
 		name      string
 		index     string
@@ -65,8 +65,8 @@ func TestVerifyIndexNamesExpectedAndFound(t *testing.T) {
 			expected: "{key: {lockToken: 1}}", found: "{key: {lockToken: 1}, hidden: true}"},
 		{name: "partial", index: plainName, serverTTL: true,
 			listed: bson.D{{Key: "v", Value: 2}, {Key: "key", Value: lockToken},
-				{Key: "partialFilterExpression", Value: bson.D{{Key: "lockToken", Value: bson.D{{Key: "$exists", Value: true}}}}}},
-			expected: "{key: {lockToken: 1}}", found: `{key: {lockToken: 1}, partialFilterExpression: {"lockToken": {"$exists": true}}}`},
+				{Key: "partialFilterExpression", Value: bson.D{{Key: fieldFencingToken, Value: bson.D{{Key: "$exists", Value: true}}}}}},
+			expected: "{key: {lockToken: 1}}", found: `{key: {lockToken: 1}, partialFilterExpression: {fieldFencingToken: {"$exists": true}}}`},
 		{name: "collated", index: plainName, serverTTL: true,
 			listed: bson.D{{Key: "v", Value: 2}, {Key: "key", Value: lockToken},
 				{Key: "collation", Value: bson.D{{Key: "locale", Value: "fr"}, {Key: "strength", Value: int32(3)}}}},
@@ -132,10 +132,10 @@ func testEnsureSchemaRefusesIndexVariants(t *testing.T, e *env) {
 			keys:     bson.D{{Key: "expiresAt", Value: 1}},
 			expected: "{key: {expiresAt: 1}, expireAfterSeconds: 0}", found: []string{"{key: {expiresAt: 1}}"}},
 		{name: "TTL index where a plain index is expected", needs: featureTTL, suffix: "history", index: "pulse_history_lock_token",
-			keys: bson.D{{Key: "lockToken", Value: 1}}, opts: bson.D{{Key: "expireAfterSeconds", Value: 0}},
+			keys: bson.D{{Key: fieldFencingToken, Value: 1}}, opts: bson.D{{Key: "expireAfterSeconds", Value: 0}},
 			expected: "{key: {lockToken: 1}}", found: []string{"expireAfterSeconds: 0"}},
 		{name: "sparse", needs: featureSparse, suffix: "history", index: "pulse_history_lock_token",
-			keys: bson.D{{Key: "lockToken", Value: 1}}, opts: bson.D{{Key: "sparse", Value: true}},
+			keys: bson.D{{Key: fieldFencingToken, Value: 1}}, opts: bson.D{{Key: "sparse", Value: true}},
 			expected: "{key: {lockToken: 1}}", found: []string{"sparse: true"}},
 		{name: "sparse unique", needs: featureSparse, suffix: "deliveries", index: "pulse_deliveries_group_event_unique",
 			keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, opts: bson.D{{Key: "unique", Value: true}, {Key: "sparse", Value: true}},

@@ -368,6 +368,19 @@ func (e *Endpoint) Policy() RetryPolicy {
 	}
 }
 
+// Subscribes reports whether the consumer group receives events of topic (one of its Topics). It is the
+// half of Wants that still holds for a delivery made already: the other half was decided when it was made,
+// for the registration its incarnation names.
+func (e *Endpoint) Subscribes(topic string) bool { return slices.Contains(e.Topics, topic) }
+
+// Wants reports whether the consumer group receives event ev: it subscribes
+// to ev's topic and, unless its OffsetReset is OffsetEarliest, ev was published (CreatedAt) no earlier than
+// the group registered (e.CreatedAt). It is the one rule of which groups get an event: fan-out, backfill and
+// the head of an ordered line all ask it.
+func (e *Endpoint) Wants(ev *Event) bool {
+	return e.Subscribes(ev.Topic) && (e.OffsetReset == OffsetEarliest || !ev.CreatedAt.Before(e.CreatedAt))
+}
+
 var eventIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // ValidEventID reports whether a client-chosen event id is 1–128 characters of [A-Za-z0-9._:-], other than

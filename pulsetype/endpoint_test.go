@@ -257,3 +257,38 @@ func TestValidHeaderNameAndValue(t *testing.T) {
 		}
 	}
 }
+
+// TestEndpointWants checks the rule of which groups get an event: the topic must be one the group
+// subscribes to, and with offsetReset latest the event must not be older than the registration (an event
+// published at the registration's instant is wanted).
+func TestEndpointWants(t *testing.T) {
+	t.Parallel()
+	registered := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	cases := []struct {
+		name   string
+		offset pulsetype.OffsetReset
+		topic  string
+		at     time.Time
+		want   bool
+	}{
+		{"latest, after registration", pulsetype.OffsetLatest, "payment.captured", registered.Add(time.Millisecond), true},
+		{"latest, at registration", pulsetype.OffsetLatest, "payment.captured", registered, true},
+		{"latest, before registration", pulsetype.OffsetLatest, "payment.captured", registered.Add(-time.Millisecond), false},
+		{"earliest, before registration", pulsetype.OffsetEarliest, "payment.captured", registered.Add(-time.Hour), true},
+		{"earliest, other topic", pulsetype.OffsetEarliest, "payment.refunded", registered.Add(time.Hour), false},
+		{"latest, other topic", pulsetype.OffsetLatest, "payment.refunded", registered.Add(time.Hour), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ep := validEndpoint(func(e *pulsetype.Endpoint) { e.OffsetReset, e.CreatedAt = c.offset, registered })
+			ev := &pulsetype.Event{ID: "e1", Topic: c.topic, CreatedAt: c.at}
+			if got := ep.Wants(ev); got != c.want {
+				t.Errorf("Wants(topic %s at %v) = %v, want %v", c.topic, c.at, got, c.want)
+			}
+			if got, want := ep.Subscribes(c.topic), c.topic == "payment.captured"; got != want {
+				t.Errorf("Subscribes(%s) = %v, want %v", c.topic, got, want)
+			}
+		})
+	}
+}
