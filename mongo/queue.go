@@ -23,15 +23,17 @@ import (
 // creator is under way, or died in between) is left out, so the repair scan creates the attempt after the
 // latest one listed (or the first, or reopenedAttempt, when none is). A delivery whose latest attempt ended
 // less than half a lease timeout ago is left out: the worker that ended it is recording its next step. On
-// the way it removes what the queue holds for nothing, one lease timeout after it was queued where a writer
-// may still be under way: the documents of an ended delivery whose attempts are not pending; of a delivery
-// that does not exist (its fan-out died before writing it; the event's fanout mark makes it again); of an
-// ended attempt with a later one inserted; and of an attempt never inserted. It also corrects lease copies
-// that differ from their pending attempts' leases (hintQueue), so that the reaper finds every expired lease.
-func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, map[string][]*pulsetype.Attempt, string, error) {
+// the way it notes what the queue holds for nothing (Repairs.Unqueue), one lease timeout after it was queued
+// where a writer may still be under way: the documents of an ended delivery whose attempts are not pending;
+// of a delivery that does not exist (its fan-out died before writing it; the event's fanout mark makes it
+// again); of an ended attempt with a later one inserted; and of an attempt never inserted. It also notes the
+// pending attempts whose lease copies differ from their leases (Repairs.Attempts), so that once they are
+// corrected the reaper finds every expired lease.
+func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int) (pulsetype.QueuedPage, error) {
+	var page pulsetype.QueuedPage
 	queued, more, err := s.queuedAfter(ctx, afterID, limit)
 	if err != nil || len(queued) == 0 {
-		return nil, nil, "", err
+		return page, err
 	}
 	var deliveryIDs, attemptIDs []string
 	for _, q := range queued {
@@ -40,17 +42,16 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 		}
 		attemptIDs = append(attemptIDs, q.ID)
 	}
-	next := ""
 	if more {
-		next = deliveryIDs[len(deliveryIDs)-1]
+		page.Next = deliveryIDs[len(deliveryIDs)-1]
 	}
 	deliveries, err := findAll[deliveryDoc](ctx, s.deliveries, "read queued deliveries", bson.M{"_id": bson.M{"$in": deliveryIDs}})
 	if err != nil {
-		return nil, nil, "", err
+		return page, err
 	}
 	history, err := findAll[attemptDoc](ctx, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": attemptIDs}})
 	if err != nil {
-		return nil, nil, "", err
+		return page, err
 	}
 	byDelivery := map[string]*deliveryDoc{}
 	for i := range deliveries {
@@ -63,7 +64,7 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 	now := s.now()
 	old, settling := now.Add(-s.opts.LeaseTimeout), now.Add(-s.opts.LeaseTimeout/2)
 	var unqueue []string
-	var stale []*attemptDoc
+	var stale []*pulsetype.Attempt
 	attempts := map[string][]*pulsetype.Attempt{}
 	var out []*pulsetype.Delivery
 	for i := 0; i < len(queued); {
@@ -111,7 +112,7 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 			case a != nil:
 				attempts[d.ID] = append(attempts[d.ID], a.attempt())
 				if a.Status == pulsetype.StatusPending && leaseCopyStale(&q, a) {
-					stale = append(stale, a)
+					stale = append(stale, a.attempt())
 				}
 			case q.CreatedAt.Before(old):
 				unqueue = append(unqueue, q.ID) // its creator died before inserting it: the repair creates it
@@ -122,20 +123,29 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 			out = append(out, d.delivery())
 		}
 	}
-	if len(unqueue) > 0 {
-		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": unqueue}}); err != nil {
-			return nil, nil, "", wrap("remove stale queue documents", err)
-		}
-	}
-	// Lease copies that differ from the attempts' leases (a claimer died between its claim and the copy, or
-	// the copy lost a race): corrected, so that claims skip leased attempts and the reaper finds expired ones.
-	if err := s.hintQueue(ctx, stale); err != nil {
-		return nil, nil, "", err
-	}
 	for _, as := range attempts {
 		slices.SortFunc(as, func(a, b *pulsetype.Attempt) int { return a.Number - b.Number })
 	}
-	return out, attempts, next, nil
+	page.Deliveries, page.Attempts, page.Repairs = out, attempts, pulsetype.QueueRepairs{Unqueue: unqueue, Attempts: stale}
+	return page, nil
+}
+
+// RepairQueue makes the corrections a QueuedDeliveries read found due, with at most two commands: one delete
+// of the queue documents that hold nothing, one bulk update of the lease copies that differ from their
+// attempts' leases (a claimer died between its claim and the copy, or the copy lost a race; see hintQueue),
+// so that claims skip leased attempts and the reaper finds expired ones. Both are idempotent. Errors are the
+// database's, wrapped.
+func (s *Store) RepairQueue(ctx context.Context, r pulsetype.QueueRepairs) error {
+	if len(r.Unqueue) > 0 {
+		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": r.Unqueue}}); err != nil {
+			return wrap("remove stale queue documents", err)
+		}
+	}
+	stale := make([]*attemptDoc, len(r.Attempts))
+	for i, a := range r.Attempts {
+		stale[i] = &attemptDoc{ID: a.ID, Status: a.Status, LeasedUntil: a.LeasedUntil, FencingToken: a.FencingToken}
+	}
+	return s.hintQueue(ctx, stale)
 }
 
 // queuedAfter returns the queue documents of the first limit deliveries after afterID, by delivery id and

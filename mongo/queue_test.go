@@ -368,9 +368,16 @@ func testLeaseWithoutItsQueueCopyIsReaped(t *testing.T, e *env) {
 	if reaped := reap(); !reaped["o"] || reaped["u"] {
 		t.Fatalf("after the look at the ordered line, the reaper ended the leases of %v, want o's alone", reaped)
 	}
-	// The unordered group's attempt: the repair scan copies the lease.
-	if _, _, _, err := s.QueuedDeliveries(b.ctx, "", 100); err != nil {
+	// The unordered group's attempt: the repair scan finds the lease without its copy, and copies it.
+	page, err := s.QueuedDeliveries(b.ctx, "", 100)
+	if err != nil {
 		t.Fatalf("QueuedDeliveries: %v", err)
+	}
+	if reaped := reap(); reaped["u"] {
+		t.Fatalf("after the repair scan's read alone, the reaper ended the leases of %v, want none of u's: a read repairs nothing", reaped)
+	}
+	if err := s.RepairQueue(b.ctx, page.Repairs); err != nil {
+		t.Fatalf("RepairQueue: %v", err)
 	}
 	if reaped := reap(); !reaped["u"] {
 		t.Fatalf("after the repair scan, the reaper ended the leases of %v, want u's", reaped)

@@ -66,7 +66,7 @@ func TestVerifyIndexNamesExpectedAndFound(t *testing.T) {
 		{name: "partial", index: plainName, serverTTL: true,
 			listed: bson.D{{Key: "v", Value: 2}, {Key: "key", Value: lockToken},
 				{Key: "partialFilterExpression", Value: bson.D{{Key: fieldFencingToken, Value: bson.D{{Key: "$exists", Value: true}}}}}},
-			expected: "{key: {lockToken: 1}}", found: `{key: {lockToken: 1}, partialFilterExpression: {fieldFencingToken: {"$exists": true}}}`},
+			expected: "{key: {lockToken: 1}}", found: `{key: {lockToken: 1}, partialFilterExpression: {"` + fieldFencingToken + `": {"$exists": true}}}`},
 		{name: "collated", index: plainName, serverTTL: true,
 			listed: bson.D{{Key: "v", Value: 2}, {Key: "key", Value: lockToken},
 				{Key: "collation", Value: bson.D{{Key: "locale", Value: "fr"}, {Key: "strength", Value: int32(3)}}}},

@@ -200,12 +200,15 @@ func testShardPlanCoversHotQueries(t *testing.T, e *env) {
 	if _, err := s.Backfill(ctx, "w", 10); err != nil {
 		t.Fatal(err)
 	}
-	pending, _, _, err := s.QueuedDeliveries(ctx, "", 10)
+	page, err := s.QueuedDeliveries(ctx, "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := make([]string, len(pending))
-	for i, d := range pending {
+	if err := s.RepairQueue(ctx, page.Repairs); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, len(page.Deliveries))
+	for i, d := range page.Deliveries {
 		ids[i] = d.ID
 	}
 	if _, err := s.AttemptsOf(ctx, ids); err != nil {

@@ -231,6 +231,32 @@ type LeaseKey struct {
 // Key returns the attempt's lease key (its id and fencing token).
 func (a *Attempt) Key() LeaseKey { return LeaseKey{AttemptID: a.ID, Token: a.FencingToken} }
 
+// QueuedPage is one page of the repair scan's read of the store's queue of pending work (see
+// reconciler.Store.QueuedDeliveries): the pending deliveries found, each one's queued attempts by number (the
+// latest last), the delivery id to read on after ("" once the queue's end is reached), and the corrections
+// the read found due, which it does not make (RepairQueue makes them).
+type QueuedPage struct {
+	Deliveries []*Delivery
+	Attempts   map[string][]*Attempt
+	Next       string
+	Repairs    QueueRepairs
+}
+
+// QueueRepairs are the corrections of a store's queue that one read of it found due: what the queue holds
+// for nothing, and copies of leases that differ from the leases of their pending attempts. They are the
+// store's own data, handed back to it unchanged.
+type QueueRepairs struct {
+	// Unqueue are the ids of queue entries to remove: of ended deliveries whose attempts are not pending, of
+	// deliveries that do not exist, of ended attempts with a later one, and of attempts never inserted.
+	Unqueue []string
+	// Attempts are attempts found otherwise than their queue entries say (leased, unleased or ended), as the
+	// history holds them: their queue entries are corrected to match.
+	Attempts []*Attempt
+}
+
+// Empty reports whether there is nothing to correct.
+func (r QueueRepairs) Empty() bool { return len(r.Unqueue) == 0 && len(r.Attempts) == 0 }
+
 // NextStep is what follows an ended attempt, by the lifecycle of docs/delivery.md: either attempt Number+1 is created,
 // due after Delay, or the delivery ends with EndStatus and EndError.
 type NextStep struct {

@@ -17,7 +17,11 @@ import (
 type Store interface {
 	FollowUpStore
 	ReapOne(ctx context.Context) (*pulsetype.Attempt, error)
-	QueuedDeliveries(ctx context.Context, afterID string, limit int) ([]*pulsetype.Delivery, map[string][]*pulsetype.Attempt, string, error)
+	// QueuedDeliveries reads one page of the queue of pending work after afterID (by delivery id), at most
+	// limit deliveries; it only reads: the corrections it finds due are in the page's Repairs.
+	QueuedDeliveries(ctx context.Context, afterID string, limit int) (pulsetype.QueuedPage, error)
+	// RepairQueue makes the corrections a QueuedDeliveries read found due.
+	RepairQueue(ctx context.Context, r pulsetype.QueueRepairs) error
 	FanOutStale(ctx context.Context, age time.Duration, limit int) (int, error)
 	Backfill(ctx context.Context, owner string, batch int) (int, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
@@ -129,12 +133,18 @@ func (r *Reconciler) repairDeliveries(ctx context.Context) (int, error) {
 	r.mu.Lock()
 	after := r.cursor
 	r.mu.Unlock()
-	deliveries, attempts, next, err := r.store.QueuedDeliveries(ctx, after, BatchSize)
+	page, err := r.store.QueuedDeliveries(ctx, after, BatchSize)
 	if err != nil {
 		return 0, err
 	}
+	// The queue's own leftovers first (documents that stand for nothing, stale lease copies), so that claims
+	// and the reaper see the queue as the history says.
+	if err := r.store.RepairQueue(ctx, page.Repairs); err != nil {
+		return 0, err
+	}
+	deliveries, attempts := page.Deliveries, page.Attempts
 	r.mu.Lock()
-	r.cursor = next
+	r.cursor = page.Next
 	r.mu.Unlock()
 	if len(deliveries) == 0 {
 		return 0, nil
