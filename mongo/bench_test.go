@@ -13,6 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -87,7 +88,7 @@ func deliverBatch(b *testing.B, s *Store, batch int, batched bool, next *int) in
 	events := make([]*pulsetype.Event, batch)
 	ids := make([]string, batch)
 	for i := range events {
-		out, err := s.Publish(ctx, []*pulsetype.Event{event(fmt.Sprintf("evt-%d", *next), "t", `{"amount":1}`)})
+		out, err := s.Publish(ctx, []*pulsetype.Event{storetest.Event(fmt.Sprintf("evt-%d", *next), "t", `{"amount":1}`)})
 		if err != nil {
 			b.Fatal(err)
 		}

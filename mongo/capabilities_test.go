@@ -14,7 +14,6 @@ import (
 	mongodrv "go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -78,8 +77,9 @@ func (l *commandLog) reset() {
 }
 
 // DetectCapabilities reports what the server is, as the suite's own probe of the server found it
-// (probeFeatures), leaves no scratch collection behind and does not change the store; on the embedded FerretDB it
-// bounds update commands to 16 statements and says that filters scan, elsewhere neither.
+// (storetest.ProbeFeatures), leaves no scratch collection behind and does not change the store; on a server
+// whose explain shows no index scan it bounds update commands to 16 statements and says that filters scan,
+// elsewhere neither.
 func testDetectCapabilities(t *testing.T, e *env) {
 	b := e.setup(t)
 	s := New(b.client, b.options(nil))
@@ -93,13 +93,15 @@ func testDetectCapabilities(t *testing.T, e *env) {
 	if want := e.features.PartialIndexes; caps.PartialIndexes != want {
 		t.Errorf("PartialIndexes = %v, want %v", caps.PartialIndexes, want)
 	}
-	if onFerretDB() {
-		want := Capabilities{MaxUpdateStatements: ferretDBMaxUpdateStatements, ScansFilters: true}
-		if caps != want {
-			t.Errorf("capabilities on the embedded FerretDB = %+v, want %+v", caps, want)
-		}
-	} else if caps.MaxUpdateStatements != 0 || caps.ScansFilters {
-		t.Errorf("MaxUpdateStatements = %d, ScansFilters = %v on %s, want 0 (no bound) and false", caps.MaxUpdateStatements, caps.ScansFilters, testdb.EnvMongoDBURI)
+	// A server whose explain shows no index scan evaluates filters by reading (ScansFilters), and is the
+	// FerretDB v1 whose update commands the store bounds; one that shows index scans is neither.
+	want := Capabilities{TTLIndexes: e.features.TTLIndexes, PartialIndexes: e.features.PartialIndexes,
+		ChangeStreams: e.features.ChangeStreams, ScansFilters: !e.features.IndexPlans}
+	if want.ScansFilters {
+		want.MaxUpdateStatements = ferretDBMaxUpdateStatements
+	}
+	if caps != want {
+		t.Errorf("capabilities = %+v, want %+v (from the server's probed features %+v)", caps, want, e.features)
 	}
 	if got := s.Capabilities(); got != (Capabilities{}) {
 		t.Errorf("Capabilities() after DetectCapabilities = %+v, want the zero value until EnsureSchema", got)

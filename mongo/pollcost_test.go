@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/reconciler"
 )
@@ -143,7 +144,7 @@ func (pc *pollCost) publish(b *testing.B, n int) []*pulsetype.Attempt {
 		events := make([]*pulsetype.Event, batch)
 		ids := make([]string, batch)
 		for i := range events {
-			events[i] = event(fmt.Sprintf("evt-%07d", pc.next), "t", `{"amount":1}`)
+			events[i] = storetest.Event(fmt.Sprintf("evt-%07d", pc.next), "t", `{"amount":1}`)
 			ids[i] = events[i].ID
 			pc.next++
 		}

@@ -13,6 +13,7 @@ import (
 	drvevent "go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/reconciler"
 )
@@ -41,7 +42,7 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 		}
 	}}
 	s = b.store(b.srv.Connect(options.Client().SetMonitor(monitor)), nil)
-	if _, err := s.Publish(b.ctx, []*pulsetype.Event{event("taken", "t", `{"n":0}`)}); err != nil {
+	if _, err := s.Publish(b.ctx, []*pulsetype.Event{storetest.Event("taken", "t", `{"n":0}`)}); err != nil {
 		t.Fatalf("Publish(taken): %v", err)
 	}
 	mu.Lock()
@@ -57,9 +58,9 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			ev := event(fmt.Sprintf("gc-%d", i), "t", fmt.Sprintf(`{"n":%d}`, i))
+			ev := storetest.Event(fmt.Sprintf("gc-%d", i), "t", fmt.Sprintf(`{"n":%d}`, i))
 			if i == n-1 {
-				ev = event("taken", "t", `{"n":"other"}`)
+				ev = storetest.Event("taken", "t", `{"n":"other"}`)
 			}
 			out, err := s.Publish(b.ctx, []*pulsetype.Event{ev})
 			if err == nil {
@@ -110,53 +111,6 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 	}
 	if got := b.count("outbox", bson.M{}); got != n {
 		t.Errorf("%d outbox documents, want %d: one per published event", got, n)
-	}
-}
-
-// The queue and the outbox hold pending work only: queued when created, gone once delivered; the history,
-// the deliveries and the events keep everything.
-func testQueueHoldsPendingWorkOnly(t *testing.T, e *env) {
-	b := e.setup(t)
-	s := b.store(nil, nil)
-	b.putEndpoint(s, "ledger", "t")
-	b.putEndpoint(s, "mailer", "t")
-	created := b.fanOutN(s, 3, "t")
-	if len(created) != 6 || b.count("queue", bson.M{}) != 6 || b.count("outbox", bson.M{}) != 3 {
-		t.Fatalf("after fan-out: %d attempts, %d queued, %d in the outbox; want 6, 6, 3", len(created), b.count("queue", bson.M{}), b.count("outbox", bson.M{}))
-	}
-	leased, err := s.ClaimAttempts(b.ctx, "w", created)
-	if err != nil || len(leased) != 6 {
-		t.Fatalf("ClaimAttempts = %d, %v", len(leased), err)
-	}
-	if n := b.count("queue", bson.M{fieldLeasedUntil: bson.M{"$ne": nil}}); n != 6 {
-		t.Errorf("%d queue documents carry the lease, want 6", n)
-	}
-	cs := make([]pulsetype.Completion, len(leased))
-	for i, a := range leased {
-		cs[i] = pulsetype.Completion{Attempt: a, Result: pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 200},
-			Next: pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}}
-		if i%3 == 0 {
-			cs[i] = pulsetype.Completion{Attempt: a, Result: pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500,
-				Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}}, Next: pulsetype.NextStep{Retry: true, Delay: time.Hour}}
-		}
-	}
-	if _, err := s.FinishAttempts(b.ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.FollowUps(b.ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.ClearFanOut(b.ctx, []string{"evt-t-0", "evt-t-1", "evt-t-2"}); err != nil {
-		t.Fatal(err)
-	}
-	if q, o := b.count("queue", bson.M{}), b.count("outbox", bson.M{}); q != 2 || o != 0 {
-		t.Errorf("after 4 successes and 2 retries: %d queued, %d in the outbox; want the 2 retries, 0", q, o)
-	}
-	if n := b.count("queue", bson.M{"attempt": 2, fieldLeasedUntil: nil}); n != 2 {
-		t.Errorf("%d queued second attempts without a lease, want 2", n)
-	}
-	if h, d := b.count("history", bson.M{}), b.count("deliveries", bson.M{"status": "success"}); h != 8 || d != 4 {
-		t.Errorf("history holds %d attempts and %d successful deliveries, want 8 and 4", h, d)
 	}
 }
 
@@ -426,139 +380,12 @@ func testStagedLeftoversDoNotHideAnInterruptedFanOut(t *testing.T, e *env) {
 	}
 	// A re-publish of a leftover with the same content commits it, as a re-publish, and recalls its outbox
 	// document: a fan-out repair now fans it out.
-	out, err := s.Publish(b.ctx, []*pulsetype.Event{event("staged-007", "t", `1`)})
+	out, err := s.Publish(b.ctx, []*pulsetype.Event{storetest.Event("staged-007", "t", `1`)})
 	if err != nil || !out[0].Existing {
 		t.Fatalf("Publish of a staged id = %+v, %v; want it committed and answered as a re-publish", out, err)
 	}
 	b.clock.Advance(2 * time.Second)
 	if n, err := s.FanOutStale(b.ctx, time.Second, 100); err != nil || n != 1 {
 		t.Fatalf("FanOutStale after the re-publish = %d, %v; want the committed leftover's 1 delivery", n, err)
-	}
-}
-
-// The fan-out of a dispatcher that runs what it fans out inserts the first attempts it claims already
-// leased, the lease copied into their queue documents: no claim of the queue takes them, the replicas racing
-// on one fan-out insert each attempt once (the losers' queue documents removed again), and a lease whose
-// holder never POSTs (it died) is reaped as worker_lost like any other.
-func testFanOutClaimingInsertsLeasedAttempts(t *testing.T, e *env) {
-	b := e.setup(t)
-	s := b.store(nil, func(o *Options) { o.LeaseTimeout = time.Second; o.Now = nil })
-	b.putEndpoint(s, "billing", "t")
-	b.putEndpoint(s, "audit", "t")
-	out, err := s.Publish(b.ctx, []*pulsetype.Event{event("evt-1", "t", `1`)})
-	if err != nil {
-		t.Fatalf("Publish: %v", err)
-	}
-	ev := out[0].Event
-
-	const n = 4
-	created := make([][]*pulsetype.Attempt, n)
-	errs := make([]error, n)
-	concurrently(n, func(i int) {
-		claimBilling := func(group string) bool { return group == "billing" }
-		created[i], errs[i] = b.store(b.connect(), func(o *Options) { o.LeaseTimeout = time.Second; o.Now = nil }).
-			FanOutClaiming(b.ctx, fmt.Sprintf("worker-%d", i), []*pulsetype.Event{ev}, claimBilling)
-	})
-	var leased, unleased []*pulsetype.Attempt
-	for i := range n {
-		if errs[i] != nil {
-			t.Fatalf("FanOutClaiming #%d: %v", i, errs[i])
-		}
-		for _, a := range created[i] {
-			switch {
-			case a.ConsumerGroup == "billing" && a.FencingToken != "" && a.LeaseOwner == fmt.Sprintf("worker-%d", i) && a.LeasedUntil != nil:
-				leased = append(leased, a)
-			case a.ConsumerGroup == "audit" && a.FencingToken == "" && a.LeasedUntil == nil:
-				unleased = append(unleased, a)
-			default:
-				t.Errorf("FanOutClaiming #%d returned %+v: want billing's attempt leased to worker-%d, audit's unleased", i, a, i)
-			}
-		}
-	}
-	if len(leased) != 1 || len(unleased) != 1 {
-		t.Fatalf("the fan-outs returned %d leased and %d unleased first attempts, want 1 and 1", len(leased), len(unleased))
-	}
-	a := leased[0]
-	if d := b.historyDoc(a.ID); d.Status != pulsetype.StatusPending || d.FencingToken != a.FencingToken || d.LeasedUntil == nil || d.StartedAt == nil {
-		t.Errorf("history document of the leased attempt = %+v, want pending under token %s", d, a.FencingToken)
-	}
-	if got := b.count("queue", bson.M{"_id": a.ID, fieldFencingToken: a.FencingToken, fieldLeasedUntil: bson.M{"$ne": nil}}); got != 1 {
-		t.Errorf("%d queue documents carry the leased attempt's lease, want 1", got)
-	}
-	if got := b.count("queue", bson.M{}); got != 2 {
-		t.Errorf("%d queue documents, want 2 (one per attempt; the losers' removed)", got)
-	}
-	claimed, err := s.ClaimBatch(b.ctx, "other", nil, 10)
-	if err != nil {
-		t.Fatalf("ClaimBatch: %v", err)
-	}
-	if len(claimed) != 1 || claimed[0].ID != unleased[0].ID {
-		t.Errorf("ClaimBatch took %+v, want only audit's unleased attempt %s", claimed, unleased[0].ID)
-	}
-
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		r, err := s.ReapOne(b.ctx)
-		if err != nil {
-			t.Fatalf("ReapOne: %v", err)
-		}
-		if r != nil {
-			if r.ID != a.ID || r.Error == nil || r.Error.Code != pulsetype.CodeWorkerLost {
-				t.Fatalf("ReapOne reaped %+v, want billing's attempt %s as worker_lost", r, a.ID)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the lease of an attempt inserted leased was not reaped within 20s of a 1s lease")
-		}
-		<-tick.C
-	}
-}
-
-// The head of an ordered line is not claimed when an earlier event's interrupted fan-out is repaired while
-// the head is looked at: here the repair (another replica's FanOut and ClearFanOut of the earlier event)
-// runs right before the look's read of the outbox, after its read of the line, so that read finds the earlier
-// event neither unfinished in the outbox nor in the line it read first.
-func testHeadWaitsForAFanOutRepairedDuringItsLook(t *testing.T, e *env) {
-	b := e.setup(t)
-	other := b.store(b.connect(), nil)
-	ordered := b.endpoint("o", "t")
-	ordered.Ordered = true
-	if _, _, err := other.PutEndpoint(b.ctx, ordered); err != nil {
-		t.Fatalf("PutEndpoint: %v", err)
-	}
-	// e1's publisher died before its fan-out: only its outbox document says so. e2 is fanned out.
-	published, err := other.Publish(b.ctx, []*pulsetype.Event{event("e1", "t", `1`)})
-	if err != nil {
-		t.Fatalf("Publish(e1): %v", err)
-	}
-	first := published[0].Event
-	b.publishOne(other, "e2", "t")
-	b.clock.Advance(time.Minute) // past the settle window
-
-	var once sync.Once
-	var repairErr error
-	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, ev *drvevent.CommandStartedEvent) {
-		if coll, _ := ev.Command.Lookup("find").StringValueOK(); coll != testPrefix+".outbox" {
-			return
-		}
-		once.Do(func() { // the repair of e1's fan-out, between the look's two reads
-			if _, repairErr = other.FanOut(b.ctx, []*pulsetype.Event{first}); repairErr == nil {
-				repairErr = other.ClearFanOut(b.ctx, []string{first.ID})
-			}
-		})
-	}}
-	s := b.store(b.srv.Connect(options.Client().SetMonitor(monitor)), nil)
-	a, _, err := s.ClaimHead(b.ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t"})
-	if err != nil || repairErr != nil {
-		t.Fatalf("ClaimHead: %v; the repair: %v", err, repairErr)
-	}
-	if a != nil {
-		t.Fatalf("ClaimHead leased %s's attempt while the earlier %s had become pending in the line", a.EventID, first.ID)
-	}
-	if a, _, err = s.ClaimHead(b.ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t"}); err != nil || a == nil || a.EventID != first.ID {
-		t.Fatalf("the next look at the line = %+v, %v; want e1's attempt", a, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -124,10 +125,8 @@ func testEnsureSchemaCreatesEveryIndexAndIsIdempotent(t *testing.T, e *env) {
 	if s.Capabilities() != caps {
 		t.Errorf("Capabilities() = %+v, EnsureSchema returned %+v", s.Capabilities(), caps)
 	}
-	if onFerretDB() {
-		if caps.TTLIndexes || caps.ChangeStreams {
-			t.Errorf("capabilities on FerretDB = %+v, want TTL=false ChangeStreams=false", caps)
-		}
+	if caps.TTLIndexes != e.features.TTLIndexes || caps.ChangeStreams != e.features.ChangeStreams {
+		t.Errorf("capabilities = %+v, want TTL=%v ChangeStreams=%v as the server's probed features", caps, e.features.TTLIndexes, e.features.ChangeStreams)
 	}
 	before := map[string]int{}
 	for _, c := range []string{"events", "subscriptions", "deliveries", "history"} {
@@ -164,7 +163,7 @@ func testEnsureSchemaConcurrentStores(t *testing.T, e *env) {
 	}
 	errs := make([]error, n)
 	caps := make([]Capabilities, n)
-	concurrently(n, func(i int) { caps[i], errs[i] = stores[i].EnsureSchema(b.ctx) })
+	storetest.Concurrently(n, func(i int) { caps[i], errs[i] = stores[i].EnsureSchema(b.ctx) })
 	for i, err := range errs {
 		if err != nil {
 			t.Errorf("concurrent EnsureSchema #%d: %v", i, err)

@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
 )
 
 // specNamed returns the indexSpec called name and fails t when there is none.
@@ -117,7 +118,7 @@ func TestVerifyIndexNamesExpectedAndFound(t *testing.T) {
 func testEnsureSchemaRefusesIndexVariants(t *testing.T, e *env) {
 	tests := []struct {
 		name     string
-		needs    feature
+		needs    storetest.Feature
 		suffix   string
 		index    string
 		keys     bson.D
@@ -125,29 +126,29 @@ func testEnsureSchemaRefusesIndexVariants(t *testing.T, e *env) {
 		expected string
 		found    []string // substrings of Found
 	}{
-		{name: "TTL index with another expireAfterSeconds", needs: featureTTL, suffix: "history", index: "pulse_history_expires_at_ttl",
+		{name: "TTL index with another expireAfterSeconds", needs: storetest.FeatureTTL, suffix: "history", index: "pulse_history_expires_at_ttl",
 			keys: bson.D{{Key: "expiresAt", Value: 1}}, opts: bson.D{{Key: "expireAfterSeconds", Value: 3600}},
 			expected: "{key: {expiresAt: 1}, expireAfterSeconds: 0}", found: []string{"expireAfterSeconds: 3600"}},
-		{name: "plain index where a TTL index is expected", needs: featureTTL, suffix: "events", index: "pulse_events_expires_at_ttl",
+		{name: "plain index where a TTL index is expected", needs: storetest.FeatureTTL, suffix: "events", index: "pulse_events_expires_at_ttl",
 			keys:     bson.D{{Key: "expiresAt", Value: 1}},
 			expected: "{key: {expiresAt: 1}, expireAfterSeconds: 0}", found: []string{"{key: {expiresAt: 1}}"}},
-		{name: "TTL index where a plain index is expected", needs: featureTTL, suffix: "history", index: "pulse_history_lock_token",
+		{name: "TTL index where a plain index is expected", needs: storetest.FeatureTTL, suffix: "history", index: "pulse_history_lock_token",
 			keys: bson.D{{Key: fieldFencingToken, Value: 1}}, opts: bson.D{{Key: "expireAfterSeconds", Value: 0}},
 			expected: "{key: {lockToken: 1}}", found: []string{"expireAfterSeconds: 0"}},
-		{name: "sparse", needs: featureSparse, suffix: "history", index: "pulse_history_lock_token",
+		{name: "sparse", needs: storetest.FeatureSparse, suffix: "history", index: "pulse_history_lock_token",
 			keys: bson.D{{Key: fieldFencingToken, Value: 1}}, opts: bson.D{{Key: "sparse", Value: true}},
 			expected: "{key: {lockToken: 1}}", found: []string{"sparse: true"}},
-		{name: "sparse unique", needs: featureSparse, suffix: "deliveries", index: "pulse_deliveries_group_event_unique",
+		{name: "sparse unique", needs: storetest.FeatureSparse, suffix: "deliveries", index: "pulse_deliveries_group_event_unique",
 			keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, opts: bson.D{{Key: "unique", Value: true}, {Key: "sparse", Value: true}},
 			expected: "{key: {consumerGroup: 1, eventId: 1}, unique: true}", found: []string{"unique: true", "sparse: true"}},
-		{name: "partial", needs: featurePartial, suffix: "deliveries", index: "pulse_deliveries_status_id",
+		{name: "partial", needs: storetest.FeaturePartial, suffix: "deliveries", index: "pulse_deliveries_status_id",
 			keys:     bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}},
 			opts:     bson.D{{Key: "partialFilterExpression", Value: bson.D{{Key: "status", Value: "pending"}}}},
 			expected: "{key: {status: 1, _id: 1}}", found: []string{`partialFilterExpression: {"status": "pending"}`}},
-		{name: "collated", needs: featureCollation, suffix: "subscriptions", index: "pulse_subscriptions_topics",
+		{name: "collated", needs: storetest.FeatureCollation, suffix: "subscriptions", index: "pulse_subscriptions_topics",
 			keys: bson.D{{Key: "topics", Value: 1}}, opts: bson.D{{Key: "collation", Value: bson.D{{Key: "locale", Value: "fr"}}}},
 			expected: "{key: {topics: 1}}", found: []string{`collation: {"locale": "fr"`}},
-		{name: "hidden", needs: featureHidden, suffix: "events", index: "pulse_events_fanout",
+		{name: "hidden", needs: storetest.FeatureHidden, suffix: "events", index: "pulse_events_fanout",
 			keys: bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}, opts: bson.D{{Key: "hidden", Value: true}},
 			expected: "{key: {fanout: 1, createdAt: 1}}", found: []string{"hidden: true"}},
 	}
@@ -242,9 +243,7 @@ func testTTLFallbackComesFromTheServer(t *testing.T, e *env) {
 // database, and a user with it, both dropped at the end. Anywhere else it skips by name.
 func testEnsureSchemaRefusesUserWithoutIndexRights(t *testing.T, e *env) {
 	b := e.setup(t)
-	if onFerretDB() {
-		t.Skipf("skipped: the embedded FerretDB has no authentication (createUser: CommandNotFound); this case runs on a MongoDB with auth given by %s", testdb.EnvMongoDBURI)
-	}
+	e.require(t, storetest.FeatureUsers)
 	var status struct {
 		AuthInfo struct {
 			AuthenticatedUsers []bson.M `bson:"authenticatedUsers"`

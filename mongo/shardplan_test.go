@@ -14,6 +14,7 @@ import (
 	mevent "go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -154,14 +155,14 @@ func testShardPlanCoversHotQueries(t *testing.T, e *env) {
 	if _, _, err := s.PutEndpoint(ctx, earliest); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Publish(ctx, []*pulsetype.Event{event("ev-1", "t", "1")}); err != nil {
+	if _, err := s.Publish(ctx, []*pulsetype.Event{storetest.Event("ev-1", "t", "1")}); err != nil {
 		t.Fatal(err)
 	}
-	evs := []*pulsetype.Event{event("ev-2", "t", "2"), event("ev-3", "t", "3")}
+	evs := []*pulsetype.Event{storetest.Event("ev-2", "t", "2"), storetest.Event("ev-3", "t", "3")}
 	if _, err := s.Publish(ctx, evs); err != nil {
 		t.Fatal(err)
 	}
-	first, err := s.FanOut(ctx, append(evs, event("ev-1", "t", "1")))
+	first, err := s.FanOut(ctx, append(evs, storetest.Event("ev-1", "t", "1")))
 	if err != nil {
 		t.Fatal(err)
 	}

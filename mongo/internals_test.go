@@ -1,0 +1,80 @@
+package mongo
+
+import (
+	"testing"
+
+	"github.com/pulse-sidecar/pulse/internal/testdb"
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
+)
+
+// env is what a case of internalCases gets: its server's opener, features and serialization, as the
+// storage suite's Env gives them.
+type env struct {
+	open     storetest.Open
+	features storetest.Features
+	order    testdb.Serialization
+}
+
+// require skips t, naming f, when the server lacks feature f.
+func (e *env) require(t *testing.T, f storetest.Feature) {
+	t.Helper()
+	(&storetest.Env{Harness: storetest.Harness{Features: e.features}}).Require(t, f)
+}
+
+// internal adapts a case that reads the store's internals to the suite's runner.
+func internal(run func(t *testing.T, e *env)) func(t *testing.T, e *storetest.Env) {
+	return func(t *testing.T, e *storetest.Env) { run(t, &env{open: e.Open, features: e.Features, order: e.Order}) }
+}
+
+// TestStoreInternals runs, with the storage suite's runner and on the servers and features of
+// TestConformance, the cases of this store that read its internals (its documents' types, index specs,
+// capabilities and the ways it splits its work): what the suite of package storetest cannot say for
+// every store.
+func TestStoreInternals(t *testing.T) {
+	features := storetest.ProbeFeatures(t, storetest.OpenTestDB(t, ""))
+	if testdb.Embedded() {
+		features.Serializations = []testdb.Serialization{testdb.Linearized, testdb.Interleaved}
+	}
+	storetest.Run(t, storetest.Harness{Open: storetest.OpenTestDB, Features: features}, internalCases)
+}
+
+// internalCases are the cases of TestStoreInternals, in the order the files of this package hold them.
+var internalCases = []storetest.Case{
+	// retention_test.go, retry_retention_test.go
+	{Name: "TTLIndexesAreRequested", Run: internal(testTTLIndexesAreRequested)},
+	{Name: "ExpiresAtOnlyOnTerminalDocuments", Run: internal(testExpiresAtOnlyOnTerminalDocuments)},
+	{Name: "RetryOfExpiringDeliveryIsNotSweptAway", Run: internal(testRetryOfExpiringDeliveryIsNotSweptAway)},
+	{Name: "RetryAfterTheHistoryExpiredIsNotFound", Run: internal(testRetryAfterTheHistoryExpiredIsNotFound)},
+	// schema_test.go, schema_verify_test.go
+	{Name: "CapabilitiesMatchTheServer", Run: internal(testCapabilitiesMatchTheServer)},
+	{Name: "DetectCapabilities", Run: internal(testDetectCapabilities)},
+	{Name: "GivenCapabilitiesAreNotDetected", Run: internal(testGivenCapabilitiesAreNotDetected)},
+	{Name: "UpdateCommandsHonourMaxUpdateStatements", Run: internal(testUpdateCommandsHonourMaxUpdateStatements)},
+	{Name: "EnsureSchemaCreatesEveryIndexAndIsIdempotent", Run: internal(testEnsureSchemaCreatesEveryIndexAndIsIdempotent)},
+	{Name: "EnsureSchemaConcurrentStores", Run: internal(testEnsureSchemaConcurrentStores), Race: true},
+	{Name: "EnsureSchemaRefusesIncompatibleIndex", Run: internal(testEnsureSchemaRefusesIncompatibleIndex)},
+	{Name: "EnsureSchemaReportsDuplicatesBlockingUniqueIndex", Run: internal(testEnsureSchemaReportsDuplicatesBlockingUniqueIndex)},
+	{Name: "EnsureSchemaRefusesIndexVariants", Run: internal(testEnsureSchemaRefusesIndexVariants)},
+	{Name: "TTLFallbackComesFromTheServer", Run: internal(testTTLFallbackComesFromTheServer)},
+	{Name: "EnsureSchemaRefusesUserWithoutIndexRights", Run: internal(testEnsureSchemaRefusesUserWithoutIndexRights)},
+	// sealing_test.go
+	{Name: "EndpointSecretsEncryptedAtRest", Run: internal(testEndpointSecretsEncryptedAtRest)},
+	// connect_test.go
+	{Name: "ServerTime", Run: internal(testServerTime)},
+	// explain_test.go, shardplan_test.go
+	{Name: "HotQueriesUseIndexes", Run: internal(testHotQueriesUseIndexes)},
+	{Name: "ShardPlanCoversHotQueries", Run: internal(testShardPlanCoversHotQueries)},
+	// stats_test.go
+	{Name: "GroupStatsCountsTheLastHour", Run: internal(testGroupStatsCountsTheLastHour)},
+	{Name: "ConsoleReadsWith10000Deliveries", Run: internal(testConsoleReadsWith10000Deliveries)},
+	// state_test.go
+	{Name: "EndpointStateAndFailingStreak", Run: internal(testEndpointStateAndFailingStreak)},
+	// watch_test.go
+	{Name: "WatchEventsSendsChangeStreamAndReopens", Run: internal(testWatchEventsSendsChangeStreamAndReopens)},
+	// queue_test.go
+	{Name: "GroupCommitWritesConcurrentPublishesTogether", Run: internal(testGroupCommitWritesConcurrentPublishesTogether), Race: true},
+	{Name: "RepairScanWorksFromTheQueue", Run: internal(testRepairScanWorksFromTheQueue)},
+	{Name: "LeaseWithoutItsQueueCopyIsReaped", Run: internal(testLeaseWithoutItsQueueCopyIsReaped)},
+	{Name: "StagedLeftoversDoNotHideAnInterruptedFanOut", Run: internal(testStagedLeftoversDoNotHideAnInterruptedFanOut)},
+	{Name: "EnsureSchemaQueuesEarlierWork", Run: internal(testEnsureSchemaQueuesEarlierWork)},
+}
