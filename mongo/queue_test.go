@@ -69,19 +69,11 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 			results[i].err = err
 		})
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	storetest.Eventually(t, b.ctx, fmt.Sprintf("%d publishes queue behind the first round", n-1), 5*time.Millisecond, func() bool {
 		s.publishes.mu.Lock()
-		queued := len(s.publishes.queued)
-		s.publishes.mu.Unlock()
-		if queued == n-1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d publishes queued behind the first round after 30s, want %d", queued, n-1)
-		}
-		time.Sleep(5 * time.Millisecond) // poll
-	}
+		defer s.publishes.mu.Unlock()
+		return len(s.publishes.queued) == n-1
+	})
 	close(release)
 	wg.Wait()
 	mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -27,28 +28,15 @@ func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
 	defer w.Stop()
 
 	count := func() int { return len(log.named("aggregate")) }
-	deadline := time.Now().Add(10 * time.Second)
 	if caps.ChangeStreams {
-		for count() == 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond) // poll
-		}
+		storetest.Eventually(t, b.ctx, "the watcher opens its change stream", 10*time.Millisecond, func() bool { return count() > 0 })
 		ev := &pulsetype.Event{ID: "e1", Topic: "t", Data: []byte("1")}
 		if _, err := s.Publish(context.Background(), []*pulsetype.Event{ev}); err != nil {
 			t.Fatal(err)
 		}
-		for woken.Load() == 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond) // poll
-		}
-		if woken.Load() == 0 {
-			t.Fatal("a publish did not wake the change stream watcher")
-		}
+		storetest.Eventually(t, b.ctx, "a publish wakes the change stream watcher", 10*time.Millisecond, func() bool { return woken.Load() > 0 })
 	} else {
-		for count() < 2 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond) // poll
-		}
-		if n := count(); n < 2 {
-			t.Fatalf("the failed stream was opened %d times, want it reopened", n)
-		}
+		storetest.Eventually(t, b.ctx, "the failed stream is reopened (opened twice)", 10*time.Millisecond, func() bool { return count() >= 2 })
 	}
 	first := log.named("aggregate")[0]
 	if coll, _ := first.Lookup("aggregate").StringValueOK(); coll != "pulse.events" {

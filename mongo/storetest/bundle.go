@@ -237,16 +237,24 @@ func Concurrently(n int, f func(i int)) {
 	wg.Wait()
 }
 
-// eventually polls cond every tick until it returns true, and fails t naming what when it has not within
-// the case's context (see Context): the one wait of the suite for something another party does.
+// eventually is Eventually within the case's context.
 func (b *bundle) eventually(what string, tick time.Duration, cond func() bool) {
 	b.t.Helper()
+	Eventually(b.t, b.ctx, what, tick, cond)
+}
+
+// Eventually calls cond every tick until it returns true, and fails t saying what did not happen once ctx
+// ends (a case's context ends with the test binary's deadline, see Context): the one wait of the suite for
+// something another party or the clock does, bounded by the caller of go test rather than a guess at the
+// machine's speed. cond runs on the caller's goroutine, so it may call t.Fatal.
+func Eventually(t testing.TB, ctx context.Context, what string, tick time.Duration, cond func() bool) {
+	t.Helper()
 	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
 	for !cond() {
 		select {
-		case <-b.ctx.Done():
-			b.t.Fatalf("%s: not within the test's deadline", what)
+		case <-ctx.Done():
+			t.Fatalf("%s: not before the test's deadline (%v)", what, context.Cause(ctx))
 		case <-ticker.C:
 		}
 	}

@@ -202,23 +202,14 @@ func testFanOutClaimingInsertsLeasedAttempts(t *testing.T, e *Env) {
 		t.Errorf("ClaimBatch took %+v, want only audit's unleased attempt %s", claimed, unleased[0].ID)
 	}
 
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	b.eventually("the reaper reaps the 1s lease of an attempt inserted leased", 20*time.Millisecond, func() bool {
 		r, err := s.ReapOne(b.ctx)
 		if err != nil {
 			t.Fatalf("ReapOne: %v", err)
 		}
-		if r != nil {
-			if r.ID != a.ID || r.Error == nil || r.Error.Code != pulsetype.CodeWorkerLost {
-				t.Fatalf("ReapOne reaped %+v, want billing's attempt %s as worker_lost", r, a.ID)
-			}
-			break
+		if r != nil && (r.ID != a.ID || r.Error == nil || r.Error.Code != pulsetype.CodeWorkerLost) {
+			t.Fatalf("ReapOne reaped %+v, want billing's attempt %s as worker_lost", r, a.ID)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the lease of an attempt inserted leased was not reaped within 20s of a 1s lease")
-		}
-		<-tick.C
-	}
+		return r != nil
+	})
 }

@@ -22,10 +22,7 @@ func testReapOneReapsExpiredLease(t *testing.T, e *Env) {
 	a := b.claim(s, "worker-a")
 
 	var reaped *pulsetype.Attempt
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for reaped == nil {
+	b.eventually("ReapOne reaps a 100ms lease", 10*time.Millisecond, func() bool {
 		r, err := s.ReapOne(b.ctx)
 		returnedAt := time.Now()
 		if err != nil {
@@ -35,13 +32,8 @@ func testReapOneReapsExpiredLease(t *testing.T, e *Env) {
 			t.Fatalf("ReapOne returned at %v having reaped a lease valid until %v", returnedAt, a.LeasedUntil)
 		}
 		reaped = r
-		if reaped == nil {
-			if time.Now().After(deadline) {
-				t.Fatalf("ReapOne did not reap a 100ms lease within 20s")
-			}
-			<-tick.C
-		}
-	}
+		return reaped != nil
+	})
 	if reaped.ID != a.ID || reaped.Status != pulsetype.StatusError || reaped.Error == nil ||
 		reaped.Error.Code != pulsetype.CodeWorkerLost || reaped.LeaseOwner != "worker-a" {
 		t.Errorf("reaped attempt = %+v (error %+v)", reaped, reaped.Error)
