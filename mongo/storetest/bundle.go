@@ -2,14 +2,11 @@ package storetest
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
@@ -106,16 +103,6 @@ func (b *bundle) coll(suffix string) *mongo.Collection {
 	return b.client.Database(b.dbName).Collection(Prefix + "." + suffix)
 }
 
-// count returns how many documents of <prefix>.<suffix> match filter.
-func (b *bundle) count(suffix string, filter any) int64 {
-	b.t.Helper()
-	n, err := b.coll(suffix).CountDocuments(b.ctx, filter)
-	if err != nil {
-		b.t.Fatalf("count %s %v: %v", suffix, filter, err)
-	}
-	return n
-}
-
 // countWhere returns how many documents of <prefix>.<suffix>, decoded as T, keep reports true for: a count
 // by a stored field the suite reads through T's struct tags rather than spells in a filter.
 func countWhere[T any](b *bundle, suffix string, keep func(T) bool) int64 {
@@ -137,83 +124,44 @@ func countWhere[T any](b *bundle, suffix string, keep func(T) bool) int64 {
 	return n
 }
 
-// logger is the logger of stores the suite builds.
-var logger = zerolog.Nop()
+// count returns how many documents of <prefix>.<suffix> match filter.
+func (b *bundle) count(suffix string, filter any) int64 {
+	b.t.Helper()
+	return Count(b.t, b.ctx, b.coll(suffix), filter)
+}
 
-// endpoint is the fixture factory of endpoints: a normalized registration of group for topics.
 func (b *bundle) endpoint(group string, topics ...string) *pulsetype.Endpoint {
 	b.t.Helper()
-	e := &pulsetype.Endpoint{ConsumerGroup: group, URL: "http://127.0.0.1:9/" + group, Topics: topics}
-	if err := e.Normalize(); err != nil {
-		b.t.Fatalf("Normalize fixture endpoint: %v", err)
-	}
-	return e
+	return Endpoint(b.t, group, topics...)
 }
 
-// Event is the fixture factory of events: id, topic and data (JSON text), nothing else set.
-func Event(id, topic, data string) *pulsetype.Event {
-	return &pulsetype.Event{ID: id, Topic: topic, Data: json.RawMessage(data)}
-}
-
-// putEndpoint registers group for topics through s.
 func (b *bundle) putEndpoint(s Store, group string, topics ...string) {
 	b.t.Helper()
-	if _, _, err := s.PutEndpoint(b.ctx, b.endpoint(group, topics...)); err != nil {
-		b.t.Fatalf("PutEndpoint(%s): %v", group, err)
-	}
+	PutEndpoint(b.t, b.ctx, s, group, topics...)
 }
 
-// publishOne publishes one event through s and fans it out; it returns the stored event.
 func (b *bundle) publishOne(s Store, id, topic string) *pulsetype.Event {
 	b.t.Helper()
-	out, err := s.Publish(b.ctx, []*pulsetype.Event{Event(id, topic, `{"n":1}`)})
-	if err != nil {
-		b.t.Fatalf("Publish(%s): %v", id, err)
-	}
-	if _, err := s.FanOut(b.ctx, []*pulsetype.Event{out[0].Event}); err != nil {
-		b.t.Fatalf("FanOut(%s): %v", id, err)
-	}
-	return out[0].Event
+	return PublishOne(b.t, b.ctx, s, id, topic)
 }
 
-// claim claims the next due attempt and fails the test when there is none.
 func (b *bundle) claim(s Store, owner string) *pulsetype.Attempt {
 	b.t.Helper()
-	a, err := s.Claim(b.ctx, owner, nil)
-	if err != nil || a == nil {
-		b.t.Fatalf("Claim = %v, %v; want an attempt", a, err)
-	}
-	return a
+	return Claim(b.t, b.ctx, s, owner)
 }
 
-// endDelivery ends a delivery through s and fails the test unless this call ended it.
 func (b *bundle) endDelivery(s Store, p pulsetype.EndDeliveryParams) {
 	b.t.Helper()
-	if ended, err := s.EndDelivery(b.ctx, p); err != nil || !ended {
-		b.t.Fatalf("EndDelivery(%s, %s) = %v, %v; want ended", p.DeliveryID, p.Status, ended, err)
-	}
+	EndDelivery(b.t, b.ctx, s, p)
 }
 
-// fanOutN publishes n events of topic and fans them out, returning the first attempts FanOut created.
 func (b *bundle) fanOutN(s Store, n int, topic string) []*pulsetype.Attempt {
 	b.t.Helper()
-	events := make([]*pulsetype.Event, n)
-	for i := range events {
-		out, err := s.Publish(b.ctx, []*pulsetype.Event{Event(fmt.Sprintf("evt-%s-%d", topic, i), topic, `{"n":1}`)})
-		if err != nil {
-			b.t.Fatalf("Publish: %v", err)
-		}
-		events[i] = out[0].Event
-	}
-	created, err := s.FanOut(b.ctx, events)
-	if err != nil {
-		b.t.Fatalf("FanOut: %v", err)
-	}
-	return created
+	return FanOutN(b.t, b.ctx, s, n, topic)
 }
 
-// ids returns the ids of attempts, sorted.
-func ids(as []*pulsetype.Attempt) []string {
+// IDs returns the ids of attempts, sorted.
+func IDs(as []*pulsetype.Attempt) []string {
 	out := make([]string, len(as))
 	for i, a := range as {
 		out[i] = a.ID

@@ -92,8 +92,8 @@ func testClaimAttemptsLeasesEachAttemptOnce(t *testing.T, e *Env) {
 	if err != nil {
 		t.Fatalf("ClaimAttempts: %v", err)
 	}
-	if want := ids(created[4:]); !slices.Equal(ids(rest), want) {
-		t.Fatalf("second ClaimAttempts leased %v, want the 8 free ones %v", ids(rest), want)
+	if want := IDs(created[4:]); !slices.Equal(IDs(rest), want) {
+		t.Fatalf("second ClaimAttempts leased %v, want the 8 free ones %v", IDs(rest), want)
 	}
 	for _, a := range append(first, rest...) {
 		d := b.historyDoc(a.ID)
@@ -131,8 +131,8 @@ func testClaimAttemptsLeasesEachAttemptOnce(t *testing.T, e *Env) {
 		}
 		all = append(all, won[i]...)
 	}
-	if !slices.Equal(ids(all), ids(fresh)) {
-		t.Errorf("racers leased %v, want each of %v exactly once", ids(all), ids(fresh))
+	if !slices.Equal(IDs(all), IDs(fresh)) {
+		t.Errorf("racers leased %v, want each of %v exactly once", IDs(all), IDs(fresh))
 	}
 }
 
