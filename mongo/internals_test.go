@@ -40,11 +40,9 @@ func TestStoreInternals(t *testing.T) {
 
 // internalCases are the cases of TestStoreInternals, in the order the files of this package hold them.
 var internalCases = []storetest.Case{
-	// retention_test.go, retry_retention_test.go
+	// retention_test.go
 	{Name: "TTLIndexesAreRequested", Run: internal(testTTLIndexesAreRequested)},
 	{Name: "ExpiresAtOnlyOnTerminalDocuments", Run: internal(testExpiresAtOnlyOnTerminalDocuments)},
-	{Name: "RetryOfExpiringDeliveryIsNotSweptAway", Run: internal(testRetryOfExpiringDeliveryIsNotSweptAway)},
-	{Name: "RetryAfterTheHistoryExpiredIsNotFound", Run: internal(testRetryAfterTheHistoryExpiredIsNotFound)},
 	// schema_test.go, schema_verify_test.go
 	{Name: "CapabilitiesMatchTheServer", Run: internal(testCapabilitiesMatchTheServer)},
 	{Name: "DetectCapabilities", Run: internal(testDetectCapabilities)},
@@ -67,8 +65,6 @@ var internalCases = []storetest.Case{
 	// stats_test.go
 	{Name: "GroupStatsCountsTheLastHour", Run: internal(testGroupStatsCountsTheLastHour)},
 	{Name: "ConsoleReadsWith10000Deliveries", Run: internal(testConsoleReadsWith10000Deliveries)},
-	// state_test.go
-	{Name: "EndpointStateAndFailingStreak", Run: internal(testEndpointStateAndFailingStreak)},
 	// watch_test.go
 	{Name: "WatchEventsSendsChangeStreamAndReopens", Run: internal(testWatchEventsSendsChangeStreamAndReopens)},
 	// queue_test.go

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 // operateCases are the cases of operate.
 var operateCases = []Case{
 	{Name: "ReplayVisitsEachDeliveryOnce", Run: testReplayVisitsEachDeliveryOnce},
+	{Name: "RetryOfExpiringDeliveryIsNotSweptAway", Run: testRetryOfExpiringDeliveryIsNotSweptAway},
+	{Name: "RetryAfterTheHistoryExpiredIsNotFound", Run: testRetryAfterTheHistoryExpiredIsNotFound},
 }
 
 // Replay walks the window once: more than one batch of successful deliveries is reopened exactly once each,
@@ -40,4 +43,137 @@ func testReplayVisitsEachDeliveryOnce(t *testing.T, e *Env) {
 	if c, _ := b.coll("history").CountDocuments(ctx, bson.M{}); c != 130 {
 		t.Fatalf("%d attempts created, want one per delivery", c)
 	}
+}
+
+// A manual retry (RetryDelivery, POST /v1/deliveries/{id}/retry) of a terminal delivery whose history is about
+// to expire is not swept away under it: the retry removes the delivery's expiresAt, its new attempt carries
+// none, and a Sweep after the old expiresAt leaves both alone (only the old, ended attempts go). The retry is
+// then claimable, and retention starts again from its new end. Rows vary when the retry comes: before
+// anything expired, or after the final attempt expired (and was swept) but not yet the delivery, which ended
+// a second after it. The store's fake clock drives expiry; Sweep deletes only where the server has no TTL
+// indexes (FerretDB), and on MongoDB the checks on expiresAt carry the case (the TTL monitor deletes by the
+// same field, on the real clock).
+func testRetryOfExpiringDeliveryIsNotSweptAway(t *testing.T, e *Env) {
+	const retention = time.Minute
+	tests := []struct {
+		name       string
+		endedAfter time.Duration // between the attempt's end and the delivery's
+		retryAt    time.Duration // after the attempt's end
+		wantNumber int           // the retry's attempt number
+	}{
+		{name: "one second before the history expires", retryAt: retention - time.Second, wantNumber: 2},
+		{name: "after the final attempt expired and was swept", endedAfter: time.Second, retryAt: retention + 500*time.Millisecond, wantNumber: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := e.setup(t)
+			s := b.store(nil, func(o *Options) { o.HistoryRetention = retention })
+			id, a, fail := b.failedAttempt(s)
+			t0 := b.clock.Now()
+			b.clock.Advance(tt.endedAfter)
+			b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusError, FinalAttempt: 1, Error: fail})
+			oldExpiry := b.clock.Now().Add(retention)
+
+			b.clock.Advance(t0.Add(tt.retryAt).Sub(b.clock.Now()))
+			if _, err := s.Sweep(b.ctx); err != nil {
+				t.Fatalf("Sweep before the retry: %v", err)
+			}
+			n, err := s.RetryDelivery(b.ctx, id)
+			if err != nil {
+				t.Fatalf("RetryDelivery %s before its expiresAt = %v", b.clock.Now().Sub(oldExpiry), err)
+			}
+			if n != tt.wantNumber {
+				t.Errorf("RetryDelivery = attempt %d, want %d (numbers continue after the final attempt, swept or not)", n, tt.wantNumber)
+			}
+			var d storedDelivery
+			if err := b.coll("deliveries").FindOne(b.ctx, bson.M{"_id": id}).Decode(&d); err != nil {
+				t.Fatalf("read the reopened delivery: %v", err)
+			}
+			if d.Status != pulsetype.StatusPending || d.ExpiresAt != nil || d.EndedAt != nil {
+				t.Fatalf("reopened delivery = status %s expiresAt %v endedAt %v, want pending without either", d.Status, d.ExpiresAt, d.EndedAt)
+			}
+			var next storedAttempt
+			if err := b.coll("history").FindOne(b.ctx, bson.M{"deliveryId": id, "attempt": n}).Decode(&next); err != nil {
+				t.Fatalf("read attempt %d: %v", n, err)
+			}
+			if next.Status != pulsetype.StatusPending || next.ExpiresAt != nil {
+				t.Fatalf("attempt %d = status %s expiresAt %v, want pending without expiresAt", n, next.Status, next.ExpiresAt)
+			}
+
+			b.clock.Advance(oldExpiry.Sub(b.clock.Now()) + retention) // well past the old expiresAt
+			if _, err := s.Sweep(b.ctx); err != nil {
+				t.Fatalf("Sweep: %v", err)
+			}
+			if got := b.count("deliveries", bson.M{"_id": id}); got != 1 {
+				t.Fatalf("the sweep removed the reopened delivery")
+			}
+			if got := b.count("history", bson.M{"_id": next.ID}); got != 1 {
+				t.Fatalf("the sweep removed the retry's attempt %d", n)
+			}
+			if !s.TTLIndexes() {
+				if got := b.count("history", bson.M{"_id": a.ID}); got != 0 {
+					t.Errorf("the expired attempt 1 survived the sweep: the sweep did not run as the test assumes")
+				}
+			}
+			got, attempts, err := s.GetDelivery(b.ctx, id)
+			if err != nil || got.Status != pulsetype.StatusPending || len(attempts) == 0 || attempts[len(attempts)-1].Number != n {
+				t.Fatalf("GetDelivery after the sweep = %+v, %v attempts, %v; want pending ending with attempt %d", got, len(attempts), err, n)
+			}
+			retry := b.claim(s, "worker-b")
+			if retry.ID != next.ID {
+				t.Fatalf("claimed %s (attempt %d), want the retry's attempt %s", retry.ID, retry.Number, next.ID)
+			}
+			if err := s.FinishAttempt(b.ctx, retry, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 204}); err != nil {
+				t.Fatalf("FinishAttempt of the retry: %v", err)
+			}
+			b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusSuccess, FinalAttempt: n})
+			b.clock.Advance(retention - time.Millisecond)
+			if _, _, err := s.GetDelivery(b.ctx, id); err != nil {
+				t.Fatalf("GetDelivery 1 ms before the new expiresAt = %v", err)
+			}
+			b.clock.Advance(time.Millisecond)
+			if _, _, err := s.GetDelivery(b.ctx, id); !errors.Is(err, pulsetype.ErrNotFound) {
+				t.Fatalf("GetDelivery at the new expiresAt = %v, want ErrNotFound", err)
+			}
+		})
+	}
+}
+
+// A retry that comes after the delivery's history expired finds nothing (ErrNotFound), whether the sweep ran
+// or not, and does not revive it: the expired delivery keeps its expiresAt and the sweep removes it.
+func testRetryAfterTheHistoryExpiredIsNotFound(t *testing.T, e *Env) {
+	b := e.setup(t)
+	s := b.store(nil, func(o *Options) { o.HistoryRetention = time.Minute })
+	id, _, fail := b.failedAttempt(s)
+	b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: id, Status: pulsetype.StatusError, FinalAttempt: 1, Error: fail})
+	b.clock.Advance(time.Minute)
+	if _, err := s.RetryDelivery(b.ctx, id); !errors.Is(err, pulsetype.ErrNotFound) {
+		t.Fatalf("RetryDelivery at the delivery's expiresAt = %v, want ErrNotFound", err)
+	}
+	if got := b.count("history", bson.M{"deliveryId": id, "attempt": bson.M{"$gt": 1}}); got != 0 {
+		t.Fatalf("the refused retry created %d attempts", got)
+	}
+	if got := b.count("deliveries", bson.M{"_id": id, "expiresAt": bson.M{"$ne": nil}}); got != 1 {
+		t.Fatalf("the refused retry changed the expired delivery's expiresAt")
+	}
+	if _, err := s.Sweep(b.ctx); err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	if !s.TTLIndexes() && b.count("deliveries", bson.M{"_id": id}) != 0 {
+		t.Fatalf("the sweep kept the expired delivery")
+	}
+}
+
+// failedAttempt registers billing for topic t, publishes evt-1 and ends its first attempt terminally with HTTP
+// 500, leaving the delivery pending; it returns the delivery's id, the attempt and the error it ended with.
+func (b *bundle) failedAttempt(s Store) (string, *pulsetype.Attempt, *pulsetype.ErrorInfo) {
+	b.t.Helper()
+	b.putEndpoint(s, "billing", "t")
+	ev := b.publishOne(s, "evt-1", "t")
+	a := b.claim(s, "worker-a")
+	fail := &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}
+	if err := s.FinishAttempt(b.ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500, Error: fail, Terminal: true}); err != nil {
+		b.t.Fatalf("FinishAttempt: %v", err)
+	}
+	return b.deliveryID("billing", ev.ID), a, fail
 }

@@ -12,7 +12,8 @@ import (
 
 // Store is the store under test: what its callers need of it (the dispatcher, the HTTP API and the
 // reconciler, by their own interfaces), and the few calls of theirs that take a store's method rather than
-// the store (fan-out without claiming, the lease keeper's renewal, one attempt's result, the sweeper).
+// the store (fan-out without claiming, the lease keeper's renewal, one attempt's result, the sweeper, the
+// metrics' reader of endpoint states).
 type Store interface {
 	dispatcher.Store
 	httpapi.Store
@@ -27,6 +28,8 @@ type Store interface {
 	FinishAttempt(ctx context.Context, a *pulsetype.Attempt, r pulsetype.AttemptResult) error
 	// Sweep removes expired documents where the server has no TTL indexes and returns how many.
 	Sweep(ctx context.Context) (int64, error)
+	// EndpointStates returns the state of every consumer group's endpoint (the metrics' reader of states).
+	EndpointStates(ctx context.Context) (map[string]pulsetype.EndpointState, error)
 	// TTLIndexes reports whether the store leaves expiry to the server's TTL indexes (then Sweep removes
 	// only what they do not cover).
 	TTLIndexes() bool
