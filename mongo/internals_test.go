@@ -70,7 +70,5 @@ var internalCases = []storetest.Case{
 	// queue_test.go
 	{Name: "GroupCommitWritesConcurrentPublishesTogether", Run: internal(testGroupCommitWritesConcurrentPublishesTogether), Race: true},
 	{Name: "RepairScanWorksFromTheQueue", Run: internal(testRepairScanWorksFromTheQueue)},
-	{Name: "LeaseWithoutItsQueueCopyIsReaped", Run: internal(testLeaseWithoutItsQueueCopyIsReaped)},
-	{Name: "StagedLeftoversDoNotHideAnInterruptedFanOut", Run: internal(testStagedLeftoversDoNotHideAnInterruptedFanOut)},
 	{Name: "EnsureSchemaQueuesEarlierWork", Run: internal(testEnsureSchemaQueuesEarlierWork)},
 }

@@ -237,6 +237,16 @@ type storedDelivery struct {
 	ExpiresAt    *time.Time           `bson:"expiresAt,omitempty"`
 }
 
+// storedLease is the lease of an attempt document as a $set writes it, for cases that lease an attempt as
+// a claimer would have before it died.
+type storedLease struct {
+	LeaseOwner   string    `bson:"lockOwner"`
+	FencingToken string    `bson:"lockToken"`
+	LeasedAt     time.Time `bson:"lockedAt"`
+	LeasedUntil  time.Time `bson:"lockedUntil"`
+	StartedAt    time.Time `bson:"startedAt"`
+}
+
 // storedQueueEntry is a queue document of <prefix>.queue as the suite reads it: its copy of a lease.
 type storedQueueEntry struct {
 	ID           string     `bson:"_id"`

@@ -17,6 +17,7 @@ var fanOutCases = []Case{
 	{Name: "FanOutStaleRepairsInterruptedFanOut", Run: testFanOutStaleRepairsInterruptedFanOut},
 	{Name: "FanOutMarkIsClearedSeparately", Run: testFanOutMarkIsClearedSeparately},
 	{Name: "FanOutClaimingInsertsLeasedAttempts", Run: testFanOutClaimingInsertsLeasedAttempts, Race: true},
+	{Name: "StagedLeftoversDoNotHideAnInterruptedFanOut", Run: testStagedLeftoversDoNotHideAnInterruptedFanOut},
 }
 
 func testFanOutConcurrentCreatesOneDeliveryPerGroup(t *testing.T, e *Env) {
@@ -212,4 +213,52 @@ func testFanOutClaimingInsertsLeasedAttempts(t *testing.T, e *Env) {
 		}
 		return r != nil
 	})
+}
+
+// Outbox documents of publishes that died before their commit (their events staged until the sweeper removes
+// them, an hour later) do not hide an interrupted fan-out behind them: the fan-out repair puts them aside and
+// reads on. A publish that finds such an event staged with its own content commits it and answers as a
+// re-publish (the publish that staged it published it), and the repair sees its outbox document again.
+func testStagedLeftoversDoNotHideAnInterruptedFanOut(t *testing.T, e *Env) {
+	b := e.setup(t)
+	s := b.store(nil, func(o *Options) { o.LeaseTimeout = time.Second })
+	b.putEndpoint(s, "g", "t")
+	old := b.clock.Now() // after the group registered (offsetReset latest): its events are delivered
+	b.clock.Advance(time.Minute)
+	const leftovers = 150 // more than a page of the repair (its limit below)
+	var evs, marks []any
+	for i := range leftovers {
+		id := fmt.Sprintf("staged-%03d", i)
+		at := old.Add(time.Duration(i) * time.Millisecond)
+		evs = append(evs, bson.M{"_id": id, "topic": "t", "data": `1`, "createdAt": at, "staged": true})
+		marks = append(marks, bson.M{"_id": id, "topic": "t", "createdAt": at})
+	}
+	// Committed and marked, but its publisher died before fanning it out: newer than every leftover.
+	evs = append(evs, bson.M{"_id": "interrupted", "topic": "t", "data": `2`, "createdAt": old.Add(time.Second), "fanout": true})
+	marks = append(marks, bson.M{"_id": "interrupted", "topic": "t", "createdAt": old.Add(time.Second)})
+	if _, err := b.coll("events").InsertMany(b.ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("outbox").InsertMany(b.ctx, marks); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.FanOutStale(b.ctx, time.Second, 100); err != nil || n != 1 {
+		t.Fatalf("FanOutStale = %d, %v; want the interrupted event's 1 delivery behind %d staged leftovers", n, err, leftovers)
+	}
+	if n := b.count("deliveries", bson.M{"eventId": "interrupted"}); n != 1 {
+		t.Fatalf("the interrupted event has %d deliveries, want 1", n)
+	}
+	if n := b.count("outbox", bson.M{}); n != leftovers {
+		t.Errorf("%d outbox documents, want the %d leftovers (kept until StagedTimeout, put aside)", n, leftovers)
+	}
+	// A re-publish of a leftover with the same content commits it, as a re-publish, and recalls its outbox
+	// document: a fan-out repair now fans it out.
+	out, err := s.Publish(b.ctx, []*pulsetype.Event{Event("staged-007", "t", `1`)})
+	if err != nil || !out[0].Existing {
+		t.Fatalf("Publish of a staged id = %+v, %v; want it committed and answered as a re-publish", out, err)
+	}
+	b.clock.Advance(2 * time.Second)
+	if n, err := s.FanOutStale(b.ctx, time.Second, 100); err != nil || n != 1 {
+		t.Fatalf("FanOutStale after the re-publish = %d, %v; want the committed leftover's 1 delivery", n, err)
+	}
 }

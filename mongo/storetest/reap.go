@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -12,6 +14,7 @@ import (
 var reapCases = []Case{
 	{Name: "ReapOneReapsExpiredLease", Run: testReapOneReapsExpiredLease},
 	{Name: "ReapOneSparesRenewedLease", Run: testReapOneSparesRenewedLease, Race: true},
+	{Name: "LeaseWithoutItsQueueCopyIsReaped", Run: testLeaseWithoutItsQueueCopyIsReaped},
 }
 
 func testReapOneReapsExpiredLease(t *testing.T, e *Env) {
@@ -98,5 +101,76 @@ func testReapOneSparesRenewedLease(t *testing.T, e *Env) {
 	}
 	if winners != 1 {
 		t.Errorf("%d concurrent ReapOne calls reaped the attempt, want exactly 1", winners)
+	}
+}
+
+// A claimer that dies between leasing an attempt and copying the lease to the queue leaves a queue document
+// that says "claimable" for an attempt that is leased. Claims of the queue skip nothing then, but the reaper
+// reads the queue's copies: the look at an ordered line's head, and the repair scan, copy the lease, so the
+// reaper ends the attempt as worker_lost once the lease expires and its line moves on.
+func testLeaseWithoutItsQueueCopyIsReaped(t *testing.T, e *Env) {
+	b := e.setup(t)
+	s := b.store(nil, func(o *Options) { o.LeaseTimeout = time.Second })
+	ordered := b.endpoint("o", "t")
+	ordered.Ordered = true
+	if _, _, err := s.PutEndpoint(b.ctx, ordered); err != nil {
+		t.Fatalf("PutEndpoint: %v", err)
+	}
+	b.putEndpoint(s, "u", "t")
+	created := b.fanOutN(s, 1, "t")
+	if len(created) != 2 {
+		t.Fatalf("fan-out created %d attempts, want 2 (one per group)", len(created))
+	}
+	b.clock.Advance(time.Minute) // past the ordered line's settle window
+	// Leased in the history by a claimer that died before copying the lease to the queue.
+	until := b.clock.Now().Add(time.Second)
+	if _, err := b.coll("history").UpdateMany(b.ctx, bson.M{}, bson.M{"$set": storedLease{LeaseOwner: "dead", FencingToken: "dead",
+		LeasedAt: b.clock.Now(), LeasedUntil: until, StartedAt: b.clock.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	byGroup := map[string]*pulsetype.Attempt{}
+	for _, a := range created {
+		byGroup[a.ConsumerGroup] = a
+	}
+	reap := func() map[string]bool {
+		t.Helper()
+		reaped := map[string]bool{}
+		for range 2 {
+			a, err := s.ReapOne(b.ctx)
+			if err != nil {
+				t.Fatalf("ReapOne: %v", err)
+			}
+			if a != nil {
+				reaped[a.ConsumerGroup] = true
+			}
+		}
+		return reaped
+	}
+	// The ordered line's head: its look at the line copies the lease.
+	if a, _, err := s.ClaimHead(b.ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t"}); err != nil || a != nil {
+		t.Fatalf("ClaimHead = %v, %v; want nothing (the head is leased)", a, err)
+	}
+	b.clock.Advance(2 * time.Second) // the dead claimer's lease expires
+	if reaped := reap(); !reaped["o"] || reaped["u"] {
+		t.Fatalf("after the look at the ordered line, the reaper ended the leases of %v, want o's alone", reaped)
+	}
+	// The unordered group's attempt: the repair scan finds the lease without its copy, and copies it.
+	page, err := s.QueuedDeliveries(b.ctx, "", 100)
+	if err != nil {
+		t.Fatalf("QueuedDeliveries: %v", err)
+	}
+	if reaped := reap(); reaped["u"] {
+		t.Fatalf("after the repair scan's read alone, the reaper ended the leases of %v, want none of u's: a read repairs nothing", reaped)
+	}
+	if err := s.RepairQueue(b.ctx, page.Repairs); err != nil {
+		t.Fatalf("RepairQueue: %v", err)
+	}
+	if reaped := reap(); !reaped["u"] {
+		t.Fatalf("after the repair scan, the reaper ended the leases of %v, want u's", reaped)
+	}
+	for g, a := range byGroup {
+		if h := b.historyDoc(a.ID); h.Status != pulsetype.StatusError || h.Error == nil || h.Error.Code != pulsetype.CodeWorkerLost {
+			t.Errorf("group %s's attempt is %s %+v after the reaper, want error worker_lost", g, h.Status, h.Error)
+		}
 	}
 }
