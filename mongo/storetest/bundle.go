@@ -238,13 +238,13 @@ type storedDelivery struct {
 }
 
 // storedLease is the lease of an attempt document as a $set writes it, for cases that lease an attempt as
-// a claimer would have before it died.
+// a claimer would have before it died (every field set, as a claim sets them).
 type storedLease struct {
-	LeaseOwner   string    `bson:"lockOwner"`
-	FencingToken string    `bson:"lockToken"`
-	LeasedAt     time.Time `bson:"lockedAt"`
-	LeasedUntil  time.Time `bson:"lockedUntil"`
-	StartedAt    time.Time `bson:"startedAt"`
+	LeaseOwner   string    `bson:"lockOwner,omitempty"`
+	FencingToken string    `bson:"lockToken,omitempty"`
+	LeasedAt     time.Time `bson:"lockedAt,omitempty"`
+	LeasedUntil  time.Time `bson:"lockedUntil,omitempty"`
+	StartedAt    time.Time `bson:"startedAt,omitempty"`
 }
 
 // storedQueueEntry is a queue document of <prefix>.queue as the suite reads it: its copy of a lease.
