@@ -12,6 +12,9 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// Claiming: attempts are leased from the queue under one fresh fencing token per claim (see lease.go),
+// renewed while they run, and given back unstarted.
+
 // Claim leases the single most overdue claimable attempt (ClaimBatch with limit 1); it returns (nil, nil)
 // when nothing is due.
 func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pulsetype.Attempt, error) {

@@ -12,6 +12,9 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// Completing: a leased attempt's result is recorded fenced by its token, then its follow-up (the next
+// attempt, or the delivery's end) is written and its queue document removed.
+
 // FinishAttempt records the result of a leased attempt with a write fenced by its id and fencing token. It
 // returns pulsetype.ErrLeaseLost when they no longer match a pending attempt (it was reaped or released):
 // then nothing is written.

@@ -13,6 +13,9 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// Fan-out: each committed event gets a delivery and a first attempt for every consumer group that wants it
+// (pulsetype.Endpoint.Wants), queued first; FanOutStale repairs a fan-out its publisher did not finish.
+
 // deliveryNamespace makes delivery ids deterministic: UUIDv5 of (consumer group, event id). Two replicas
 // fanning out the same event compute the same id, so their first attempts land on one delivery.
 var deliveryNamespace = uuid.MustParse("6f1c3c1e-5b7a-4b5e-9a63-6d2f0b8c0a11")

@@ -11,6 +11,9 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// The lease: its stored fields, the one fence filter of every write only its holder may make, the one
+// minting of fencing tokens, and the queue's copy of it.
+
 // The stored names of a lease's fields. An attempt's history document holds the whole lease, its queue
 // document a copy of fieldLeasedUntil and fieldFencingToken (so that claims skip it and the reaper finds it
 // once it expires), and a subscription's backfill its discovery lease under "backfill.". The names keep the

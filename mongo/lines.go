@@ -13,6 +13,9 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// Ordered lines: the head of a (consumer group, topic, ordering key) line is claimed only when no earlier
+// event of the line can still appear (docs/delivery.md, "Ordered lines").
+
 // OrderSettle is how long after its createdAt an event may be POSTed at the head of an ordered consumer
 // group. createdAt is stamped by the database inside the write that makes the event visible (see
 // Publish), so an event with an earlier createdAt can become visible later only while such a write is

@@ -14,6 +14,9 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// Publishing: an event is stored staged, its outbox document written, then committed by a write that
+// stamps its createdAt (docs/delivery.md, "Publishing").
+
 // Publish stores events, all or none, durable when it returns; each must carry its id. The database stamps
 // createdAt in the write that makes an event visible (docs/delivery.md, "Publishing"): the events are
 // inserted staged (invisible), their outbox documents written, then each is committed by an update filtered

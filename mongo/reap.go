@@ -9,6 +9,9 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// Reaping: an attempt whose lease expired before it completed ends as worker_lost, fenced by the expired
+// lease.
+
 // reapScan bounds the queue documents whose copied lease has expired that one ReapOne looks at: most of
 // them belong to attempts whose leases were renewed since (their copies are then corrected).
 const reapScan = 16
