@@ -140,10 +140,7 @@ func (s *Store) queuedAttemptsOf(ctx context.Context, deliveryID string) ([]*pul
 		byDelivery, err := s.AttemptsOf(ctx, []string{deliveryID})
 		return byDelivery[deliveryID], err
 	}
-	ids := make([]string, len(queued))
-	for i, q := range queued {
-		ids[i] = q.ID
-	}
+	ids := idsOf(queued, func(q queueDoc) string { return q.ID })
 	docs, err := findAll[attemptDoc](ctx, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return nil, err

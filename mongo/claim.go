@@ -71,10 +71,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		return nil, nil
 	}
 	l := s.newLease(owner)
-	ids := make([]string, len(attempts))
-	for i, a := range attempts {
-		ids[i] = a.ID
-	}
+	ids := idsOf(attempts, func(a *pulsetype.Attempt) string { return a.ID })
 	res, err := s.history.UpdateMany(ctx, unleased(bson.M{"$in": ids}), bson.M{"$set": l.historySet()})
 	if err != nil {
 		return nil, wrap("claim attempts", err)
@@ -105,10 +102,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		}
 	}
 	if len(out) > 0 {
-		leased := make([]string, len(out))
-		for i, a := range out {
-			leased[i] = a.ID
-		}
+		leased := idsOf(out, func(a *pulsetype.Attempt) string { return a.ID })
 		if _, err := s.queue.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": leased}}, bson.M{"$set": l.queueSet()}); err != nil {
 			return nil, wrap("copy leases to the queue", err)
 		}

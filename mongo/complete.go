@@ -177,10 +177,7 @@ func (s *Store) createAttempts(ctx context.Context, attempts []*attemptDoc) ([]b
 	if len(attempts) == 0 {
 		return nil, nil
 	}
-	ids := make([]string, len(attempts))
-	for i, a := range attempts {
-		ids[i] = a.DeliveryID
-	}
+	ids := idsOf(attempts, func(a *attemptDoc) string { return a.DeliveryID })
 	lines, err := s.linesOf(ctx, ids)
 	if err != nil {
 		return nil, err

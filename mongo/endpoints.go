@@ -175,10 +175,7 @@ func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) er
 	if err != nil || len(queued) == 0 {
 		return err
 	}
-	ids := make([]string, len(queued))
-	for i, q := range queued {
-		ids[i] = q.ID
-	}
+	ids := idsOf(queued, func(q queueDoc) string { return q.ID })
 	attemptSet := bson.M{"status": pulsetype.StatusError, "endedAt": now, "terminal": true, "error": info}
 	if exp != nil {
 		attemptSet["expiresAt"] = exp

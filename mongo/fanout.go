@@ -194,10 +194,7 @@ func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit in
 	if err != nil || len(marks) == 0 {
 		return 0, false, err
 	}
-	ids := make([]string, len(marks))
-	for i, m := range marks {
-		ids[i] = m.ID
-	}
+	ids := idsOf(marks, func(m outboxDoc) string { return m.ID })
 	docs, err := s.findEvents(ctx, ids)
 	if err != nil {
 		return 0, false, err

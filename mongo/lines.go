@@ -267,10 +267,7 @@ func (s *Store) earlierMayAppear(ctx context.Context, line pulsetype.Line, sub *
 	if err != nil || len(marks) == 0 {
 		return false, err
 	}
-	ids := make([]string, len(marks))
-	for i, m := range marks {
-		ids[i] = m.ID
-	}
+	ids := idsOf(marks, func(m outboxDoc) string { return m.ID })
 	events, err := s.findEvents(ctx, ids)
 	if err != nil {
 		return false, err

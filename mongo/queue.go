@@ -202,10 +202,7 @@ func (s *Store) migrateQueue(ctx context.Context) error {
 		return err
 	}
 	if len(pending) > 0 {
-		ids := make([]string, len(pending))
-		for i, d := range pending {
-			ids[i] = d.ID
-		}
+		ids := idsOf(pending, func(d deliveryDoc) string { return d.ID })
 		byDelivery, err := s.AttemptsOf(ctx, ids)
 		if err != nil {
 			return err

@@ -28,10 +28,7 @@ func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	if err != nil || len(queued) == 0 {
 		return nil, err
 	}
-	ids := make([]string, len(queued))
-	for i, q := range queued {
-		ids[i] = q.ID
-	}
+	ids := idsOf(queued, func(q queueDoc) string { return q.ID })
 	docs, err := findAll[attemptDoc](ctx, s.history, "read expired leases", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return nil, err

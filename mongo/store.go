@@ -201,3 +201,12 @@ func failedAt(err error, i int) bool {
 	}
 	return slices.ContainsFunc(bwe.WriteErrors, func(we mongo.BulkWriteError) bool { return we.Index == i })
 }
+
+// idsOf returns id(x) for each x of xs, in order: the ids a query by {_id: {$in: …}} names.
+func idsOf[T any](xs []T, id func(T) string) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = id(x)
+	}
+	return out
+}
