@@ -13,6 +13,7 @@ import (
 	drvevent "go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/reconciler"
@@ -69,7 +70,7 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 			results[i].err = err
 		})
 	}
-	storetest.Eventually(t, b.ctx, fmt.Sprintf("%d publishes queue behind the first round", n-1), 5*time.Millisecond, func() bool {
+	testwait.Eventually(t, storetest.WaitBound(t), fmt.Sprintf("%d publishes queue behind the first round", n-1), func() bool {
 		s.publishes.mu.Lock()
 		defer s.publishes.mu.Unlock()
 		return len(s.publishes.queued) == n-1

@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -29,14 +30,14 @@ func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
 
 	count := func() int { return len(log.named("aggregate")) }
 	if caps.ChangeStreams {
-		storetest.Eventually(t, b.ctx, "the watcher opens its change stream", 10*time.Millisecond, func() bool { return count() > 0 })
+		testwait.Eventually(t, storetest.WaitBound(t), "the watcher opens its change stream", func() bool { return count() > 0 })
 		ev := &pulsetype.Event{ID: "e1", Topic: "t", Data: []byte("1")}
 		if _, err := s.Publish(context.Background(), []*pulsetype.Event{ev}); err != nil {
 			t.Fatal(err)
 		}
-		storetest.Eventually(t, b.ctx, "a publish wakes the change stream watcher", 10*time.Millisecond, func() bool { return woken.Load() > 0 })
+		testwait.Eventually(t, storetest.WaitBound(t), "a publish wakes the change stream watcher", func() bool { return woken.Load() > 0 })
 	} else {
-		storetest.Eventually(t, b.ctx, "the failed stream is reopened (opened twice)", 10*time.Millisecond, func() bool { return count() >= 2 })
+		testwait.Eventually(t, storetest.WaitBound(t), "the failed stream is reopened (opened twice)", func() bool { return count() >= 2 })
 	}
 	first := log.named("aggregate")[0]
 	if coll, _ := first.Lookup("aggregate").StringValueOK(); coll != "pulse.events" {

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -185,27 +186,21 @@ func Concurrently(n int, f func(i int)) {
 	wg.Wait()
 }
 
-// eventually is Eventually within the case's context.
-func (b *bundle) eventually(what string, tick time.Duration, cond func() bool) {
+// eventually waits for cond with testwait.Eventually, bounded by the case's deadline (WaitBound): a case's
+// wait for something another party or the clock does.
+func (b *bundle) eventually(what string, cond func() bool) {
 	b.t.Helper()
-	Eventually(b.t, b.ctx, what, tick, cond)
+	testwait.Eventually(b.t, WaitBound(b.t), what, cond)
 }
 
-// Eventually calls cond every tick until it returns true, and fails t saying what did not happen once ctx
-// ends (a case's context ends with the test binary's deadline, see Context): the one wait of the suite for
-// something another party or the clock does, bounded by the caller of go test rather than a guess at the
-// machine's speed. cond runs on the caller's goroutine, so it may call t.Fatal.
-func Eventually(t testing.TB, ctx context.Context, what string, tick time.Duration, cond func() bool) {
-	t.Helper()
-	ticker := time.NewTicker(tick)
-	defer ticker.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not before the test's deadline (%v)", what, context.Cause(ctx))
-		case <-ticker.C:
-		}
+// WaitBound is how long a case may wait for an outcome (testwait.Eventually's timeout): until its context
+// ends (see Context), or 5 minutes without a test deadline. It bounds a stuck case and is never the
+// assertion.
+func WaitBound(t *testing.T) time.Duration {
+	if deadline, ok := t.Deadline(); ok {
+		return max(time.Until(deadline.Add(-contextMargin)), time.Second)
 	}
+	return 5 * time.Minute
 }
 
 // storedAttempt is an attempt document of <prefix>.history as the suite reads it: the fields its cases

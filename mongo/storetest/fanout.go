@@ -203,7 +203,7 @@ func testFanOutClaimingInsertsLeasedAttempts(t *testing.T, e *Env) {
 		t.Errorf("ClaimBatch took %+v, want only audit's unleased attempt %s", claimed, unleased[0].ID)
 	}
 
-	b.eventually("the reaper reaps the 1s lease of an attempt inserted leased", 20*time.Millisecond, func() bool {
+	b.eventually("the reaper reaps the 1s lease of an attempt inserted leased", func() bool {
 		r, err := s.ReapOne(b.ctx)
 		if err != nil {
 			t.Fatalf("ReapOne: %v", err)
