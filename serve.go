@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
-	"reflect"
-	"strings"
 
 	"github.com/pulse-sidecar/pulse/config"
 	"github.com/pulse-sidecar/pulse/internal/cli"
@@ -36,22 +33,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	return s.Wait()
 }
 
-// serveUsage is the text of `pulse serve --help`: the configuration variables with their defaults, read
-// from config.Config's tags so that the list cannot fall behind.
+// serveUsage is the text of `pulse serve --help`: every configuration variable with its default and meaning,
+// from config.Variables (the same text as docs/configuration.md), so that the list cannot fall behind.
 func serveUsage() string {
-	var b strings.Builder
-	b.WriteString("Usage: pulse [serve]\n\nRuns the sidecar. It takes no flags: the configuration comes from these environment\nvariables (see the README for each one):\n\n")
-	t := reflect.TypeOf(config.Config{})
-	for i := range t.NumField() {
-		name := t.Field(i).Tag.Get("env")
-		if name == "" {
-			continue
-		}
-		if def, ok := t.Field(i).Tag.Lookup("envDefault"); ok {
-			fmt.Fprintf(&b, "  %-26s default %s\n", name, def)
-		} else {
-			fmt.Fprintf(&b, "  %s\n", name)
-		}
-	}
-	return b.String()
+	return "Usage: pulse [serve]\n\nRuns the sidecar. It takes no flags: the configuration comes from these environment\nvariables (docs/configuration.md says more of each):\n\n" +
+		config.HelpText(100)
 }

@@ -23,7 +23,7 @@ const (
 	namespace = "pulse-test"
 )
 
-// contractEnv lists the sidecar's configuration variables (the README's Configuration table).
+// contractEnv lists the sidecar's configuration variables (docs/configuration.md).
 var contractEnv = []string{
 	"PULSE_MONGODB_URI", "PULSE_DATABASE", "PULSE_COLLECTION_PREFIX", "PULSE_DATA_DIR", "PULSE_LISTEN",
 	"PULSE_PROBE_LISTEN", "PULSE_API_TOKEN", "PULSE_API_READ_TOKEN", "PULSE_ENCRYPTION_KEY", "PULSE_LOCK_TIMEOUT", "PULSE_POLL_INTERVAL", "PULSE_CHANGE_STREAMS",

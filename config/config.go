@@ -20,7 +20,7 @@ import (
 	"github.com/pulse-sidecar/pulse/webhook"
 )
 
-// Defaults, as documented in the README's Configuration table.
+// Defaults, as documented in docs/configuration.md (the table config.Variables describes).
 const (
 	DefaultDatabase         = "pulse"
 	DefaultCollectionPrefix = "pulse"

@@ -245,3 +245,27 @@ func TestParseKeys(t *testing.T) {
 		t.Errorf("ParseKeys(\"\") = %v, %v; want nil, nil", keys, err)
 	}
 }
+
+// Every variable of Config has its meaning in Variables, in field order, with the envDefault it is given.
+func TestVariablesDescribeEveryField(t *testing.T) {
+	t.Parallel()
+	if err := config.CheckVariables(); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range config.Variables() {
+		if v.Meaning == "" || strings.HasSuffix(v.Meaning, ".") {
+			t.Errorf("%s: meaning %q: want a text without a final period", v.Name, v.Meaning)
+		}
+	}
+	help := config.HelpText(100)
+	for _, v := range config.Variables() {
+		if !strings.Contains(help, "  "+v.Name+" (default: ") {
+			t.Errorf("HelpText lacks %s", v.Name)
+		}
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(help, "\n"), "\n") {
+		if len(line) > 100 && strings.Contains(strings.TrimSpace(line), " ") {
+			t.Errorf("HelpText line longer than 100 columns: %q", line)
+		}
+	}
+}

@@ -223,7 +223,7 @@ func ownerOf(t *testing.T, s *harness.Sidecar) string {
 }
 
 // endpointCacheTime is how long a replica may keep using an endpoint it read before another replica changed
-// it (README, "Rotating an endpoint's secret").
+// it (docs/operating.md, "Rotating an endpoint's secret").
 const endpointCacheTime = time.Second
 
 // A rotation made through replica A reaches replica B as a PUT does: B, which cached the endpoint with the

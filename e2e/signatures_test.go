@@ -22,7 +22,7 @@ import (
 	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
-// README example begins (README.md, "Verifying signatures in your receiver": kept there verbatim).
+// Docs example begins (docs/api.md, "Verifying signatures in your receiver": kept there verbatim).
 
 // verified passes a webhook POST on to next only when its signature verifies with the endpoint's secret
 // ("whsec_..."); otherwise it answers 401, which the sidecar retries.
@@ -41,22 +41,22 @@ func verified(secret string, next func(w http.ResponseWriter, body []byte)) (htt
 	}), nil
 }
 
-// README example ends.
+// Docs example ends.
 
-// readmeExample returns the code block of language lang in the README's section "Verifying signatures in
-// your receiver".
+// readmeExample returns the code block of language lang in the section "Verifying signatures in your
+// receiver" of docs/api.md (moved there from the README).
 func readmeExample(t *testing.T, lang string) string {
 	t.Helper()
-	raw, err := os.ReadFile("../README.md") // the test runs in e2e/
+	raw, err := os.ReadFile(filepath.Join("..", "docs", "api.md")) // the test runs in e2e/
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(raw), "\n### Verifying signatures in your receiver\n")
+	_, section, ok := strings.Cut(string(raw), "\n## Verifying signatures in your receiver\n")
 	section, _, _ = strings.Cut(section, "\n## ")
 	_, block, found := strings.Cut(section, "\n```"+lang+"\n")
 	block, _, closed := strings.Cut(block, "\n```\n")
 	if !ok || !found || !closed {
-		t.Fatalf("README.md has no %s block in its section \"Verifying signatures in your receiver\"", lang)
+		t.Fatalf("docs/api.md has no %s block in its section \"Verifying signatures in your receiver\"", lang)
 	}
 	return block + "\n"
 }
@@ -98,17 +98,17 @@ func verifyingScenario(t *testing.T, s *harness.Sidecar, url string) string {
 	return id
 }
 
-// The README's Go example, verbatim, accepts the sidecar's POSTs signed with its secret (also as the old or
+// The docs' Go example (docs/api.md), verbatim, accepts the sidecar's POSTs signed with its secret (also as the old or
 // the new secret of a rotation) and refuses those signed with another, handing on the body as sent.
 func TestReadmeGoVerifierAcceptsTheSidecarsPOSTs(t *testing.T) {
 	own, err := os.ReadFile("signatures_test.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, example, _ := strings.Cut(string(own), "// README example begins (README.md, \"Verifying signatures in your receiver\": kept there verbatim).\n\n")
-	example, _, _ = strings.Cut(example, "\n// README example ends.")
+	_, example, _ := strings.Cut(string(own), "// Docs example begins (docs/api.md, \"Verifying signatures in your receiver\": kept there verbatim).\n\n")
+	example, _, _ = strings.Cut(example, "\n// Docs example ends.")
 	if !strings.Contains(readmeExample(t, "go"), example) {
-		t.Fatalf("README.md's Go example differs from the function verified that this test runs:\n%s", example)
+		t.Fatalf("docs/api.md's Go example differs from the function verified that this test runs:\n%s", example)
 	}
 
 	b := harness.Setup(t)
@@ -150,7 +150,7 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// runExampleReceiver runs the README's example of language lang (saved as file in dir) with command, the
+// runExampleReceiver runs the docs' example of language lang (saved as file in dir) with command, the
 // secret secretOld and a free port, and returns its URL and its output. It is killed in t.Cleanup.
 func runExampleReceiver(t *testing.T, dir, lang, file string, command ...string) (string, *testdb.SyncBuffer) {
 	t.Helper()
@@ -184,12 +184,12 @@ func runExampleReceiver(t *testing.T, dir, lang, file string, command ...string)
 	return "http://" + addr + "/hook", out
 }
 
-// The README's Node example, run by node with the standardwebhooks package from npm, accepts the sidecar's
+// The docs' Node example, run by node with the standardwebhooks package from npm, accepts the sidecar's
 // POSTs as the Go one does. Skipped when node or npm is missing or the package cannot be installed.
 func TestReadmeNodeVerifierAcceptsTheSidecarsPOSTs(t *testing.T) {
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed: the README's Node example is not run", tool)
+			t.Skipf("%s is not installed: the docs' Node example is not run", tool)
 		}
 	}
 	dir := t.TempDir()
@@ -197,7 +197,7 @@ func TestReadmeNodeVerifierAcceptsTheSidecarsPOSTs(t *testing.T) {
 	defer cancel()
 	install := exec.CommandContext(ctx, "npm", "install", "--prefix", dir, "--no-save", "--no-audit", "--no-fund", "--loglevel=error", "standardwebhooks@1")
 	if out, err := install.CombinedOutput(); err != nil {
-		t.Skipf("npm install standardwebhooks failed (no registry?): the README's Node example is not run: %v\n%s", err, out)
+		t.Skipf("npm install standardwebhooks failed (no registry?): the docs' Node example is not run: %v\n%s", err, out)
 	}
 	b := harness.Setup(t)
 	s := b.Start(b.FastEnv())
@@ -208,20 +208,20 @@ func TestReadmeNodeVerifierAcceptsTheSidecarsPOSTs(t *testing.T) {
 	}
 }
 
-// The README's Python example accepts the sidecar's POSTs as the Go one does. It runs with the installed
+// The docs' Python example accepts the sidecar's POSTs as the Go one does. It runs with the installed
 // standardwebhooks module, else with the same library's Python source as the Go module
 // github.com/standard-webhooks/standard-webhooks/libraries ships it (one repository holds every language's
 // library; the Python registry is not reachable everywhere). Skipped without python3.
 func TestReadmePythonVerifierAcceptsTheSidecarsPOSTs(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed: the README's Python example is not run")
+		t.Skip("python3 is not installed: the docs' Python example is not run")
 	}
 	dir := t.TempDir()
 	if err := exec.Command("python3", "-c", "import standardwebhooks.webhooks").Run(); err != nil {
 		mod, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/standard-webhooks/standard-webhooks/libraries").Output()
 		lib := filepath.Join(strings.TrimSpace(string(mod)), "python", "standardwebhooks")
 		if _, statErr := os.Stat(filepath.Join(lib, "webhooks.py")); err != nil || statErr != nil {
-			t.Skipf("neither an installed standardwebhooks module nor the Go module's copy (%v, %v): the README's Python example is not run", err, statErr)
+			t.Skipf("neither an installed standardwebhooks module nor the Go module's copy (%v, %v): the docs' Python example is not run", err, statErr)
 		}
 		if err := os.CopyFS(filepath.Join(dir, "standardwebhooks"), os.DirFS(lib)); err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-// Package httpapi serves the sidecar's public HTTP API (the README's API section) with chi:
+// Package httpapi serves the sidecar's public HTTP API (docs/api.md, docs/openapi.yaml) with chi:
 // ingest (POST /v1/events), endpoint registration, inspection, /healthz and /readyz. ProbeHandler serves the
 // probe routes alone, for a listener of their own. The JSON shapes of requests and answers live here
 // (Endpoint, Timestamp, Duration and the unexported answer types), converted from and to the pulsetype

@@ -43,7 +43,7 @@ const (
 	OffsetEarliest OffsetReset = "earliest" // every event still retained
 )
 
-// Endpoint defaults, as documented in the README's API section.
+// Endpoint defaults, as documented in docs/api.md.
 const (
 	DefaultMaxRetries             = 8
 	DefaultRetryDelay             = time.Second

@@ -2,7 +2,7 @@ package pulsetype
 
 import "time"
 
-// EndpointState is whether a consumer group's endpoint receives POSTs (README, "Pausing and disabling an
+// EndpointState is whether a consumer group's endpoint receives POSTs (docs/operating.md, "Pausing and disabling an
 // endpoint").
 type EndpointState string
 
