@@ -34,7 +34,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		if err != nil {
 			return nil, err
 		}
-		return sidecar.New(cfg, sidecar.Options{Version: version, Logs: logs, Monitor: monitor}), nil
+		return sidecar.New(cfg, sidecar.Options{Version: binaryVersion().Version, Logs: logs, Monitor: monitor}), nil
 	})
 }
 

@@ -107,10 +107,10 @@ func dispatch(ctx context.Context, args []string, getenv func(string) string, st
 		return healthcheck(ctx, args, getenv, stdout)
 	case "version":
 		fs := flag.NewFlagSet("version", flag.ContinueOnError)
-		if err := cli.Parse(fs, args, "Usage: pulse version\n\nPrints the version of this binary.", stdout); err != nil {
+		if err := cli.Parse(fs, args, "Usage: pulse version\n\nPrints the version of this binary, the commit it was built from and that commit's time (from\nthe build information that go build records in a git checkout), the build time when stamped, and\nthe Go toolchain.", stdout); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintln(stdout, version)
+		_, err := io.WriteString(stdout, binaryVersion().String())
 		return err
 	default:
 		return cli.Usagef(usage, "unknown command %q", cmd)

@@ -26,7 +26,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	s := sidecar.New(cfg, sidecar.Options{Version: version, Logs: stdout, TestHooks: hooks})
+	s := sidecar.New(cfg, sidecar.Options{Version: binaryVersion().Version, Logs: stdout, TestHooks: hooks})
 	if err := s.Start(ctx); err != nil {
 		return err
 	}
