@@ -126,11 +126,15 @@ func (answerStore) ListEndpoints(context.Context) ([]*pulsetype.Endpoint, error)
 }
 
 // PutEndpoint stores nothing: it answers what it got with the fixed times, created unless the group is a
-// fixture.
+// fixture. Like package mongo's, it keeps a fixture's state and makes a new endpoint active.
 func (s answerStore) PutEndpoint(_ context.Context, e *pulsetype.Endpoint) (*pulsetype.Endpoint, bool, error) {
-	_, err := s.endpoint(e.ConsumerGroup)
+	existing, err := s.endpoint(e.ConsumerGroup)
 	out := *e
 	out.CreatedAt, out.UpdatedAt = fixAt, fixLater
+	out.State, out.StateReason, out.StateSince = pulsetype.EndpointActive, "", nil
+	if err == nil {
+		out.State, out.StateReason, out.StateSince = existing.State, existing.StateReason, existing.StateSince
+	}
 	return &out, err != nil, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pulse-sidecar/pulse/docs"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -100,10 +101,14 @@ func New(store Store, notify Notifier, opts Options) *Server {
 // Drain makes publishes answer 503 from now on (shutdown has begun); reads keep working.
 func (s *Server) Drain() { s.draining.Store(true) }
 
-// Handler returns the routes of the API listener (PULSE_LISTEN): /v1, the operator console at /ui/ (see
-// ui.go), and the probe routes too, so a sidecar without a probe listener is probed where it always was. Every
-// route follows the browser rules of browser.go: no request a web page of another origin makes is served.
-func (s *Server) Handler() http.Handler {
+// Handler returns the routes of the API listener (PULSE_LISTEN): /v1 (with its OpenAPI document at
+// /v1/openapi.yaml), the operator console at /ui/ (see ui.go), and the probe routes too, so a sidecar
+// without a probe listener is probed where it always was. Every route follows the browser rules of
+// browser.go: no request a web page of another origin makes is served.
+func (s *Server) Handler() http.Handler { return s.browserGuard(s.routes()) }
+
+// routes returns the router of Handler, before the browser guard.
+func (s *Server) routes() chi.Router {
 	r := s.probeRouter()
 	r.Mount("/ui", consoleHandler())
 	r.Route("/v1", func(r chi.Router) {
@@ -124,8 +129,16 @@ func (s *Server) Handler() http.Handler {
 		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
 		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)
 		r.Delete("/endpoints/{consumerGroup}", s.deleteEndpoint)
+		r.Get("/openapi.yaml", serveOpenAPI)
 	})
-	return s.browserGuard(r)
+	return r
+}
+
+// serveOpenAPI answers the OpenAPI document of this API (docs/openapi.yaml, embedded at build time).
+func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	_, _ = w.Write(docs.OpenAPI)
 }
 
 // ProbeHandler returns the routes of the probe listener (PULSE_PROBE_LISTEN): /healthz, /readyz and /metrics
