@@ -572,3 +572,54 @@ func TestChartExposedAPIAndSecrets(t *testing.T) {
 		t.Errorf("readinessProbe port = %s, want pulse-probes", c.ReadinessProbe.HTTPGet.Port.String())
 	}
 }
+
+// The chart's default images are the ones a release pushes: .goreleaser.yaml builds an image of each
+// repository values.yaml names, tagged with the version (which the release workflow also writes into
+// values.yaml and Chart.yaml's appVersion).
+func TestChartImagesAreTheReleasedOnes(t *testing.T) {
+	t.Parallel()
+	var values struct {
+		Image struct {
+			Repository string `json:"repository"`
+		} `json:"image"`
+		Example struct {
+			Image struct {
+				Repository string `json:"repository"`
+			} `json:"image"`
+		} `json:"example"`
+	}
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &values); err != nil {
+		t.Fatal(err)
+	}
+	var release struct {
+		DockersV2 []struct {
+			Images []string `json:"images"`
+			Tags   []string `json:"tags"`
+		} `json:"dockers_v2"`
+	}
+	b, err = os.ReadFile("../.goreleaser.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &release); err != nil {
+		t.Fatal(err)
+	}
+	for _, repo := range []string{values.Image.Repository, values.Example.Image.Repository} {
+		found := false
+		for _, d := range release.DockersV2 {
+			if slices.Contains(d.Images, repo) {
+				found = true
+				if !slices.Contains(d.Tags, "{{ .Version }}") {
+					t.Errorf(".goreleaser.yaml tags %s with %q, want {{ .Version }} (the chart's appVersion)", repo, d.Tags)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("values.yaml's image %s is built by no dockers_v2 entry of .goreleaser.yaml", repo)
+		}
+	}
+}

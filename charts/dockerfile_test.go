@@ -34,7 +34,13 @@ func (s stage) all(cmd string) []string {
 // dockerStages parses ../Dockerfile into its stages (comments and parser directives dropped).
 func dockerStages(t *testing.T) []stage {
 	t.Helper()
-	f, err := os.Open("../Dockerfile")
+	return dockerfileStages(t, "../Dockerfile")
+}
+
+// dockerfileStages parses the Dockerfile at path into its stages (comments and parser directives dropped).
+func dockerfileStages(t *testing.T, path string) []stage {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +69,7 @@ func dockerStages(t *testing.T) []stage {
 		}
 		if len(stages) == 0 {
 			if in.cmd != "ARG" {
-				t.Fatalf("Dockerfile: %s before the first FROM", in.cmd)
+				t.Fatalf("%s: %s before the first FROM", path, in.cmd)
 			}
 			return
 		}
@@ -87,7 +93,7 @@ func dockerStages(t *testing.T) []stage {
 		t.Fatal(err)
 	}
 	if len(stages) < 2 {
-		t.Fatalf("Dockerfile has %d stages, want a multi-stage build", len(stages))
+		t.Fatalf("%s has %d stages, want a multi-stage build", path, len(stages))
 	}
 	return stages
 }
@@ -203,5 +209,42 @@ func TestDockerignoreKeepsSources(t *testing.T) {
 	}
 	if !strings.Contains(string(b), ".git") {
 		t.Error(".dockerignore does not exclude .git")
+	}
+}
+
+// The release images (Dockerfile.release, built by GoReleaser from its own binaries) are the Dockerfile's
+// images but for where the binary comes from: each of its runtime stages has the base, user, environment,
+// ports, healthcheck, entrypoint and command of the Dockerfile's stage of the same name, and the sidecar is
+// its default (last) stage as it is the Dockerfile's.
+func TestReleaseDockerfileMatchesTheDockerfile(t *testing.T) {
+	t.Parallel()
+	built, released := dockerStages(t), dockerfileStages(t, "../Dockerfile.release")
+	if last := released[len(released)-1].name; last != built[len(built)-1].name {
+		t.Errorf("Dockerfile.release's default stage is %q, the Dockerfile's %q", last, built[len(built)-1].name)
+	}
+	for _, name := range []string{"pulse", "receiver"} {
+		find := func(stages []stage) *stage {
+			for i := range stages {
+				if stages[i].name == name {
+					return &stages[i]
+				}
+			}
+			t.Fatalf("no stage %q", name)
+			return nil
+		}
+		b, r := find(built), find(released)
+		checkMinimalStage(t, *r)
+		if r.base != b.base {
+			t.Errorf("stage %s: Dockerfile.release is based on %q, the Dockerfile on %q", name, r.base, b.base)
+		}
+		for _, cmd := range []string{"USER", "ENV", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD"} {
+			if got, want := r.all(cmd), b.all(cmd); !slices.Equal(got, want) {
+				t.Errorf("stage %s: Dockerfile.release has %s %q, the Dockerfile %q", name, cmd, got, want)
+			}
+		}
+		copies := strings.Join(r.all("COPY"), "\n")
+		if !strings.Contains(copies, "${TARGETPLATFORM}/"+name+" /"+name) {
+			t.Errorf("stage %s copies %q, want GoReleaser's ${TARGETPLATFORM}/%s to /%s", name, copies, name, name)
+		}
 	}
 }
