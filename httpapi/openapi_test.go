@@ -23,6 +23,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/docs"
 	"github.com/pulse-sidecar/pulse/httpapi"
+	"github.com/pulse-sidecar/pulse/metrics"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -89,7 +90,7 @@ func specRoutes(doc *openapi3.T) []string {
 func TestOpenAPIListsEveryRoute(t *testing.T) {
 	t.Parallel()
 	doc, _ := loadSpec(t)
-	routes := httpapi.New(specStore{}, nopNotifier{}, httpapi.Options{Logger: zerolog.Nop(), Metrics: httpapi.NewMetrics()}).Routes()
+	routes := httpapi.New(specStore{}, nopNotifier{}, httpapi.Options{Logger: zerolog.Nop(), Metrics: metrics.New()}).Routes()
 	var served, mounts []string
 	err := chi.Walk(routes, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
 		if prefix, mounted := strings.CutSuffix(route, "/*"); mounted {
@@ -191,7 +192,7 @@ func TestOpenAPIValidatesRecordedAnswers(t *testing.T) {
 			request: status < 300 && !binaryCE})
 	}
 	srv := httptest.NewServer(httpapi.New(specStore{}, nopNotifier{}, httpapi.Options{Logger: zerolog.Nop(),
-		Metrics: httpapi.NewMetrics(), MaxBodyBytes: 1 << 20}).Handler())
+		Metrics: metrics.New(), MaxBodyBytes: 1 << 20}).Handler())
 	t.Cleanup(srv.Close)
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	for _, c := range []struct{ name, method, path string }{
