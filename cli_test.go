@@ -150,3 +150,20 @@ func TestServeDataDirLockAndBusyPort(t *testing.T) {
 		t.Errorf("serve on a busy port created PULSE_DATA_DIR (stat: %v)", statErr)
 	}
 }
+
+// A bad configuration stops `pulse serve` (main's run) at start with one line naming the variable, before it
+// binds or connects to anything.
+func TestRunStopsOnABadConfiguration(t *testing.T) {
+	t.Parallel()
+	for key, value := range map[string]string{"PULSE_LOCK_TIMEOUT": "soon", "PULSE_ALLOWED_HOSTS": "pulse:8080", "PULSE_LISTEN": "nope"} {
+		err := run(t.Context(), []string{"serve"}, func(k string) string {
+			if k == key {
+				return value
+			}
+			return ""
+		}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), key) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s=%s: run = %v, want one line naming %s", key, value, err, key)
+		}
+	}
+}

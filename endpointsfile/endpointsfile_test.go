@@ -17,7 +17,7 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// putRecorder is an Store that records the URLs put; with block set, PutEndpoint waits until its
+// putRecorder is a Store that records the URLs put; with block set, PutEndpoint waits until its
 // context ends.
 type putRecorder struct {
 	mu        sync.Mutex

@@ -71,7 +71,7 @@ var historyLeaseUnset = bson.M{fieldLeaseOwner: "", fieldFencingToken: "", field
 // queueLeaseUnset is the $unset that removes a queue document's copy of a lease.
 var queueLeaseUnset = bson.M{fieldLeasedUntil: "", fieldFencingToken: ""}
 
-// fence is the filter of a write to the history that only the holder of the leases keys may make: the
+// fence is the filter of a write to the history that only the leases' holder may make: the
 // attempts' ids, their fencing tokens and status pending. For more than one key it matches by $in on each
 // (one claim leases its batch under one token, so the tokens are few).
 func fence(keys ...pulsetype.LeaseKey) bson.M {

@@ -123,6 +123,12 @@ func (s *Sidecar) ProbeAddr() string {
 // Stop shuts the sidecar down (the order of the package's invariants) and blocks until every goroutine it
 // started returned and the database is disconnected. It is safe twice, concurrently, and before Start.
 func (s *Sidecar) Stop() {
+	s.mu.Lock() // held by a Start in progress: its outcome decides
+	started := s.started
+	s.mu.Unlock()
+	if !started {
+		return // nothing runs; a later Start starts as if Stop had not been called
+	}
 	s.stopOnce.Do(func() { close(s.stopping) })
 	_ = s.Wait()
 }

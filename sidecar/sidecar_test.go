@@ -31,6 +31,7 @@ func TestSidecarLifecycle(t *testing.T) {
 	cfg := load(t, map[string]string{"PULSE_MONGODB_URI": testdb.URI(t), "PULSE_DATABASE": dbName, "PULSE_LISTEN": "127.0.0.1:0"})
 	New(cfg, Options{}).Stop()
 	s := New(cfg, Options{})
+	s.Stop() // before Start: does nothing, and the Start below runs as usual
 	if err := s.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -66,16 +66,16 @@ func (b *Bundle) FastEnv(set ...map[string]string) map[string]string {
 	return env
 }
 
-// Sidecar is one in-process sidecar started with run().
+// Sidecar is one in-process sidecar started with Bundle.Start (package sidecar, as `pulse serve` starts it).
 type Sidecar struct {
 	URL  string
 	Logs *testdb.SyncBuffer
-	// stop shuts the sidecar down and waits for it, failing the test if it exited with an error; it is safe
-	// twice (t.Cleanup calls it too). Nil for sidecars not started by start.
+	// Stop shuts the sidecar down and waits for it, failing the test if it exited with an error; it is safe
+	// twice (t.Cleanup calls it too). Nil for sidecars not started by Bundle.Start (Process.Sidecar).
 	Stop func()
 }
 
-// Start runs a sidecar in-process with env (internal/sidecar, as `pulse serve` runs it) and returns once it
+// Start runs a sidecar in-process with env (package sidecar, as `pulse serve` runs it) and returns once it
 // listens; it is stopped in t.Cleanup. The test hooks env sets (PULSE_TEST_CLOCK_SKEW,
 // PULSE_TEST_CRASH_AFTER_PUBLISH) reach it as sidecar.TestHooks, in any build.
 func (b *Bundle) Start(env map[string]string) *Sidecar {
