@@ -71,4 +71,6 @@ var internalCases = []storetest.Case{
 	{Name: "GroupCommitWritesConcurrentPublishesTogether", Run: internal(testGroupCommitWritesConcurrentPublishesTogether), Race: true},
 	{Name: "RepairScanWorksFromTheQueue", Run: internal(testRepairScanWorksFromTheQueue)},
 	{Name: "EnsureSchemaQueuesEarlierWork", Run: internal(testEnsureSchemaQueuesEarlierWork)},
+	// paging_test.go
+	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
 }

@@ -36,8 +36,8 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 		return page, err
 	}
 	var deliveryIDs, attemptIDs []string
-	for _, q := range queued {
-		if !slices.Contains(deliveryIDs, q.DeliveryID) {
+	for _, q := range queued { // by delivery id: a delivery's documents are adjacent
+		if len(deliveryIDs) == 0 || deliveryIDs[len(deliveryIDs)-1] != q.DeliveryID {
 			deliveryIDs = append(deliveryIDs, q.DeliveryID)
 		}
 		attemptIDs = append(attemptIDs, q.ID)

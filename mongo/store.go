@@ -1,6 +1,7 @@
 package mongo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,7 +34,15 @@ type Options struct {
 	// Capabilities, when set, are what the server can do, taken as given: EnsureSchema neither probes nor
 	// asks. Nil: EnsureSchema detects them (DetectCapabilities).
 	Capabilities *Capabilities
+	// PageSize bounds the ids one command of the store's bulk work names (ending a group's pending work, the
+	// queue migration): that work runs in pages of this many documents, so no command grows with the backlog.
+	// 0 means DefaultPageSize.
+	PageSize int
 }
+
+// DefaultPageSize is Options.PageSize when unset: 1,000 ids of at most 40 bytes make a command of about
+// 50 KiB, far below MongoDB's 16 MiB limit on a command (BSON document size).
+const DefaultPageSize = 1000
 
 // Store reads and writes the sidecar's collections. It is safe for concurrent use.
 type Store struct {
@@ -83,6 +92,9 @@ func (s *Store) Capabilities() Capabilities { return s.caps }
 func (s *Store) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx, nil)
 }
+
+// pageSize is Options.PageSize or DefaultPageSize.
+func (s *Store) pageSize() int { return cmp.Or(max(s.opts.PageSize, 0), DefaultPageSize) }
 
 func (s *Store) now() time.Time { return s.opts.Now().UTC().Truncate(time.Millisecond) }
 
