@@ -73,4 +73,5 @@ var internalCases = []storetest.Case{
 	{Name: "EnsureSchemaQueuesEarlierWork", Run: internal(testEnsureSchemaQueuesEarlierWork)},
 	// paging_test.go
 	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
+	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},
 }

@@ -1,10 +1,15 @@
 package mongo
 
 import (
+	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	drvevent "go.mongodb.org/mongo-driver/v2/event"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -94,5 +99,79 @@ func testEndPendingWorksInPages(t *testing.T, e *env) {
 	}
 	if t.Failed() {
 		t.Log(fmt.Sprint(log.sent()))
+	}
+}
+
+// The queue migration works in pages and records how far it got after each: a start stopped after its first
+// page (here by its context, as by the start's bound or a crash) leaves that page queued and its progress
+// recorded, and the next start resumes after it, reading no delivery of the first page again, until every
+// pending delivery is queued and the migration is recorded done.
+func testQueueMigrationResumes(t *testing.T, e *env) {
+	b := e.setup(t)
+	const page, pending = 3, 8
+	b.store(nil, nil)
+	past := b.clock.Now().Add(-time.Minute)
+	for i := range pending {
+		id := fmt.Sprintf("d-%02d", i)
+		if _, err := b.coll("deliveries").InsertOne(b.ctx, bson.M{"_id": id, "eventId": "e-" + id, "consumerGroup": "g", "topic": "t",
+			"status": "pending", "eventCreatedAt": past, "createdAt": past, "updatedAt": past}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.coll("history").InsertOne(b.ctx, bson.M{"_id": "a-" + id, "deliveryId": id, "eventId": "e-" + id, "consumerGroup": "g",
+			"topic": "t", "attempt": 1, "status": "pending", "createdAt": past, "nextAttemptAt": past}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readiness := b.client.Database(b.dbName).Collection(testPrefix + ".readiness")
+	if _, err := readiness.DeleteOne(b.ctx, bson.M{"_id": queueMigration}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("queue").DeleteMany(b.ctx, bson.M{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The first start ends as soon as its first record of progress is acknowledged.
+	ctx, stop := context.WithCancel(b.ctx)
+	defer stop()
+	var recorded atomic.Bool
+	cut := &drvevent.CommandMonitor{Succeeded: func(_ context.Context, ev *drvevent.CommandSucceededEvent) {
+		if ev.CommandName == "update" && recorded.CompareAndSwap(false, true) {
+			stop()
+		}
+	}}
+	first := New(b.srv.Connect(options.Client().SetMonitor(cut)), b.options(func(o *Options) { o.PageSize = page }))
+	if _, err := first.EnsureSchema(ctx); err == nil {
+		t.Fatal("the first start finished the migration; want it stopped after its first page")
+	}
+	var prog migrationProgress
+	if err := readiness.FindOne(b.ctx, bson.M{"_id": queueMigration}).Decode(&prog); err != nil {
+		t.Fatalf("no progress recorded after the first page: %v", err)
+	}
+	if prog.At != nil || prog.DeliveriesAfter != "d-02" || prog.Queued != page {
+		t.Fatalf("progress after the first page = %+v; want deliveries after d-02, %d queued, not done", prog, page)
+	}
+	if n := b.count("queue", bson.M{}); n != page {
+		t.Fatalf("%d queued after the first page, want %d", n, page)
+	}
+
+	log := &commandLog{}
+	second := New(b.monitoredClient(log), b.options(func(o *Options) { o.PageSize = page }))
+	if _, err := second.EnsureSchema(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range log.named("find") {
+		if coll, _ := cmd.Lookup("find").StringValueOK(); coll != testPrefix+".deliveries" {
+			continue
+		}
+		after, _ := cmd.Lookup("filter", "_id", "$gt").StringValueOK()
+		if after < "d-02" {
+			t.Errorf("the second start read pending deliveries after %q: want it to resume after d-02 (%s)", after, cmd)
+		}
+	}
+	if n := b.count("queue", bson.M{}); n != pending {
+		t.Errorf("%d queued after the second start, want %d", n, pending)
+	}
+	if err := readiness.FindOne(b.ctx, bson.M{"_id": queueMigration}).Decode(&prog); err != nil || prog.At == nil {
+		t.Errorf("the migration is not recorded done after the second start: %+v, %v", prog, err)
 	}
 }
