@@ -23,6 +23,11 @@ type Capabilities struct {
 	TTLIndexes bool
 	// ChangeStreams: the server is a replica set member or a mongos, so WatchEvents can follow inserts.
 	ChangeStreams bool
+	// CommitQuorum: the server takes createIndexes' commitQuorum (MongoDB 4.4 and later, on a replica set
+	// member or a mongos; a standalone refuses it), so EnsureSchema builds indexes with commitQuorum
+	// "majority" rather than the default "votingMembers", which waits for every voting member. FerretDB
+	// lacks it.
+	CommitQuorum bool
 	// PartialIndexes: the server keeps an index's partialFilterExpression. The store creates none; the
 	// field tells callers and tests what the server holds. FerretDB v1 lacks them (238 NotImplemented).
 	PartialIndexes bool
@@ -43,7 +48,7 @@ const ferretDBMaxUpdateStatements = 16
 
 // DetectCapabilities asks the server what it can do, without changing the store: TTL and partial indexes
 // by creating one of each on a scratch collection of its own (see probeIndexes), change streams by hello
-// (a replica set member or mongos), and MaxUpdateStatements and ScansFilters by buildInfo
+// (a replica set member or mongos; CommitQuorum there too, except on FerretDB), and MaxUpdateStatements and ScansFilters by buildInfo
 // (ferretDBMaxUpdateStatements and true where it reports a ferretdbVersion, else 0 and false). It returns a
 // *PermissionError when the user may not create or drop the scratch collection, and other failures wrapped.
 func (s *Store) DetectCapabilities(ctx context.Context) (Capabilities, error) {
@@ -62,6 +67,7 @@ func (s *Store) DetectCapabilities(ctx context.Context) (Capabilities, error) {
 		caps.MaxUpdateStatements, caps.ScansFilters = ferretDBMaxUpdateStatements, true
 	}
 	caps.ChangeStreams = s.supportsChangeStreams(ctx)
+	caps.CommitQuorum = caps.ChangeStreams && info.FerretDBVersion == ""
 	return caps, nil
 }
 

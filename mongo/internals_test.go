@@ -74,4 +74,5 @@ var internalCases = []storetest.Case{
 	// paging_test.go
 	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
 	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},
+	{Name: "IndexesBuildWithMajorityCommitQuorum", Run: internal(testIndexesBuildWithMajorityCommitQuorum)},
 }

@@ -3,6 +3,7 @@ package mongo
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	drvevent "go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/pulse-sidecar/pulse/internal/testdb"
 	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
@@ -174,4 +176,53 @@ func testQueueMigrationResumes(t *testing.T, e *env) {
 	if err := readiness.FindOne(b.ctx, bson.M{"_id": queueMigration}).Decode(&prog); err != nil || prog.At == nil {
 		t.Errorf("the migration is not recorded done after the second start: %+v, %v", prog, err)
 	}
+}
+
+// Where the server takes a commitQuorum (a replica set member or a mongos), every index EnsureSchema builds
+// asks for a majority of the voting members, not all of them (the default); where it does not (a standalone,
+// FerretDB), none does, since a standalone refuses the field.
+func testIndexesBuildWithMajorityCommitQuorum(t *testing.T, e *env) {
+	for _, given := range []bool{false, true} {
+		t.Run(fmt.Sprintf("given=%v", given), func(t *testing.T) { checkCommitQuorum(t, e, given) })
+	}
+}
+
+// checkCommitQuorum is testIndexesBuildWithMajorityCommitQuorum on a store whose capabilities are detected,
+// or, with given, taken as the server's detected ones with CommitQuorum set (so the embedded database,
+// which ignores the field, shows what a replica set is sent).
+func checkCommitQuorum(t *testing.T, e *env, given bool) {
+	b := e.setup(t)
+	var mod func(o *Options)
+	if given {
+		caps, err := New(b.client, b.options(nil)).DetectCapabilities(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !caps.CommitQuorum && !testdb.Embedded() {
+			t.Skip("only the embedded database is known to ignore a commitQuorum it cannot take")
+		}
+		caps.CommitQuorum = true
+		mod = func(o *Options) { o.Capabilities = &caps }
+	}
+	log := &commandLog{}
+	s := b.store(b.monitoredClient(log), mod)
+	builds := 0
+	for _, cmd := range log.named("createIndexes") {
+		coll, _ := cmd.Lookup("createIndexes").StringValueOK()
+		if !strings.HasPrefix(coll, testPrefix+".") || strings.Contains(coll, "schema_probe_") {
+			continue
+		}
+		builds++
+		quorum, _ := cmd.Lookup("commitQuorum").StringValueOK()
+		switch {
+		case s.Capabilities().CommitQuorum && quorum != "majority":
+			t.Errorf("createIndexes on %s asks commitQuorum %q, want \"majority\": %s", coll, quorum, cmd)
+		case !s.Capabilities().CommitQuorum && cmd.Lookup("commitQuorum").Type != 0:
+			t.Errorf("createIndexes on %s sends a commitQuorum the server does not take: %s", coll, cmd)
+		}
+	}
+	if builds != len(indexSpecs) {
+		t.Fatalf("EnsureSchema built %d indexes on a fresh database, want %d", builds, len(indexSpecs))
+	}
+	t.Logf("commit quorum taken by the server: %v", s.Capabilities().CommitQuorum)
 }
