@@ -27,8 +27,14 @@ var indexSpecs = []indexSpec{
 	{coll: "events", name: "pulse_events_topic_id", keys: bson.D{{Key: "topic", Value: 1}, {Key: "_id", Value: 1}}},
 	{coll: "events", name: "pulse_events_fanout", keys: bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}},
 	{coll: "events", name: "pulse_events_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
+	// Serves the sweep of staged events of array publishes that never committed ({staged: true, createdAt <
+	// now - StagedTimeout}), run every minute by every replica: without it each sweep reads every event.
+	{coll: "events", name: "pulse_events_staged", keys: bson.D{{Key: "staged", Value: 1}, {Key: "createdAt", Value: 1}}},
 	{coll: "subscriptions", name: "pulse_subscriptions_topics", keys: bson.D{{Key: "topics", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_event_unique", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, unique: true},
+	// Serves the deliveries of an event (GET /v1/events/{id}), by consumer group: the unique index starts
+	// with consumerGroup, so it cannot.
+	{coll: "deliveries", name: "pulse_deliveries_event", keys: bson.D{{Key: "eventId", Value: 1}, {Key: "consumerGroup", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_status_id", keys: bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}},
 	// Serves the head of a line of an ordered consumer group (topic and ordering key; ClaimHead) and the
 	// ordering keys with pending deliveries (OrderingKeys). It replaces pulse_deliveries_acquisition (the
