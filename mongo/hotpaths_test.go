@@ -116,11 +116,12 @@ func queriesOf(name string, cmd bson.Raw) []sentQuery {
 // $gte, $lt, $lte) and negation ($ne, $nin, $exists false, $not), and the branches of a top-level $or.
 type predicates struct {
 	eq, rng, neg map[string]bool
+	exact        map[string]bool // the equalities that name one value (not $in)
 	or           []predicates
 }
 
 func predicatesOf(filter bson.Raw) predicates {
-	p := predicates{eq: map[string]bool{}, rng: map[string]bool{}, neg: map[string]bool{}}
+	p := predicates{eq: map[string]bool{}, exact: map[string]bool{}, rng: map[string]bool{}, neg: map[string]bool{}}
 	elems, _ := filter.Elements()
 	for _, e := range elems {
 		k, v := e.Key(), e.Value()
@@ -152,7 +153,9 @@ func predicatesOf(filter bson.Raw) predicates {
 			}
 		}
 		switch {
-		case !strings.HasPrefix(first, "$"), first == "$eq", first == "$in":
+		case !strings.HasPrefix(first, "$"), first == "$eq":
+			p.eq[k], p.exact[k] = true, true
+		case first == "$in":
 			p.eq[k] = true
 		case first == "$gt", first == "$gte", first == "$lt", first == "$lte":
 			p.rng[k] = true
@@ -166,6 +169,9 @@ func predicatesOf(filter bson.Raw) predicates {
 func (p *predicates) merge(q predicates) {
 	for k := range q.eq {
 		p.eq[k] = true
+	}
+	for k := range q.exact {
+		p.exact[k] = true
 	}
 	for k := range q.rng {
 		p.rng[k] = true
@@ -292,7 +298,7 @@ func testHotQueriesUseAnIndex(t *testing.T, e *env) {
 		p := predicatesOf(q.Filter)
 		if len(p.or) > 0 {
 			for i, branch := range p.or {
-				branch.merge(predicates{eq: p.eq, rng: p.rng, neg: p.neg})
+				branch.merge(predicates{eq: p.eq, exact: p.exact, rng: p.rng, neg: p.neg})
 				shape := fmt.Sprintf("%s $or[%d]", q.shape(branch), i)
 				shapes[shape] = servedIn(q.Coll, branch, q.Sort, q.Hint)
 			}
