@@ -78,4 +78,5 @@ var internalCases = []storetest.Case{
 	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
 	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},
 	{Name: "IndexesBuildWithMajorityCommitQuorum", Run: internal(testIndexesBuildWithMajorityCommitQuorum)},
+	{Name: "ChangeStreamDetectionSurvivesFailedHello", Run: internal(testChangeStreamDetectionSurvivesFailedHello)},
 }

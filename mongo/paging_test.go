@@ -2,6 +2,7 @@ package mongo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -225,4 +226,41 @@ func checkCommitQuorum(t *testing.T, e *env, given bool) {
 		t.Fatalf("EnsureSchema built %d indexes on a fresh database, want %d", builds, len(indexSpecs))
 	}
 	t.Logf("commit quorum taken by the server: %v", s.Capabilities().CommitQuorum)
+}
+
+// A hello that fails at start is asked again: after two failures detection still finds the change streams
+// the server has, and a hello that keeps failing is an error of the start, never "no change streams" for
+// the rest of the process.
+func testChangeStreamDetectionSurvivesFailedHello(t *testing.T, e *env) {
+	b := e.setup(t)
+	real := New(b.client, b.options(nil))
+	want, err := real.supportsChangeStreams(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing := errors.New("connection reset (test)")
+	var calls atomic.Int32
+	s := New(b.client, b.options(nil))
+	s.hello = func(ctx context.Context) (helloReply, error) {
+		if calls.Add(1) <= 2 {
+			return helloReply{}, failing
+		}
+		var r helloReply
+		err := b.client.Database(b.dbName).RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&r)
+		return r, err
+	}
+	caps, err := s.DetectCapabilities(b.ctx)
+	if err != nil {
+		t.Fatalf("DetectCapabilities after two failed hellos: %v", err)
+	}
+	if caps.ChangeStreams != want || caps.ChangeStreams != e.features.ChangeStreams {
+		t.Errorf("ChangeStreams = %v after two failed hellos, want %v (the server's)", caps.ChangeStreams, want)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Errorf("hello asked %d times, want 3 (two failures, one answer)", n)
+	}
+	s.hello = func(context.Context) (helloReply, error) { return helloReply{}, failing }
+	if _, err := s.DetectCapabilities(b.ctx); !errors.Is(err, failing) {
+		t.Errorf("DetectCapabilities with hello failing every time = %v, want its error", err)
+	}
 }

@@ -53,7 +53,8 @@ type Store struct {
 	opts                                       Options
 	caps                                       Capabilities
 	log                                        zerolog.Logger
-	publishes                                  *groupCommit // concurrent publishes of one event each, written together
+	publishes                                  *groupCommit                              // concurrent publishes of one event each, written together
+	hello                                      func(context.Context) (helloReply, error) // nil: the server's hello (tests replace it)
 }
 
 // New returns a Store on client. It does no I/O; call EnsureSchema before use.
