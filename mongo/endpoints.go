@@ -239,7 +239,7 @@ func (s *Store) endPendingPage(ctx context.Context, queued []queueDoc, info *pul
 	if exp != nil {
 		attemptSet["expiresAt"] = exp
 	}
-	if _, err := s.history.UpdateMany(ctx, unleased(bson.M{"$in": ids}),
+	if _, err := s.updateMany(ctx, s.history, unleased(bson.M{"$in": ids}),
 		bson.M{"$set": attemptSet}); err != nil {
 		return out, wrap("end pending attempts", err)
 	}
@@ -271,7 +271,7 @@ func (s *Store) endPendingPage(ctx context.Context, queued []queueDoc, info *pul
 		set["expiresAt"] = exp
 	}
 	if len(ending) > 0 {
-		res, err := s.deliveries.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ending}, "status": pulsetype.StatusPending}, bson.M{"$set": set})
+		res, err := s.updateMany(ctx, s.deliveries, bson.M{"_id": bson.M{"$in": ending}, "status": pulsetype.StatusPending}, bson.M{"$set": set})
 		if err != nil {
 			return out, wrap("end pending deliveries", err)
 		}
@@ -280,7 +280,7 @@ func (s *Store) endPendingPage(ctx context.Context, queued []queueDoc, info *pul
 	// Only ended attempts leave the queue: one being created meanwhile (a retry) stays, so the dispatcher
 	// claims it and ends it without a POST.
 	if len(unqueue) > 0 {
-		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": unqueue}}); err != nil {
+		if _, err := s.deleteMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": unqueue}}); err != nil {
 			return out, wrap("remove ended attempts from the queue", err)
 		}
 	}

@@ -138,7 +138,7 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 // database's, wrapped.
 func (s *Store) RepairQueue(ctx context.Context, r pulsetype.QueueRepairs) error {
 	if len(r.Unqueue) > 0 {
-		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": r.Unqueue}}); err != nil {
+		if _, err := s.deleteMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": r.Unqueue}}); err != nil {
 			return wrap("remove stale queue documents", err)
 		}
 	}
