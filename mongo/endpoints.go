@@ -137,8 +137,10 @@ func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error
 	return out, nil
 }
 
-// DeleteEndpoint removes a consumer group's endpoint and ends its pending deliveries at once as
-// error/endpoint_deleted (see EndPending). It returns pulsetype.ErrNotFound when the group has no endpoint
+// DeleteEndpoint removes a consumer group's endpoint and ends its pending deliveries as
+// error/endpoint_deleted (see EndPending): the first page of Options.PageSize at once, the rest by the
+// repair scan, which ends the work of a deleted group, so the call's time is bounded whatever the backlog.
+// It returns pulsetype.ErrNotFound when the group has no endpoint
 // (after ending whatever the group still had pending).
 func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	res, err := s.subscriptions.DeleteOne(ctx, bson.M{"_id": group})
@@ -146,9 +148,11 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 		return wrap("delete endpoint", err)
 	}
 	// Ended also when the group was already gone: a delete that failed (or crashed) between its two steps is
-	// finished by deleting again.
-	if err := s.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: group,
-		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}); err != nil {
+	// finished by deleting again. Only the first page here, so the request is answered in a bounded time
+	// whatever the backlog: the repair scan ends the rest of a deleted group's work (reconciler, KindDeletedGroup),
+	// and nothing of the group is POSTed meanwhile, its endpoint being gone.
+	if err := s.endPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: group,
+		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}, 1); err != nil {
 		return err
 	}
 	if res.DeletedCount == 0 {
@@ -167,6 +171,11 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 // Running it twice, or again after it stopped part-way, is harmless: every write is conditional on what it
 // ends still being pending. It logs one info line when it ended any.
 func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) error {
+	return s.endPending(ctx, p, 0)
+}
+
+// endPending is EndPending stopping after maxPages pages (0: none left), the rest left pending.
+func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, maxPages int) error {
 	scope := bson.M{"consumerGroup": p.ConsumerGroup}
 	if p.Topics != nil {
 		scope["topic"] = bson.M{"$in": p.Topics}
@@ -181,8 +190,10 @@ func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) er
 	}
 	defer cur.Close(context.WithoutCancel(ctx))
 	var total endedPage
+	pages := 0
 	page := make([]queueDoc, 0, s.pageSize())
 	flush := func() error {
+		pages++
 		got, err := s.endPendingPage(ctx, page, &p.Error)
 		total.ended += got.ended
 		total.busy += got.busy
@@ -197,6 +208,9 @@ func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) er
 		if len(page) >= s.pageSize() && page[len(page)-1].DeliveryID != q.DeliveryID {
 			if err := flush(); err != nil {
 				return err
+			}
+			if maxPages > 0 && pages == maxPages {
+				break
 			}
 		}
 		page = append(page, q)
