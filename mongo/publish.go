@@ -238,14 +238,14 @@ func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, tak
 
 // commitEvents commits the staged events ids (step 4 of publishRound) and returns the createdAt of each one
 // committed, by this call or a concurrent one; an id missing from the answer was removed before its commit.
-// One event costs one findAndModify (answering only the createdAt it stamped, not the event), more an update
-// and a read.
+// One event costs one findAndModify, more an update and a read. The findAndModify answers the whole event:
+// FerretDB refuses its projection (fields), so it is not asked for.
 func (s *Store) commitEvents(ctx context.Context, ids []string) (map[string]time.Time, error) {
 	update := bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}, "$currentDate": bson.M{"createdAt": true}}
 	if len(ids) == 1 {
 		var d eventDoc
 		err := s.events.FindOneAndUpdate(ctx, bson.M{"_id": ids[0], "staged": true}, update,
-			options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(bson.M{"createdAt": 1})).Decode(&d)
+			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&d)
 		if err == nil {
 			return map[string]time.Time{d.ID: d.CreatedAt.UTC()}, nil
 		}
