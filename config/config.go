@@ -31,6 +31,7 @@ const (
 	DefaultRetention        = 168 * time.Hour
 	DefaultShutdownTimeout  = 25 * time.Second
 	DefaultDatabaseTimeout  = 5 * time.Second
+	DefaultSchemaTimeout    = time.Hour
 	DefaultMaxBodyBytes     = 1 << 20
 	DefaultWorkers          = 64
 )
@@ -100,6 +101,11 @@ type Config struct {
 	// selection timeout): while the database is unreachable an API request answers 503 database_unavailable
 	// with Retry-After within it, and at once when the database answers but refuses writes.
 	DatabaseTimeout time.Duration `env:"PULSE_DATABASE_TIMEOUT" envDefault:"5s"`
+	// SchemaTimeout bounds the start's schema work: creating the collections, building the indexes that are
+	// missing (on a large collection that takes long, waiting for a majority of the voting members) and the
+	// one-time migrations, which record their progress and resume at the next start where they stopped. Each
+	// step logs a line. Default 1h.
+	SchemaTimeout time.Duration `env:"PULSE_SCHEMA_TIMEOUT" envDefault:"1h"`
 	// ShutdownTimeout is the grace for in-flight deliveries after SIGTERM.
 	ShutdownTimeout time.Duration `env:"PULSE_SHUTDOWN_TIMEOUT" envDefault:"25s"`
 	// LogLevel is debug, info, warn or error.
@@ -249,6 +255,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DatabaseTimeout < 100*time.Millisecond || c.DatabaseTimeout > 5*time.Minute {
 		return bad("PULSE_DATABASE_TIMEOUT", c.DatabaseTimeout, "a duration between 100ms and 5m")
+	}
+	if c.SchemaTimeout < time.Minute || c.SchemaTimeout > 48*time.Hour {
+		return bad("PULSE_SCHEMA_TIMEOUT", c.SchemaTimeout, "a duration between 1m and 48h")
 	}
 	if c.ShutdownTimeout < 0 || c.ShutdownTimeout > time.Hour {
 		return bad("PULSE_SHUTDOWN_TIMEOUT", c.ShutdownTimeout, "a duration between 0 and 1h")

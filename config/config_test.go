@@ -53,6 +53,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"EventRetention", cfg.EventRetention, config.DefaultRetention},
 		{"HistoryRetention", cfg.HistoryRetention, config.DefaultRetention},
 		{"ShutdownTimeout", cfg.ShutdownTimeout, config.DefaultShutdownTimeout},
+		{"SchemaTimeout", cfg.SchemaTimeout, config.DefaultSchemaTimeout},
 		{"LogLevel", cfg.LogLevel, "info"},
 		{"LogFormat", cfg.LogFormat, "json"},
 		{"MaxBodyBytes", cfg.MaxBodyBytes, int64(config.DefaultMaxBodyBytes)},

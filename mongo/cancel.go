@@ -45,7 +45,7 @@ func (s *Store) CancelDelivery(ctx context.Context, id string) (pulsetype.Cancel
 	}
 	if upd.ModifiedCount > 0 {
 		if !res.InFlight { // no attempt of it is pending: nothing of it stays queued
-			if _, err := s.queue.DeleteMany(ctx, bson.M{"deliveryId": id}); err != nil {
+			if _, err := s.deleteMany(ctx, s.queue, bson.M{"deliveryId": id}); err != nil {
 				return pulsetype.CancelResult{}, wrap("remove a cancelled delivery from the queue", err)
 			}
 		}

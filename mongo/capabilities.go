@@ -23,6 +23,11 @@ type Capabilities struct {
 	TTLIndexes bool
 	// ChangeStreams: the server is a replica set member or a mongos, so WatchEvents can follow inserts.
 	ChangeStreams bool
+	// CommitQuorum: the server takes createIndexes' commitQuorum (MongoDB 4.4 and later, on a replica set
+	// member or a mongos; a standalone refuses it), so EnsureSchema builds indexes with commitQuorum
+	// "majority" rather than the default "votingMembers", which waits for every voting member. FerretDB
+	// lacks it.
+	CommitQuorum bool
 	// PartialIndexes: the server keeps an index's partialFilterExpression. The store creates none; the
 	// field tells callers and tests what the server holds. FerretDB v1 lacks them (238 NotImplemented).
 	PartialIndexes bool
@@ -43,7 +48,7 @@ const ferretDBMaxUpdateStatements = 16
 
 // DetectCapabilities asks the server what it can do, without changing the store: TTL and partial indexes
 // by creating one of each on a scratch collection of its own (see probeIndexes), change streams by hello
-// (a replica set member or mongos), and MaxUpdateStatements and ScansFilters by buildInfo
+// (a replica set member or mongos; CommitQuorum there too, except on FerretDB), and MaxUpdateStatements and ScansFilters by buildInfo
 // (ferretDBMaxUpdateStatements and true where it reports a ferretdbVersion, else 0 and false). It returns a
 // *PermissionError when the user may not create or drop the scratch collection, and other failures wrapped.
 func (s *Store) DetectCapabilities(ctx context.Context) (Capabilities, error) {
@@ -61,7 +66,10 @@ func (s *Store) DetectCapabilities(ctx context.Context) (Capabilities, error) {
 	if info.FerretDBVersion != "" {
 		caps.MaxUpdateStatements, caps.ScansFilters = ferretDBMaxUpdateStatements, true
 	}
-	caps.ChangeStreams = s.supportsChangeStreams(ctx)
+	if caps.ChangeStreams, err = s.supportsChangeStreams(ctx); err != nil {
+		return Capabilities{}, err
+	}
+	caps.CommitQuorum = caps.ChangeStreams && info.FerretDBVersion == ""
 	return caps, nil
 }
 
@@ -119,17 +127,50 @@ func (s *Store) probeIndex(ctx context.Context, scratch *mongo.Collection, kind 
 	}
 }
 
-// supportsChangeStreams reports whether the server is a replica set member or mongos (change
-// streams exist only there).
-func (s *Store) supportsChangeStreams(ctx context.Context) bool {
-	var hello struct {
-		SetName string `bson:"setName"`
-		Msg     string `bson:"msg"`
+// helloTries bounds how often supportsChangeStreams asks hello before it gives up; helloRetryWait is the wait
+// after the first failure, doubled after each further one.
+const (
+	helloTries     = 4
+	helloRetryWait = 250 * time.Millisecond
+)
+
+// helloReply is what supportsChangeStreams reads of hello.
+type helloReply struct {
+	SetName string `bson:"setName"`
+	Msg     string `bson:"msg"`
+}
+
+// supportsChangeStreams reports whether the server is a replica set member or mongos (change streams exist
+// only there), by hello. A failed hello is asked again, helloTries times in all, then returned as an error:
+// one failure at start (an election, a connection reset) never turns change streams off for the whole
+// process, as answering false would.
+func (s *Store) supportsChangeStreams(ctx context.Context) (bool, error) {
+	hello := s.hello
+	if hello == nil {
+		hello = func(ctx context.Context) (helloReply, error) {
+			var r helloReply
+			err := s.db.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&r)
+			return r, err
+		}
 	}
-	if err := s.db.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&hello); err != nil {
-		return false
+	wait := helloRetryWait
+	var err error
+	for try := range helloTries {
+		var r helloReply
+		if r, err = hello(ctx); err == nil {
+			return r.SetName != "" || r.Msg == "isdbgrid", nil
+		}
+		if try == helloTries-1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("detect capabilities: hello: %w", err)
+		case <-time.After(wait):
+		}
+		wait *= 2
 	}
-	return hello.SetName != "" || hello.Msg == "isdbgrid"
+	return false, fmt.Errorf("detect capabilities: hello failed %d times: %w", helloTries, err)
 }
 
 // isNotImplemented reports whether err is the server's code 238 NotImplemented (FerretDB's answer for TTL

@@ -164,7 +164,7 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 	if _, err := s.createAttempts(ctx, retries); err != nil {
 		return wrap("create next attempts", err)
 	}
-	if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": done}}); err != nil {
+	if _, err := s.deleteMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": done}}); err != nil {
 		return wrap("remove completed attempts from the queue", err)
 	}
 	return nil
@@ -262,7 +262,7 @@ func (s *Store) CreateAttempt(ctx context.Context, ref pulsetype.DeliveryRef, n 
 	if err != nil {
 		return false, wrap("create attempt", err)
 	}
-	if _, err := s.queue.DeleteMany(ctx, bson.M{"deliveryId": ref.DeliveryID, "attempt": bson.M{"$lt": n}}); err != nil {
+	if _, err := s.deleteMany(ctx, s.queue, bson.M{"deliveryId": ref.DeliveryID, "attempt": bson.M{"$lt": n}}); err != nil {
 		return false, wrap("remove ended attempts from the queue", err)
 	}
 	return inserted[0], nil
@@ -279,7 +279,7 @@ func (s *Store) EndDelivery(ctx context.Context, p pulsetype.EndDeliveryParams) 
 	if err != nil {
 		return false, wrap("end delivery", err)
 	}
-	if _, err := s.queue.DeleteMany(ctx, bson.M{"deliveryId": p.DeliveryID, "attempt": bson.M{"$lte": p.FinalAttempt}}); err != nil {
+	if _, err := s.deleteMany(ctx, s.queue, bson.M{"deliveryId": p.DeliveryID, "attempt": bson.M{"$lte": p.FinalAttempt}}); err != nil {
 		return false, wrap("remove ended attempts from the queue", err)
 	}
 	return res.ModifiedCount > 0, nil

@@ -137,8 +137,10 @@ func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error
 	return out, nil
 }
 
-// DeleteEndpoint removes a consumer group's endpoint and ends its pending deliveries at once as
-// error/endpoint_deleted (see EndPending). It returns pulsetype.ErrNotFound when the group has no endpoint
+// DeleteEndpoint removes a consumer group's endpoint and ends its pending deliveries as
+// error/endpoint_deleted (see EndPending): the first page of Options.PageSize at once, the rest by the
+// repair scan, which ends the work of a deleted group, so the call's time is bounded whatever the backlog.
+// It returns pulsetype.ErrNotFound when the group has no endpoint
 // (after ending whatever the group still had pending).
 func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 	res, err := s.subscriptions.DeleteOne(ctx, bson.M{"_id": group})
@@ -146,9 +148,11 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 		return wrap("delete endpoint", err)
 	}
 	// Ended also when the group was already gone: a delete that failed (or crashed) between its two steps is
-	// finished by deleting again.
-	if err := s.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: group,
-		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}); err != nil {
+	// finished by deleting again. Only the first page here, so the request is answered in a bounded time
+	// whatever the backlog: the repair scan ends the rest of a deleted group's work (reconciler, KindDeletedGroup),
+	// and nothing of the group is POSTed meanwhile, its endpoint being gone.
+	if err := s.endPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: group,
+		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}, 1); err != nil {
 		return err
 	}
 	if res.DeletedCount == 0 {
@@ -159,46 +163,120 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 
 // EndPending ends the pending work of p.ConsumerGroup (of p.Topics only, when given) that its subscription
 // no longer wants, with p.Error (docs/delivery.md, "Ending a consumer group's work"), found through the queue,
-// which holds every pending delivery: one query of the group's queue documents, one update of their waiting
-// attempts, one read of them, one update of the deliveries without a POST in flight, one delete of the ended
-// attempts' queue documents. A POST in flight is left to its worker. Running it twice is harmless. It logs
-// one info line when it ended any.
+// which holds every pending delivery. It walks the group's queue documents with one cursor (the driver's
+// batches) and ends them a page of Options.PageSize at a time: per page one update of the waiting attempts,
+// one read of them, one update of the deliveries without a POST in flight and one delete of the ended
+// attempts' queue documents, each naming at most PageSize ids, so no command grows with the backlog (MongoDB
+// refuses a command over 16 MiB: about 340,000 ids in one $in). A POST in flight is left to its worker.
+// Running it twice, or again after it stopped part-way, is harmless: every write is conditional on what it
+// ends still being pending. It logs one info line when it ended any.
 func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) error {
-	group, topics, info := p.ConsumerGroup, p.Topics, &p.Error
-	now := s.now()
-	exp := expiry(now, s.opts.HistoryRetention)
-	scope := bson.M{"consumerGroup": group}
-	if topics != nil {
-		scope["topic"] = bson.M{"$in": topics}
+	return s.endPending(ctx, p, 0)
+}
+
+// endPending is EndPending stopping after maxPages pages (0: none left), the rest left pending.
+func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, maxPages int) error {
+	scope := bson.M{"consumerGroup": p.ConsumerGroup}
+	if p.Topics != nil {
+		scope["topic"] = bson.M{"$in": p.Topics}
 	}
-	queued, err := findAll[queueDoc](ctx, s.queue, "find queued attempts of a group", scope, options.Find().SetProjection(bson.M{"deliveryId": 1}))
-	if err != nil || len(queued) == 0 {
+	// In the order of pulse_queue_line, which puts a delivery's queue documents next to each other (one
+	// delivery is one event of one line), so a page never splits a delivery: its POST in flight is seen
+	// with its other queue document.
+	cur, err := s.queue.Find(ctx, scope, options.Find().SetProjection(bson.M{"deliveryId": 1}).SetSort(queueLineOrder).
+		SetBatchSize(int32(s.pageSize())))
+	if err != nil {
+		return wrap("find queued attempts of a group", err)
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	var total endedPage
+	pages := 0
+	page := make([]queueDoc, 0, s.pageSize())
+	flush := func() error {
+		pages++
+		got, err := s.endPendingPage(ctx, page, &p.Error)
+		total.ended += got.ended
+		total.busy += got.busy
+		page = page[:0]
 		return err
 	}
+	for cur.Next(ctx) {
+		var q queueDoc
+		if err := cur.Decode(&q); err != nil {
+			return wrap("find queued attempts of a group", err)
+		}
+		if len(page) >= s.pageSize() && page[len(page)-1].DeliveryID != q.DeliveryID {
+			if err := flush(); err != nil {
+				return err
+			}
+			if maxPages > 0 && pages == maxPages {
+				break
+			}
+		}
+		page = append(page, q)
+	}
+	if err := cur.Err(); err != nil {
+		return wrap("find queued attempts of a group", err)
+	}
+	if len(page) > 0 {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	if total.ended > 0 || total.busy > 0 {
+		s.log.Info().Str("consumer_group", p.ConsumerGroup).Strs("topics", p.Topics).Str("error_code", string(p.Error.Code)).
+			Int64("ended", total.ended).Int("in_flight", total.busy).Msg("pending deliveries ended")
+	}
+	return nil
+}
+
+// queueLineOrder is the key order of index pulse_queue_line: a consumer group's queue documents by line,
+// event and attempt (the latest first).
+var queueLineOrder = bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1},
+	{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}
+
+// endedPage counts what endPendingPage did: deliveries ended, and attempts left to their POST in flight.
+type endedPage struct {
+	ended int64
+	busy  int
+}
+
+// endPendingPage is one page of EndPending: the queue documents queued (Options.PageSize of them, a few
+// more to finish the last delivery's), every queue document of each of their deliveries among them, ended
+// with info in four commands naming at most len(queued) ids each.
+func (s *Store) endPendingPage(ctx context.Context, queued []queueDoc, info *pulsetype.ErrorInfo) (endedPage, error) {
+	var out endedPage
+	now := s.now()
+	exp := expiry(now, s.opts.HistoryRetention)
 	ids := idsOf(queued, func(q queueDoc) string { return q.ID })
 	attemptSet := bson.M{"status": pulsetype.StatusError, "endedAt": now, "terminal": true, "error": info}
 	if exp != nil {
 		attemptSet["expiresAt"] = exp
 	}
-	if _, err := s.history.UpdateMany(ctx, unleased(bson.M{"$in": ids}),
+	if _, err := s.updateMany(ctx, s.history, unleased(bson.M{"$in": ids}),
 		bson.M{"$set": attemptSet}); err != nil {
-		return wrap("end pending attempts", err)
+		return out, wrap("end pending attempts", err)
 	}
 	attempts, err := findAll[attemptDoc](ctx, s.history, "find leased attempts", bson.M{"_id": bson.M{"$in": ids}},
 		options.Find().SetProjection(bson.M{"deliveryId": 1, "status": 1}))
 	if err != nil {
-		return err
+		return out, err
 	}
-	var busy, ending, unqueue []string
+	busy := map[string]bool{}
+	var unqueue []string
 	for _, a := range attempts {
 		if a.Status == pulsetype.StatusPending {
-			busy = append(busy, a.DeliveryID)
+			busy[a.DeliveryID] = true
 		} else {
 			unqueue = append(unqueue, a.ID)
 		}
 	}
+	out.busy = len(busy)
+	seen := map[string]bool{}
+	var ending []string
 	for _, q := range queued {
-		if !slices.Contains(busy, q.DeliveryID) && !slices.Contains(ending, q.DeliveryID) {
+		if !busy[q.DeliveryID] && !seen[q.DeliveryID] {
+			seen[q.DeliveryID] = true
 			ending = append(ending, q.DeliveryID)
 		}
 	}
@@ -206,26 +284,21 @@ func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) er
 	if exp != nil {
 		set["expiresAt"] = exp
 	}
-	var ended int64
 	if len(ending) > 0 {
-		res, err := s.deliveries.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ending}, "status": pulsetype.StatusPending}, bson.M{"$set": set})
+		res, err := s.updateMany(ctx, s.deliveries, bson.M{"_id": bson.M{"$in": ending}, "status": pulsetype.StatusPending}, bson.M{"$set": set})
 		if err != nil {
-			return wrap("end pending deliveries", err)
+			return out, wrap("end pending deliveries", err)
 		}
-		ended = res.ModifiedCount
+		out.ended = res.ModifiedCount
 	}
 	// Only ended attempts leave the queue: one being created meanwhile (a retry) stays, so the dispatcher
 	// claims it and ends it without a POST.
 	if len(unqueue) > 0 {
-		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": unqueue}}); err != nil {
-			return wrap("remove ended attempts from the queue", err)
+		if _, err := s.deleteMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": unqueue}}); err != nil {
+			return out, wrap("remove ended attempts from the queue", err)
 		}
 	}
-	if ended > 0 || len(busy) > 0 {
-		s.log.Info().Str("consumer_group", group).Strs("topics", topics).Str("error_code", string(info.Code)).
-			Int64("ended", ended).Int("in_flight", len(busy)).Msg("pending deliveries ended")
-	}
-	return nil
+	return out, nil
 }
 
 func (s *Store) subscriptionsFor(ctx context.Context, topics []string) ([]subscriptionDoc, error) {

@@ -35,6 +35,8 @@ func testHotQueriesUseIndexes(t *testing.T, e *env) {
 		{"list by group and status", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "status": "error"}}, {Key: "sort", Value: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}}}},
 		{"stats: oldest pending of a group", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "status": "pending"}}, {Key: "sort", Value: bson.D{{Key: "createdAt", Value: 1}, {Key: "_id", Value: 1}}}}},
 		{"stats: attempts ended in the window", "pulse.history", bson.D{{Key: "filter", Value: bson.M{"consumerGroup": "g", "status": bson.M{"$in": bson.A{"success", "error"}}, "endedAt": bson.M{"$gt": now}}}, {Key: "sort", Value: bson.D{{Key: "endedAt", Value: -1}}}}},
+		{"deliveries of an event", "pulse.deliveries", bson.D{{Key: "filter", Value: bson.M{"eventId": "e"}}, {Key: "sort", Value: bson.D{{Key: "consumerGroup", Value: 1}}}}},
+		{"sweep of staged events", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"staged": true, "createdAt": bson.M{"$lt": now}}}}},
 		{"fan-out repair", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"fanout": true, "createdAt": bson.M{"$lt": now}}}}},
 		{"backfill", "pulse.events", bson.D{{Key: "filter", Value: bson.M{"topic": bson.M{"$in": bson.A{"t"}}, "_id": bson.M{"$gt": ""}}}}},
 		{"claim from the queue", "pulse.queue", bson.D{{Key: "filter", Value: bson.M{fieldLeasedUntil: nil, "nextAttemptAt": bson.M{"$lte": now}, "ended": bson.M{"$ne": true}}},

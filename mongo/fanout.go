@@ -69,10 +69,10 @@ func (s *Store) ClearFanOut(ctx context.Context, eventIDs []string) error {
 	}
 	// Filtered on the ids alone: unsetting a mark that is gone changes nothing, and a filter of ids alone is
 	// what the embedded database writes cheapest (by _id, without a check first).
-	if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": eventIDs}}, bson.M{"$unset": bson.M{"fanout": ""}}); err != nil {
+	if _, err := s.updateMany(ctx, s.events, bson.M{"_id": bson.M{"$in": eventIDs}}, bson.M{"$unset": bson.M{"fanout": ""}}); err != nil {
 		return wrap("clear fanout mark", err)
 	}
-	if _, err := s.outbox.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": eventIDs}}); err != nil {
+	if _, err := s.deleteMany(ctx, s.outbox, bson.M{"_id": bson.M{"$in": eventIDs}}); err != nil {
 		return wrap("remove outbox documents", err)
 	}
 	return nil
@@ -150,7 +150,7 @@ func (s *Store) unqueueDuplicates(ctx context.Context, attempts []any, err error
 	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": ids}}); err != nil {
+	if _, err := s.deleteMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": ids}}); err != nil {
 		return wrap("remove queue documents of duplicate attempts", err)
 	}
 	return nil
@@ -214,7 +214,7 @@ func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit in
 		}
 	}
 	if len(aside) > 0 {
-		if _, err := s.outbox.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": aside}},
+		if _, err := s.updateMany(ctx, s.outbox, bson.M{"_id": bson.M{"$in": aside}},
 			bson.M{"$set": bson.M{"deferredUntil": now.Add(deferFactor * age)}}); err != nil {
 			return 0, false, wrap("put aside outbox documents", err)
 		}

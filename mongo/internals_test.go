@@ -49,6 +49,7 @@ var internalCases = []storetest.Case{
 	{Name: "GivenCapabilitiesAreNotDetected", Run: internal(testGivenCapabilitiesAreNotDetected)},
 	{Name: "UpdateCommandsHonourMaxUpdateStatements", Run: internal(testUpdateCommandsHonourMaxUpdateStatements)},
 	{Name: "EnsureSchemaCreatesEveryIndexAndIsIdempotent", Run: internal(testEnsureSchemaCreatesEveryIndexAndIsIdempotent)},
+	{Name: "EnsureSchemaAddsNewIndexes", Run: internal(testEnsureSchemaAddsNewIndexes)},
 	{Name: "EnsureSchemaConcurrentStores", Run: internal(testEnsureSchemaConcurrentStores), Race: true},
 	{Name: "EnsureSchemaRefusesIncompatibleIndex", Run: internal(testEnsureSchemaRefusesIncompatibleIndex)},
 	{Name: "EnsureSchemaReportsDuplicatesBlockingUniqueIndex", Run: internal(testEnsureSchemaReportsDuplicatesBlockingUniqueIndex)},
@@ -62,6 +63,8 @@ var internalCases = []storetest.Case{
 	// explain_test.go, shardplan_test.go
 	{Name: "HotQueriesUseIndexes", Run: internal(testHotQueriesUseIndexes)},
 	{Name: "ShardPlanCoversHotQueries", Run: internal(testShardPlanCoversHotQueries)},
+	// hotpaths_test.go
+	{Name: "HotQueriesUseAnIndex", Run: internal(testHotQueriesUseAnIndex)},
 	// stats_test.go
 	{Name: "GroupStatsCountsTheLastHour", Run: internal(testGroupStatsCountsTheLastHour)},
 	{Name: "ConsoleReadsWith10000Deliveries", Run: internal(testConsoleReadsWith10000Deliveries)},
@@ -71,4 +74,9 @@ var internalCases = []storetest.Case{
 	{Name: "GroupCommitWritesConcurrentPublishesTogether", Run: internal(testGroupCommitWritesConcurrentPublishesTogether), Race: true},
 	{Name: "RepairScanWorksFromTheQueue", Run: internal(testRepairScanWorksFromTheQueue)},
 	{Name: "EnsureSchemaQueuesEarlierWork", Run: internal(testEnsureSchemaQueuesEarlierWork)},
+	// paging_test.go
+	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
+	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},
+	{Name: "IndexesBuildWithMajorityCommitQuorum", Run: internal(testIndexesBuildWithMajorityCommitQuorum)},
+	{Name: "ChangeStreamDetectionSurvivesFailedHello", Run: internal(testChangeStreamDetectionSurvivesFailedHello)},
 }

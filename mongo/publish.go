@@ -175,7 +175,7 @@ func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all
 	if len(adopted) > 0 {
 		// Their outbox documents may have been put aside by the fan-out repair while they were staged
 		// (FanOutStale): the repair must see them again once they are committed.
-		if _, err := s.outbox.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": adopted}}, bson.M{"$unset": bson.M{"deferredUntil": ""}}); err != nil {
+		if _, err := s.updateMany(ctx, s.outbox, bson.M{"_id": bson.M{"$in": adopted}}, bson.M{"$unset": bson.M{"deferredUntil": ""}}); err != nil {
 			undo()
 			return nil, wrap("recall outbox documents", err)
 		}
@@ -238,7 +238,8 @@ func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, tak
 
 // commitEvents commits the staged events ids (step 4 of publishRound) and returns the createdAt of each one
 // committed, by this call or a concurrent one; an id missing from the answer was removed before its commit.
-// One event costs one findAndModify, more an update and a read.
+// One event costs one findAndModify, more an update and a read. The findAndModify answers the whole event:
+// FerretDB refuses its projection (fields), so it is not asked for.
 func (s *Store) commitEvents(ctx context.Context, ids []string) (map[string]time.Time, error) {
 	update := bson.M{"$unset": bson.M{"staged": ""}, "$set": bson.M{"fanout": true}, "$currentDate": bson.M{"createdAt": true}}
 	if len(ids) == 1 {
@@ -252,7 +253,7 @@ func (s *Store) commitEvents(ctx context.Context, ids []string) (map[string]time
 			return nil, wrap("commit event", err)
 		}
 		// Committed or removed by a concurrent publish: read which.
-	} else if _, err := s.events.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": ids}, "staged": true}, update); err != nil {
+	} else if _, err := s.updateMany(ctx, s.events, bson.M{"_id": bson.M{"$in": ids}, "staged": true}, update); err != nil {
 		// One command, so that a publisher that dies after sending it leaves an array all committed, not
 		// in part (the server completes it).
 		return nil, wrap("commit events", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -36,8 +37,8 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 		return page, err
 	}
 	var deliveryIDs, attemptIDs []string
-	for _, q := range queued {
-		if !slices.Contains(deliveryIDs, q.DeliveryID) {
+	for _, q := range queued { // by delivery id: a delivery's documents are adjacent
+		if len(deliveryIDs) == 0 || deliveryIDs[len(deliveryIDs)-1] != q.DeliveryID {
 			deliveryIDs = append(deliveryIDs, q.DeliveryID)
 		}
 		attemptIDs = append(attemptIDs, q.ID)
@@ -137,7 +138,7 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 // database's, wrapped.
 func (s *Store) RepairQueue(ctx context.Context, r pulsetype.QueueRepairs) error {
 	if len(r.Unqueue) > 0 {
-		if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": r.Unqueue}}); err != nil {
+		if _, err := s.deleteMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": r.Unqueue}}); err != nil {
 			return wrap("remove stale queue documents", err)
 		}
 	}
@@ -179,75 +180,140 @@ func (s *Store) queuedAfter(ctx context.Context, afterID string, limit int) ([]q
 }
 
 // queueMigration is the _id of the document in <prefix>.readiness that says the queue and the outbox hold
-// the pending work and unfinished fan-outs that the database held when they were introduced.
+// the pending work and unfinished fan-outs that the database held when they were introduced (field at, set
+// once done), and, until then, how far the migration got (migrationProgress).
 const queueMigration = "queue-migration"
 
+// migrationProgress is the queue migration's document in <prefix>.readiness: At once it is done; before,
+// the last pending delivery queued (by _id) and the last marked event put in the outbox (by createdAt, then
+// _id), written after each page, so a start that stops (its bound, a crash, a signal) is resumed by the
+// next from there rather than from the beginning.
+type migrationProgress struct {
+	At              *time.Time `bson:"at,omitempty"`
+	DeliveriesAfter string     `bson:"deliveriesAfter,omitempty"`
+	DeliveriesDone  bool       `bson:"deliveriesDone,omitempty"`
+	EventsAfter     string     `bson:"eventsAfter,omitempty"`
+	EventsAfterAt   *time.Time `bson:"eventsAfterAt,omitempty"`
+	Queued          int64      `bson:"queued,omitempty"`
+	Outboxed        int64      `bson:"outboxed,omitempty"`
+}
+
 // migrateQueue fills the queue and the outbox from what a database written by an earlier version holds, once
-// per database (until queueMigration is written): the pending attempts (queued with their deliveries'
+// per database (until queueMigration records it done): the pending attempts (queued with their deliveries'
 // lines), the latest attempt of each pending delivery that has none pending (queued, so that the repair scan
 // moves it on; a delivery without any attempt gets a queue document from which the repair scan inserts
-// attempt reopenedAttempt, or 1), and the events still marked for fan-out. It reads each collection once;
-// concurrent runs converge (the documents keep their _id; a repeated queue document for a missing attempt
-// loses to the first when the attempt is inserted).
+// attempt reopenedAttempt, or 1), and the events still marked for fan-out. It walks pending deliveries by _id
+// (index pulse_deliveries_status_id) and marked events by createdAt (pulse_events_fanout) in pages of
+// Options.PageSize, each page one read, one read of its attempts and one insert naming at most a page of
+// documents, and records how far it got after each page (migrationProgress), logging one progress line per
+// page: a start that stops part-way is resumed by the next start where it stopped. Concurrent runs converge
+// (the documents keep their _id; a repeated queue document for a missing attempt loses to the first when the
+// attempt is inserted).
 func (s *Store) migrateQueue(ctx context.Context) error {
 	readiness := s.db.Collection(s.opts.CollectionPrefix + ".readiness")
-	switch err := readiness.FindOne(ctx, bson.M{"_id": queueMigration}).Err(); {
-	case err == nil:
+	var prog migrationProgress
+	switch err := readiness.FindOne(ctx, bson.M{"_id": queueMigration}).Decode(&prog); {
+	case err == nil && prog.At != nil:
 		return nil
-	case !errors.Is(err, mongo.ErrNoDocuments):
+	case err != nil && !errors.Is(err, mongo.ErrNoDocuments):
 		return wrap("read the queue migration", err)
 	}
-	pending, err := findAll[deliveryDoc](ctx, s.deliveries, "find pending deliveries to queue", bson.M{"status": pulsetype.StatusPending})
-	if err != nil {
-		return err
+	record := func(set bson.M) error {
+		_, err := readiness.UpdateOne(ctx, bson.M{"_id": queueMigration}, bson.M{"$set": set}, options.UpdateOne().SetUpsert(true))
+		return wrap("record the queue migration's progress", err)
 	}
-	if len(pending) > 0 {
-		ids := idsOf(pending, func(d deliveryDoc) string { return d.ID })
-		byDelivery, err := s.AttemptsOf(ctx, ids)
+	for !prog.DeliveriesDone {
+		pending, err := findAll[deliveryDoc](ctx, s.deliveries, "find pending deliveries to queue",
+			bson.M{"status": pulsetype.StatusPending, "_id": bson.M{"$gt": prog.DeliveriesAfter}},
+			options.Find().SetSort(bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}).SetLimit(int64(s.pageSize())))
 		if err != nil {
 			return err
 		}
-		now := s.now()
-		var queue []any
-		for i := range pending {
-			d := &pending[i]
-			attempts := byDelivery[d.ID]
-			for _, a := range attempts {
-				if a.Status == pulsetype.StatusPending {
-					queue = append(queue, queuedAttempt(a, d))
-				}
-			}
-			switch {
-			case len(attempts) == 0:
-				a := newAttemptDoc(d.delivery().Ref(), max(1, d.ReopenedAttempt), now, now)
-				a.CreatedAt = now.Add(-s.opts.LeaseTimeout) // the repair scan inserts it at once
-				queue = append(queue, queued(a, d.OrderingKey, d.EventCreatedAt))
-			case attempts[len(attempts)-1].Status != pulsetype.StatusPending:
-				queue = append(queue, queuedAttempt(attempts[len(attempts)-1], d))
-			}
+		n, err := s.queuePending(ctx, pending)
+		if err != nil {
+			return err
 		}
-		if len(queue) > 0 {
-			if _, err := s.queue.InsertMany(ctx, queue, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
-				return wrap("queue pending attempts", err)
+		prog.Queued += n
+		prog.DeliveriesDone = len(pending) < s.pageSize()
+		if len(pending) > 0 {
+			prog.DeliveriesAfter = pending[len(pending)-1].ID
+		}
+		if err := record(bson.M{"deliveriesAfter": prog.DeliveriesAfter, "deliveriesDone": prog.DeliveriesDone, "queued": prog.Queued}); err != nil {
+			return err
+		}
+		s.log.Info().Str("after", prog.DeliveriesAfter).Int64("queued", prog.Queued).Bool("done", prog.DeliveriesDone).
+			Msg("queue migration: pending deliveries queued")
+	}
+	for {
+		filter := bson.M{"fanout": true}
+		if prog.EventsAfterAt != nil {
+			filter["$or"] = bson.A{bson.M{"createdAt": bson.M{"$gt": *prog.EventsAfterAt}},
+				bson.M{"createdAt": *prog.EventsAfterAt, "_id": bson.M{"$gt": prog.EventsAfter}}}
+		}
+		marked, err := findAll[eventDoc](ctx, s.events, "find events to fan out", filter,
+			options.Find().SetProjection(bson.M{"topic": 1, "orderingKey": 1, "createdAt": 1}).
+				SetSort(bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}, {Key: "_id", Value: 1}}).SetLimit(int64(s.pageSize())))
+		if err != nil {
+			return err
+		}
+		if len(marked) > 0 {
+			outbox := make([]any, len(marked))
+			for i, e := range marked {
+				outbox[i] = &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt}
 			}
+			if _, err := s.outbox.InsertMany(ctx, outbox, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+				return wrap("fill the outbox", err)
+			}
+			last := marked[len(marked)-1]
+			prog.EventsAfter, prog.EventsAfterAt, prog.Outboxed = last.ID, &last.CreatedAt, prog.Outboxed+int64(len(marked))
+			if err := record(bson.M{"eventsAfter": prog.EventsAfter, "eventsAfterAt": prog.EventsAfterAt, "outboxed": prog.Outboxed}); err != nil {
+				return err
+			}
+			s.log.Info().Str("after", prog.EventsAfter).Int64("outboxed", prog.Outboxed).Msg("queue migration: unfinished fan-outs put in the outbox")
+		}
+		if len(marked) < s.pageSize() {
+			break
 		}
 	}
-	marked, err := findAll[eventDoc](ctx, s.events, "find events to fan out", bson.M{"fanout": true},
-		options.Find().SetProjection(bson.M{"topic": 1, "orderingKey": 1, "createdAt": 1}))
+	return wrap("write the queue migration", record(bson.M{"at": s.now()}))
+}
+
+// queuePending is one page of migrateQueue: it queues the attempts of the pending deliveries given (read
+// with one query naming their ids) and returns how many queue documents it wrote or found written.
+func (s *Store) queuePending(ctx context.Context, pending []deliveryDoc) (int64, error) {
+	if len(pending) == 0 {
+		return 0, nil
+	}
+	byDelivery, err := s.AttemptsOf(ctx, idsOf(pending, func(d deliveryDoc) string { return d.ID }))
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if len(marked) > 0 {
-		outbox := make([]any, len(marked))
-		for i, e := range marked {
-			outbox[i] = &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt}
+	now := s.now()
+	var queue []any
+	for i := range pending {
+		d := &pending[i]
+		attempts := byDelivery[d.ID]
+		for _, a := range attempts {
+			if a.Status == pulsetype.StatusPending {
+				queue = append(queue, queuedAttempt(a, d))
+			}
 		}
-		if _, err := s.outbox.InsertMany(ctx, outbox, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
-			return wrap("fill the outbox", err)
+		switch {
+		case len(attempts) == 0:
+			a := newAttemptDoc(d.delivery().Ref(), max(1, d.ReopenedAttempt), now, now)
+			a.CreatedAt = now.Add(-s.opts.LeaseTimeout) // the repair scan inserts it at once
+			queue = append(queue, queued(a, d.OrderingKey, d.EventCreatedAt))
+		case attempts[len(attempts)-1].Status != pulsetype.StatusPending:
+			queue = append(queue, queuedAttempt(attempts[len(attempts)-1], d))
 		}
 	}
-	_, err = readiness.UpdateOne(ctx, bson.M{"_id": queueMigration}, bson.M{"$set": bson.M{"at": s.now()}}, options.UpdateOne().SetUpsert(true))
-	return wrap("write the queue migration", err)
+	if len(queue) == 0 {
+		return 0, nil
+	}
+	if _, err := s.queue.InsertMany(ctx, queue, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+		return 0, wrap("queue pending attempts", err)
+	}
+	return int64(len(queue)), nil
 }
 
 // queuedAttempt returns the queue document of an existing attempt a of delivery d, its lease copied.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -26,8 +27,14 @@ var indexSpecs = []indexSpec{
 	{coll: "events", name: "pulse_events_topic_id", keys: bson.D{{Key: "topic", Value: 1}, {Key: "_id", Value: 1}}},
 	{coll: "events", name: "pulse_events_fanout", keys: bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}}},
 	{coll: "events", name: "pulse_events_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
+	// Serves the sweep of staged events of array publishes that never committed ({staged: true, createdAt <
+	// now - StagedTimeout}), run every minute by every replica: without it each sweep reads every event.
+	{coll: "events", name: "pulse_events_staged", keys: bson.D{{Key: "staged", Value: 1}, {Key: "createdAt", Value: 1}}},
 	{coll: "subscriptions", name: "pulse_subscriptions_topics", keys: bson.D{{Key: "topics", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_event_unique", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, unique: true},
+	// Serves the deliveries of an event (GET /v1/events/{id}), by consumer group: the unique index starts
+	// with consumerGroup, so it cannot.
+	{coll: "deliveries", name: "pulse_deliveries_event", keys: bson.D{{Key: "eventId", Value: 1}, {Key: "consumerGroup", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_status_id", keys: bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}},
 	// Serves the head of a line of an ordered consumer group (topic and ordering key; ClaimHead) and the
 	// ordering keys with pending deliveries (OrderingKeys). It replaces pulse_deliveries_acquisition (the
@@ -119,6 +126,10 @@ type existingIndex struct {
 // DetectCapabilities finds (TTL indexes are probed on a scratch collection, never read from an existing
 // index), and returns them. Where the server has TTL indexes, the three expiresAt indexes must be TTL
 // indexes with expireAfterSeconds 0; where it has not (FerretDB), they are plain and the sweeper takes over.
+// A missing index is built with commitQuorum "majority" where the server takes one (Capabilities.CommitQuorum),
+// with one info line before and after each build; then the one-time queue migration runs (migrateQueue,
+// resumable). It blocks until done or ctx ends: the caller gives it a bound of its own, long enough for
+// index builds on large collections (the sidecar's PULSE_SCHEMA_TIMEOUT).
 // It returns an *IndexMismatchError, *UniqueViolationError or *PermissionError for an operator to resolve;
 // it never drops anything of ours.
 func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
@@ -162,7 +173,18 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 		if spec.ttl && caps.TTLIndexes {
 			opts.SetExpireAfterSeconds(0)
 		}
-		_, err = coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: spec.keys, Options: opts})
+		var build []options.Lister[options.CreateIndexesOptions]
+		if caps.CommitQuorum {
+			// Ready once a majority of the data-bearing voting members built it, not every one of them
+			// (the default, votingMembers), so one slow or lagging member does not hold every start.
+			build = append(build, options.CreateIndexes().SetCommitQuorumMajority())
+		}
+		began := time.Now()
+		s.log.Info().Str("collection", coll.Name()).Str("index", spec.name).Msg("building index")
+		_, err = coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: spec.keys, Options: opts}, build...)
+		if err == nil {
+			s.log.Info().Str("collection", coll.Name()).Str("index", spec.name).Dur("took", time.Since(began)).Msg("index built")
+		}
 		if err != nil {
 			if spec.unique && isUniqueViolation(err) {
 				return caps, &UniqueViolationError{Collection: coll.Name(), Index: spec.name, Detail: err.Error()}

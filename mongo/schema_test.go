@@ -150,6 +150,25 @@ func testEnsureSchemaCreatesEveryIndexAndIsIdempotent(t *testing.T, e *env) {
 	}
 }
 
+// A database ensured by a version without the indexes added since (here: pulse_events_staged and
+// pulse_deliveries_event dropped again) gets them at the next start, its other indexes kept as they are.
+func testEnsureSchemaAddsNewIndexes(t *testing.T, e *env) {
+	b := e.setup(t)
+	b.store(nil, nil)
+	for _, ix := range []struct{ suffix, name string }{{"events", "pulse_events_staged"}, {"deliveries", "pulse_deliveries_event"}} {
+		if err := b.coll(ix.suffix).Indexes().DropOne(b.ctx, ix.name); err != nil {
+			t.Fatalf("drop %s: %v", ix.name, err)
+		}
+		if _, ok := b.indexesOf(ix.suffix)[ix.name]; ok {
+			t.Fatalf("%s still there after its drop", ix.name)
+		}
+	}
+	if _, err := New(b.client, b.options(nil)).EnsureSchema(b.ctx); err != nil {
+		t.Fatalf("EnsureSchema on a database without the new indexes: %v", err)
+	}
+	b.assertSchema()
+}
+
 func testEnsureSchemaConcurrentStores(t *testing.T, e *env) {
 	b := e.setup(t)
 	const n = 4
@@ -193,6 +212,12 @@ func testEnsureSchemaRefusesIncompatibleIndex(t *testing.T, e *env) {
 			keys: bson.D{{Key: fieldFencingToken, Value: 1}}, unique: true},
 		{name: "fewer keys", suffix: "history", index: "pulse_history_acquisition",
 			keys: bson.D{{Key: "status", Value: 1}, {Key: fieldLeasedUntil, Value: 1}}},
+		// The indexes added for the sweep and the deliveries of an event: one of theirs made by hand with
+		// other keys is refused like any other.
+		{name: "staged events by other keys", suffix: "events", index: "pulse_events_staged",
+			keys: bson.D{{Key: "staged", Value: 1}}},
+		{name: "deliveries of an event by fewer keys", suffix: "deliveries", index: "pulse_deliveries_event",
+			keys: bson.D{{Key: "eventId", Value: 1}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,21 +1,11 @@
 package mongo
 
 import (
-	"context"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"go.mongodb.org/mongo-driver/v2/bson"
-	mevent "go.mongodb.org/mongo-driver/v2/event"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
-	"github.com/pulse-sidecar/pulse/mongo/storetest"
-	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // shardPlan is the sharding plan of docs/mongodb-production.md ("Sharding"): the shard key of each sharded
@@ -26,223 +16,149 @@ var shardPlan = map[string][]string{
 	"history":    {"deliveryId", "attempt"},    // ranged, the unique index pulse_history_delivery_attempt_unique
 }
 
-// scatterPlan lists the hot queries the plan accepts as scatter-gather (their filter lacks the shard key's
-// first field), as "<collection> <command> <filter fields>"; docs/mongodb-production.md says why for each.
-var scatterPlan = map[string]bool{
-	"events find createdAt,fanout":                          true, // repair: stale fan-out marks (index pulse_events_fanout)
-	"events find createdAt,fanout,orderingKey,topic":        true, // ordered head check: earlier unfinished fan-outs of its line
-	"events find createdAt,fanout,topic":                    true, // the same for a line of events without ordering key
-	"events find _id,staged,topic":                          true, // backfill walk by topic from a cursor (_id range, not equality)
-	"events update _id,fanout":                              true, // clearing fan-out marks, _id $in: targeted to the shards holding them
-	"deliveries find _id,status":                            true, // repair scan: pending deliveries in _id order
-	"deliveries update _id,status":                          true, // ending deliveries by _id
-	"history find lockedUntil,status":                       true, // reaper: expired leases
-	"history find lockedUntil,nextAttemptAt,status":         true, // claim window: due, unleased attempts
-	"history update _id,lockedUntil,status":                 true, // claim by id (no lease yet)
-	"history update _id,lockToken,status":                   true, // fenced result and renewal writes
-	"history find lockToken":                                true, // read back what a claim leased
-	"history find _id,lockToken,status":                     true, // read back renewed leases
-	"history find _id":                                      true, // read back finished attempts
-	"history update consumerGroup,lockedUntil,status":       true, // ending a deleted group's unleased attempts
-	"history find consumerGroup,lockedUntil,status":         true, // finding a deleted group's leased attempts
-	"history update consumerGroup,lockedUntil,status,topic": true, // the same for dropped topics
-	"history find consumerGroup,lockedUntil,status,topic":   true,
-	"deliveries find _id":                                   true, // deliveries by _id: of queued work (repair scan, a line's head, lines of retries), of an ordered head's earlier events
-	"deliveries find status":                                true, // the one-time queue migration: pending deliveries
-	"events find fanout":                                    true, // the one-time queue migration: events marked for fan-out
+// scatterPlan lists the hot query shapes (sentQuery.shape) the plan accepts as scatter-gather: reads and
+// multi-document writes whose filter lacks the shard key's first field; docs/mongodb-production.md
+// ("Sharding") says why for each kind. Filled from what the workload sends.
+var scatterPlan = map[string]string{
+	// By _id where the shard key is not _id: deliveries and attempts are read and ended by the ids the queue
+	// holds; each such command names at most a page of ids (or one) and reaches every shard once.
+	"deliveries find eq=_id range= not= sort=":                            "deliveries by id: of queued work, of a line, of earlier events",
+	"deliveries update eq=_id,status range= not= sort=":                   "ending deliveries by id (one, or a page by $in)",
+	"history find eq=_id range= not= sort=":                               "attempts by id: read back after claims, results, the repair scan",
+	"history update eq=_id,lockToken,status range= not= sort=":            "fenced results and renewals by id and token",
+	"history update eq=_id,lockToken,status range=lockedUntil not= sort=": "fenced lease writes by id and token",
+	"history update eq=_id,lockedUntil,status range= not= sort=":          "claims by id (no lease yet) and ending waiting attempts",
+	// Pollers and repairs: one per replica per poll, repair or sweep interval, bounded by an index.
+	"deliveries find eq=status range=_id not= sort=status,_id":    "repair walk of pending deliveries (pulse_deliveries_status_id)",
+	"deliveries aggregate eq=status range= not= sort=":            "pending counts of /metrics (every 15 s per replica)",
+	"deliveries delete eq= range=expiresAt not= sort=":            "the sweep of expired deliveries (servers without TTL indexes)",
+	"history delete eq= range=expiresAt not= sort=":               "the sweep of expired attempts (servers without TTL indexes)",
+	"events delete eq= range= not= sort=":                         "the sweep of expired and staged events ($or: expiresAt, staged)",
+	"events find eq=topic range=_id not=staged sort=_id":          "backfill walk by topic from a cursor (_id range on a hashed key)",
+	"events find eq=fanout range= not= sort=fanout,createdAt,_id": "the one-time queue migration: events marked for fan-out",
+	// The API's reads across groups, and GET /v1/stats's attempt figures (history is keyed by delivery).
+	"deliveries find eq= range= not= sort=createdAt,_id":                                        "GET /v1/deliveries newest first, every group",
+	"deliveries find eq=status range= not= sort=createdAt,_id":                                  "GET /v1/deliveries?status=",
+	"deliveries find eq=topic range= not= sort=createdAt,_id":                                   "GET /v1/deliveries?topic=",
+	"deliveries find eq=eventId range= not= sort=consumerGroup":                                 "GET /v1/events/{id}: the deliveries of one event, one per group",
+	"history aggregate eq=consumerGroup,status range=endedAt not= sort=":                        "GET /v1/stats: a group's attempts ended in the window",
+	"history aggregate eq=consumerGroup,status range=endedAt not=error.code sort=":              "GET /v1/stats: the same, by error code",
+	"history find eq=consumerGroup,status range=endedAt not=durationMs,error.code sort=endedAt": "GET /v1/stats: latencies of the window",
 }
 
-// filterFields returns the top-level field names of a query filter, sorted, operators ($or, $and) left out.
-func filterFields(filter bson.Raw) []string {
-	elems, err := filter.Elements()
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, e := range elems {
-		if k := e.Key(); !strings.HasPrefix(k, "$") {
-			out = append(out, k)
-		}
-	}
-	sort.Strings(out)
-	return out
+// knownBeforeIssue26 are the query shapes that break a per-command rule on MongoDB 6.0 and 7.0 today and that
+// the change of issue 26 (the head-of-line claim, made legal on sharded clusters before 7.1) removes: a
+// findAndModify on history by _id alone (claimByID).
+var knownBeforeIssue26 = map[string]bool{
+	"history findAndModify eq=_id,lockedUntil,status range= not= sort=": true,
 }
 
-// commandFilters returns the collection and the filters of a read or write command, or ok=false for a
-// command that carries none (insert: the documents carry the full shard key; admin commands).
-func commandFilters(name string, cmd bson.Raw) (coll string, filters []bson.Raw, ok bool) {
-	c, isStr := cmd.Lookup(name).StringValueOK()
-	if !isStr {
-		return "", nil, false
+// shardRule checks one query against the shard key of its collection by MongoDB's rules per command
+// (manual: "Sharded Collections" of findAndModify, updateOne, deleteOne; the update command's upsert):
+// findAndModify and any upsert need an equality on the full shard key (before 7.1 for findAndModify, always
+// for an upsert); an update or delete of one document needs the full shard key or an equality on _id
+// before 7.1; every other query is targeted when it names the key's first field by equality ($in
+// included) or, for a ranged key, by range, and is scatter-gather otherwise. It returns "" when the query
+// is legal on 6.0 and 7.0 and targeted, "scatter" when legal but sent to every shard, or the rule broken.
+func shardRule(q sentQuery, key []string, hashed bool, p predicates) string {
+	full := true
+	for _, k := range key {
+		full = full && p.exact[k]
 	}
-	doc := func(key string) (bson.Raw, bool) { return cmd.Lookup(key).DocumentOK() }
-	switch name {
-	case "find":
-		f, _ := doc("filter")
-		return c, []bson.Raw{f}, true
-	case "count":
-		f, _ := doc("query")
-		return c, []bson.Raw{f}, true
-	case "findAndModify":
-		f, _ := doc("query")
-		return c, []bson.Raw{f}, true
-	case "update", "delete":
-		key := map[string]string{"update": "updates", "delete": "deletes"}[name]
-		arr, isArr := cmd.Lookup(key).ArrayOK()
-		if !isArr {
-			return c, nil, true
-		}
-		vals, _ := arr.Values()
-		for _, v := range vals {
-			if d, isDoc := v.DocumentOK(); isDoc {
-				q, _ := d.Lookup("q").DocumentOK()
-				filters = append(filters, q)
-			}
-		}
-		return c, filters, true
-	case "aggregate":
-		arr, isArr := cmd.Lookup("pipeline").ArrayOK()
-		if !isArr {
-			return c, nil, true
-		}
-		vals, _ := arr.Values()
-		if len(vals) > 0 {
-			if st, isDoc := vals[0].DocumentOK(); isDoc {
-				if m, isMatch := st.Lookup("$match").DocumentOK(); isMatch {
-					return c, []bson.Raw{m}, true
-				}
-			}
-		}
-		return c, []bson.Raw{nil}, true
+	switch {
+	case q.Upsert && !full:
+		return fmt.Sprintf("an upsert needs an equality on the full shard key %v", key)
+	case q.Cmd == "findAndModify" && !full:
+		return fmt.Sprintf("findAndModify needs an equality on the full shard key %v before MongoDB 7.1", key)
+	case (q.Cmd == "update" || q.Cmd == "delete") && !q.Multi && !full && !p.exact["_id"]:
+		return fmt.Sprintf("a single-document %s needs the full shard key %v or an _id equality before MongoDB 7.1", q.Cmd, key)
 	}
-	return "", nil, false
+	if p.eq[key[0]] || !hashed && p.rng[key[0]] {
+		return ""
+	}
+	return "scatter"
 }
 
-// Every hot query of the delivery path, run for real and captured at the driver, is targeted by the plan's
-// shard key (its filter names the key's first field) or listed in scatterPlan; each shard key is a prefix
-// of every unique index of its collection (a MongoDB rule for sharded collections). A new query that is
-// neither fails here until the plan and docs/mongodb-production.md classify it.
+// Every query of every store path (hotPathWorkload), captured at the driver, is checked against the plan's
+// shard keys by the rules of its command kind (shardRule): legal on MongoDB 6.0 and 7.0, and targeted or
+// listed in scatterPlan; each shard key is a prefix of every unique index of its collection (a MongoDB rule
+// for sharded collections). A new query that is neither fails here until the plan and
+// docs/mongodb-production.md classify it.
 func testShardPlanCoversHotQueries(t *testing.T, e *env) {
 	b := e.setup(t)
-	var mu sync.Mutex
-	seen := map[string]bool{}
-	prefix := testPrefix + "."
-	monitor := &mevent.CommandMonitor{Started: func(_ context.Context, e *mevent.CommandStartedEvent) {
-		coll, filters, ok := commandFilters(e.CommandName, e.Command)
-		if !ok || !strings.HasPrefix(coll, prefix) {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		for _, f := range filters {
-			seen[fmt.Sprintf("%s %s %s", strings.TrimPrefix(coll, prefix), e.CommandName, strings.Join(filterFields(f), ","))] = true
-		}
-	}}
-	client := b.srv.Connect(options.Client().SetMonitor(monitor))
-	s := b.store(client, nil)
-	ctx := b.ctx
+	capture := &queryCapture{prefix: testPrefix + "."}
+	s := hotPathStore(t, b, capture.monitor())
+	hotPathWorkload(t, b, s)
 
-	// The delivery path: registration, publish (one and many), fan-out, claims, renewal, results,
-	// follow-ups, the head of an ordered line, reaping, repair scans and backfill.
-	b.putEndpoint(s, "g", "t")
-	ordered := b.endpoint("o", "t")
-	ordered.Ordered = true
-	if _, _, err := s.PutEndpoint(ctx, ordered); err != nil {
-		t.Fatal(err)
-	}
-	earliest := b.endpoint("e", "t")
-	earliest.OffsetReset = pulsetype.OffsetEarliest
-	if _, _, err := s.PutEndpoint(ctx, earliest); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Publish(ctx, []*pulsetype.Event{storetest.Event("ev-1", "t", "1")}); err != nil {
-		t.Fatal(err)
-	}
-	evs := []*pulsetype.Event{storetest.Event("ev-2", "t", "2"), storetest.Event("ev-3", "t", "3")}
-	if _, err := s.Publish(ctx, evs); err != nil {
-		t.Fatal(err)
-	}
-	first, err := s.FanOut(ctx, append(evs, storetest.Event("ev-1", "t", "1")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	leased, err := s.ClaimAttempts(ctx, "w", first[:1])
-	if err != nil || len(leased) != 1 {
-		t.Fatalf("ClaimAttempts = %v, %v", leased, err)
-	}
-	if _, err := s.Renew(ctx, []pulsetype.LeaseKey{leased[0].Key()}); err != nil {
-		t.Fatal(err)
-	}
-	res := pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 500, Duration: time.Millisecond,
-		Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"}}
-	cs := []pulsetype.Completion{{Attempt: leased[0], Result: res, Next: pulsetype.NextStep{Retry: true, Delay: time.Second}}}
-	if _, err := s.FinishAttempts(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.FollowUps(ctx, cs); err != nil {
-		t.Fatal(err)
-	}
-	b.clock.Advance(time.Minute)
-	if _, err := s.ClaimBatch(ctx, "w", nil, 4); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := s.ClaimHead(ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.ReapOne(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.ClearFanOut(ctx, []string{"ev-1", "ev-2"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.FanOutStale(ctx, time.Second, 10); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Backfill(ctx, "w", 10); err != nil {
-		t.Fatal(err)
-	}
-	page, err := s.QueuedDeliveries(ctx, "", 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RepairQueue(ctx, page.Repairs); err != nil {
-		t.Fatal(err)
-	}
-	ids := make([]string, len(page.Deliveries))
-	for i, d := range page.Deliveries {
-		ids[i] = d.ID
-	}
-	if _, err := s.AttemptsOf(ctx, ids); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.GetEvents(ctx, []string{"ev-1", "ev-3"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.DeleteEndpoint(ctx, "g"); err != nil {
-		t.Fatal(err)
-	}
-
-	mu.Lock()
-	defer mu.Unlock()
-	targeted, scattered := 0, 0
-	for q := range seen {
-		parts := strings.SplitN(q, " ", 3)
-		key, sharded := shardPlan[parts[0]]
+	kinds := map[string]map[string]string{} // command kind: shape: the rule's verdict
+	for _, q := range capture.queries() {
+		key, sharded := shardPlan[q.Coll]
 		if !sharded {
 			continue
 		}
-		if slices.Contains(strings.Split(parts[2], ","), key[0]) {
-			targeted++
-			continue
+		kind := q.Cmd
+		switch {
+		case q.Upsert:
+			kind = "upsert"
+		case (q.Cmd == "update" || q.Cmd == "delete") && q.Multi:
+			kind += " many"
+		case q.Cmd == "update" || q.Cmd == "delete":
+			kind += " one"
 		}
-		if !scatterPlan[q] {
-			t.Errorf("hot query %q is neither targeted by the shard key %v nor listed as scatter in the plan", q, key)
+		if kinds[kind] == nil {
+			kinds[kind] = map[string]string{}
 		}
-		scattered++
+		p := predicatesOf(q.Filter)
+		branches := []predicates{p}
+		if len(p.or) > 0 { // targeted only when every branch is
+			branches = p.or
+		}
+		verdict := ""
+		for _, br := range branches {
+			br.merge(predicates{eq: p.eq, exact: p.exact, rng: p.rng, neg: p.neg})
+			if v := shardRule(q, key, q.Coll == "events", br); v != "" && verdict == "" || v != "" && v != "scatter" {
+				verdict = v
+			}
+		}
+		kinds[kind][q.shape(p)] = verdict
 	}
-	t.Logf("%d hot query shapes: %d targeted, %d scatter-gather", targeted+scattered, targeted, scattered)
-	if targeted == 0 || scattered == 0 {
-		t.Fatalf("captured %v: the workload did not reach the store's queries", seen)
+	targeted, scattered := 0, 0
+	for _, kind := range slices.Sorted(maps.Keys(kinds)) {
+		shapes := kinds[kind]
+		t.Run(kind, func(t *testing.T) {
+			var known []string
+			for _, shape := range slices.Sorted(maps.Keys(shapes)) {
+				switch v := shapes[shape]; {
+				case v == "":
+					targeted++
+				case v == "scatter" && scatterPlan[shape] != "":
+					scattered++
+				case v == "scatter":
+					t.Errorf("hot query %q is neither targeted by its collection's shard key nor listed as scatter in the plan", shape)
+				case knownBeforeIssue26[shape]:
+					known = append(known, shape+": "+v)
+				default:
+					t.Errorf("hot query %q breaks a rule of sharded collections: %s", shape, v)
+				}
+			}
+			if len(known) > 0 && !t.Failed() {
+				t.Skipf("issue 26 (the head-of-line claim legal on sharded clusters before 7.1) is not on main yet: %s", strings.Join(known, "; "))
+			}
+		})
+	}
+	for shape := range scatterPlan {
+		found := false
+		for _, shapes := range kinds {
+			_, seen := shapes[shape]
+			found = found || seen
+		}
+		if !found {
+			t.Errorf("scatterPlan lists %q, which the workload never sent", shape)
+		}
+	}
+	t.Logf("%d hot query shapes on sharded collections: %d targeted, %d scatter-gather", targeted+scattered, targeted, scattered)
+	if targeted == 0 {
+		t.Fatal("the workload did not reach the store's queries")
 	}
 	for _, spec := range indexSpecs {
 		key, sharded := shardPlan[spec.coll]

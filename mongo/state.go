@@ -80,7 +80,7 @@ func (s *Store) InactiveGroups(ctx context.Context, groups []string) (map[string
 func (s *Store) RecordHealth(ctx context.Context, failed map[string]time.Duration, succeeded []string) (disabled []string, err error) {
 	now := s.now()
 	if len(succeeded) > 0 {
-		if _, err := s.subscriptions.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": succeeded}, "failingSince": bson.M{"$ne": nil}},
+		if _, err := s.updateMany(ctx, s.subscriptions, bson.M{"_id": bson.M{"$in": succeeded}, "failingSince": bson.M{"$ne": nil}},
 			bson.M{"$unset": bson.M{"failingSince": ""}}); err != nil {
 			return nil, wrap("end failing streaks", err)
 		}
@@ -92,7 +92,7 @@ func (s *Store) RecordHealth(ctx context.Context, failed map[string]time.Duratio
 	for g := range failed {
 		groups = append(groups, g)
 	}
-	if _, err := s.subscriptions.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": groups}, "failingSince": nil},
+	if _, err := s.updateMany(ctx, s.subscriptions, bson.M{"_id": bson.M{"$in": groups}, "failingSince": nil},
 		bson.M{"$set": bson.M{"failingSince": now}}); err != nil {
 		return nil, wrap("start failing streaks", err)
 	}

@@ -1,6 +1,7 @@
 package mongo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,7 +34,15 @@ type Options struct {
 	// Capabilities, when set, are what the server can do, taken as given: EnsureSchema neither probes nor
 	// asks. Nil: EnsureSchema detects them (DetectCapabilities).
 	Capabilities *Capabilities
+	// PageSize bounds the ids one command of the store's bulk work names (ending a group's pending work, the
+	// queue migration): that work runs in pages of this many documents, so no command grows with the backlog.
+	// 0 means DefaultPageSize.
+	PageSize int
 }
+
+// DefaultPageSize is Options.PageSize when unset: 1,000 ids of at most 40 bytes make a command of about
+// 50 KiB, far below MongoDB's 16 MiB limit on a command (BSON document size).
+const DefaultPageSize = 1000
 
 // Store reads and writes the sidecar's collections. It is safe for concurrent use.
 type Store struct {
@@ -44,7 +53,8 @@ type Store struct {
 	opts                                       Options
 	caps                                       Capabilities
 	log                                        zerolog.Logger
-	publishes                                  *groupCommit // concurrent publishes of one event each, written together
+	publishes                                  *groupCommit                              // concurrent publishes of one event each, written together
+	hello                                      func(context.Context) (helloReply, error) // nil: the server's hello (tests replace it)
 }
 
 // New returns a Store on client. It does no I/O; call EnsureSchema before use.
@@ -83,6 +93,9 @@ func (s *Store) Capabilities() Capabilities { return s.caps }
 func (s *Store) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx, nil)
 }
+
+// pageSize is Options.PageSize or DefaultPageSize.
+func (s *Store) pageSize() int { return cmp.Or(max(s.opts.PageSize, 0), DefaultPageSize) }
 
 func (s *Store) now() time.Time { return s.opts.Now().UTC().Truncate(time.Millisecond) }
 
@@ -161,15 +174,104 @@ func findAll[T any](ctx context.Context, coll *mongo.Collection, what string, fi
 	return out, nil
 }
 
+// Re-issuing writes. The driver retries a write once across an election only when it is a retryable write:
+// insertOne/insertMany, updateOne, deleteOne, findAndModify, and bulk writes holding none of the others;
+// never updateMany or deleteMany (multi: true), nor a bulk write holding one (driver mongo/collection.go
+// and mongo/bulk_write.go: RetryNone for multi). The store re-issues those itself (updateMany, deleteMany,
+// bulkUpdate), each safe to repeat: their updates $set values computed before the first try, under filters
+// that keep what they guard (status pending, the fencing token, an unleased attempt), so a second try applies
+// only what the first did not, and a delete of what is gone deletes nothing. A second try's counts cover only
+// what it changed: callers that branch on them read the documents back (FinishAttempts) or only log them.
+
+// reissueTries bounds how often updateMany, deleteMany and bulkUpdate send one write; reissueWait is the wait
+// after the first retryable failure, doubled after each further one.
+const (
+	reissueTries = 3
+	reissueWait  = 100 * time.Millisecond
+)
+
+// retryableWrite reports whether a write that failed with err may have failed for the topology's sake and
+// can be re-issued: a network error, an error labelled RetryableWriteError by the server or the driver, or
+// one of the codes of the retryable writes specification (HostUnreachable 6, HostNotFound 7,
+// NetworkTimeout 89, ShutdownInProgress 91, PrimarySteppedDown 189, ExceededTimeLimit 262, SocketException
+// 9001, NotWritablePrimary 10107, InterruptedAtShutdown 11600, InterruptedDueToReplStateChange 11602,
+// NotPrimaryNoSecondaryOk 13435, NotPrimaryOrSecondary 13436).
+func retryableWrite(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if mongo.IsNetworkError(err) {
+		return true
+	}
+	var le interface{ HasErrorLabel(string) bool }
+	if errors.As(err, &le) && le.HasErrorLabel("RetryableWriteError") {
+		return true
+	}
+	var se mongo.ServerError
+	if !errors.As(err, &se) {
+		return false
+	}
+	for _, code := range []int{6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436} {
+		if se.HasErrorCode(code) {
+			return true
+		}
+	}
+	return false
+}
+
+// reissue runs write, and runs it again, reissueTries times in all, while it fails with a retryableWrite
+// error and ctx has not ended. It returns the last error.
+func reissue(ctx context.Context, write func(context.Context) error) error {
+	wait := reissueWait
+	var err error
+	for try := range reissueTries {
+		if err = write(ctx); !retryableWrite(err) || try == reissueTries-1 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+	return err
+}
+
+// updateMany is coll.UpdateMany, re-issued on a retryable error (see reissue); update must be safe to repeat.
+func (s *Store) updateMany(ctx context.Context, coll *mongo.Collection, filter, update any) (*mongo.UpdateResult, error) {
+	var res *mongo.UpdateResult
+	err := reissue(ctx, func(ctx context.Context) (err error) {
+		res, err = coll.UpdateMany(ctx, filter, update)
+		return err
+	})
+	return res, err
+}
+
+// deleteMany is coll.DeleteMany, re-issued on a retryable error (see reissue).
+func (s *Store) deleteMany(ctx context.Context, coll *mongo.Collection, filter any) (*mongo.DeleteResult, error) {
+	var res *mongo.DeleteResult
+	err := reissue(ctx, func(ctx context.Context) (err error) {
+		res, err = coll.DeleteMany(ctx, filter)
+		return err
+	})
+	return res, err
+}
+
 // bulkUpdate runs update models as unordered bulk writes of at most Capabilities.MaxUpdateStatements
-// statements each (all in one when it is 0) and returns how many documents their filters matched in total.
+// statements each (all in one when it is 0), each re-issued on a retryable error (see reissue; the models must
+// be safe to repeat), and returns how many documents their filters matched in total.
 func (s *Store) bulkUpdate(ctx context.Context, coll *mongo.Collection, models []mongo.WriteModel) (matched int64, err error) {
 	size := s.caps.MaxUpdateStatements
 	if size <= 0 {
 		size = max(len(models), 1)
 	}
 	for chunk := range slices.Chunk(models, size) {
-		res, err := coll.BulkWrite(ctx, chunk, options.BulkWrite().SetOrdered(false))
+		var res *mongo.BulkWriteResult
+		err := reissue(ctx, func(ctx context.Context) (err error) {
+			res, err = coll.BulkWrite(ctx, chunk, options.BulkWrite().SetOrdered(false))
+			return err
+		})
 		if err != nil {
 			return matched, err
 		}

@@ -20,7 +20,7 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 	now := s.now()
 	staged := bson.M{"staged": true, "createdAt": bson.M{"$lt": now.Add(-StagedTimeout)}}
 	if s.caps.TTLIndexes {
-		res, err := s.events.DeleteMany(ctx, staged)
+		res, err := s.deleteMany(ctx, s.events, staged)
 		if err != nil {
 			return 0, wrap("sweep staged events", err)
 		}

@@ -39,7 +39,13 @@ func (w *EventWatcher) Start(ctx context.Context) error { return w.run.StartGo(c
 func (w *EventWatcher) Stop() { w.run.Stop() }
 
 func (w *EventWatcher) watch(ctx context.Context) {
-	pipeline := mongo.Pipeline{{{Key: "$match", Value: bson.M{"operationType": bson.M{"$in": bson.A{"insert", "update"}}}}}}
+	// The watcher only wakes the dispatcher: each change is projected to its resume token (_id) and kind, so
+	// no event's body (fullDocument of an insert, up to 16 MiB) is shipped to every replica, and an event near
+	// the 16 MiB limit cannot make its change event too large for the stream.
+	pipeline := mongo.Pipeline{
+		{{Key: "$match", Value: bson.M{"operationType": bson.M{"$in": bson.A{"insert", "update"}}}}},
+		{{Key: "$project", Value: bson.M{"operationType": 1}}},
+	}
 	for ctx.Err() == nil {
 		stream, err := w.store.events.Watch(ctx, pipeline)
 		if err == nil {

@@ -47,5 +47,25 @@ func testWatchEventsSendsChangeStreamAndReopens(t *testing.T, e *env) {
 	if err != nil || stage.Document().Lookup("$changeStream").Type != bson.TypeEmbeddedDocument {
 		t.Fatalf("first stage is not $changeStream: %s", first)
 	}
+	// Changes reach the watcher without the events' bodies: only the resume token and the kind.
+	stages, err := first.Lookup("pipeline").Array().Values()
+	var project bson.Raw
+	if err == nil && len(stages) == 3 {
+		project, _ = stages[2].DocumentOK()
+	}
+	kept, _ := project.Lookup("$project").DocumentOK()
+	if one, ok := kept.Lookup("operationType").AsInt64OK(); !ok || one != 1 || len(mustElements(t, kept)) != 1 {
+		t.Errorf("the pipeline does not end by projecting each change to its operationType: %s", first)
+	}
 	w.Stop()
+}
+
+// mustElements returns the elements of doc, failing t when it is not a document.
+func mustElements(t *testing.T, doc bson.Raw) []bson.RawElement {
+	t.Helper()
+	elems, err := doc.Elements()
+	if err != nil {
+		t.Fatalf("not a document: %v", err)
+	}
+	return elems
 }

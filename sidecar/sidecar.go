@@ -35,8 +35,8 @@ import (
 // scraped) is reused.
 const PendingCountMaxAge = 15 * time.Second
 
-// startTimeout bounds Start's work against the database: the clock sync, the schema, the endpoints file
-// and the secrets check.
+// startTimeout bounds Start's work against the database but the schema (PULSE_SCHEMA_TIMEOUT bounds that):
+// the clock sync, the endpoints file and the secrets check.
 const startTimeout = 30 * time.Second
 
 // Options are what a Sidecar takes besides its configuration; the zero value is a production sidecar
@@ -86,7 +86,7 @@ func New(cfg *config.Config, opts Options) *Sidecar {
 // is empty, connects, syncs the clock, ensures the schema, applies PULSE_ENDPOINTS_FILE, checks the stored
 // secrets, then starts the background services in this order: the lease keeper, the clock sync, the
 // retention sweeper, the change-stream and endpoints-file watchers, the dispatcher. ctx bounds the start
-// (its database work at most 30 s) and the run: when ctx ends, the sidecar shuts down as Stop does. It
+// (its database work at most 30 s, the schema work PULSE_SCHEMA_TIMEOUT) and the run: when ctx ends, the sidecar shuts down as Stop does. It
 // returns an error naming the variable at fault when the configuration cannot be served (a busy port, a
 // bad URI or key, PULSE_CHANGE_STREAMS=required without change streams), having undone what it started;
 // startstop.ErrStarted when started already.
@@ -255,7 +255,12 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	if err := clock.Sync(startCtx, store.ServerTime); err != nil {
 		return fmt.Errorf("reach the database: %w", err)
 	}
-	caps, err := store.EnsureSchema(startCtx)
+	// The schema work has its own bound: index builds on large collections and the one-time migrations take
+	// as long as the data needs (each logs its progress; a migration stopped by the bound resumes at the
+	// next start).
+	schemaCtx, cancelSchema := context.WithTimeout(ctx, cfg.SchemaTimeout)
+	caps, err := store.EnsureSchema(schemaCtx)
+	cancelSchema()
 	if err != nil {
 		return err
 	}
