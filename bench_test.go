@@ -22,7 +22,7 @@ func TestBenchPrintsFigures(t *testing.T) {
 	if err := run(t.Context(), args, func(k string) string { return env[k] }, &out); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
-	line := regexp.MustCompile(`(?m)^bench: deliveries=20 duplicates=0 seconds=[0-9.]+ deliveries_per_s=[0-9.]+ p50_ms=[0-9.]+ p99_ms=[0-9.]+ db_commands_per_delivery=([0-9.]+) raw_db_ops_per_s=[0-9.]+ efficiency=[0-9.]+ sidecar_cpu_us_per_delivery=([0-9]+) process_cpu_us_per_delivery=([0-9]+) peak_rss_mib=[0-9.]+ publish_p50_ms=[0-9.]+ publish_p99_ms=[0-9.]+ deliveries_per_raw_op=[0-9.]+ log_warnings=\d+ log_errors=\d+$`)
+	line := regexp.MustCompile(`(?m)^bench: deliveries=20 duplicates=0 seconds=[0-9.]+ deliveries_per_s=[0-9.]+ p50_ms=[0-9.]+ p99_ms=[0-9.]+ db_commands_per_delivery=([0-9.]+) raw_db_ops_per_s=[0-9.]+ efficiency=[0-9.]+ sidecar_cpu_us_per_delivery=([0-9]+) process_cpu_us_per_delivery=([0-9]+) peak_rss_mib=[0-9.]+ publish_p50_ms=[0-9.]+ publish_p99_ms=[0-9.]+ deliveries_per_raw_op=[0-9.]+ log_warnings=\d+ log_errors=\d+ lease_losses=\d+$`)
 	m := line.FindStringSubmatch(out.String())
 	if m == nil {
 		t.Fatalf("no machine line with 20 deliveries and 0 duplicates in:\n%s", out.String())

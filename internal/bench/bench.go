@@ -62,7 +62,8 @@ type result struct {
 	CPUusPerDelivery        float64 // the sidecars' share of ProcessCPUusPerDelivery (see startProfile)
 	ProcessCPUusPerDelivery float64 // this process's CPU: the sidecars, the receiver and the publishers
 	PeakRSSMiB              float64
-	Warnings, Errors        int                      // the sidecars' log records at warn and error level, during the run
+	Warnings, Errors        int                      // the sidecars' log records at warn and error level, over the whole run (history included)
+	LeaseLosses             int                      // those of them that tell of a lost lease (see leaseLost)
 	LogKinds                []string                 // those records by level, component and message
 	IdleDBCPUPercent        float64                  // the database process's CPU while the sidecars idled (-1: not measured)
 	IdleCommandsPerSecond   float64                  // the sidecars' database commands per second meanwhile
@@ -226,7 +227,6 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 
 	want := o.events * o.groups
 	counting.Store(true)
-	logs.counting.Store(true)
 	stopProfile, err := startProfile(o.cpuProfile)
 	if err != nil {
 		return result{}, err
@@ -266,7 +266,7 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 		}
 		idleCommands = float64(commands.Load()-before) / o.idle.Seconds()
 	}
-	logs.counting.Store(false)
+	logs.counting.Store(false) // the shutdown's own records are not the run's
 	shutdown()
 
 	raw, err := rawUpdatesPerSecond(ctx, o.uri, dbName, o.concurrency, 3*time.Second)
@@ -286,7 +286,7 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
 	r.Efficiency = r.PerSecond * r.CommandsPerDelivery / r.RawOpsPerSecond
 	r.PerRawOp = r.PerSecond / r.RawOpsPerSecond
-	r.Warnings, r.Errors, r.LogKinds = logs.counts()
+	r.Warnings, r.Errors, r.LeaseLosses, r.LogKinds = logs.counts()
 	byNameMu.Lock()
 	r.ByCommand = maps.Clone(byName)
 	r.TimeByCommand = maps.Clone(timeByName)
@@ -343,7 +343,8 @@ func printResult(w io.Writer, r result, o flags) {
 		{"deliveries per raw update", fmt.Sprintf("%.3f", r.PerRawOp)},
 		{"sidecar CPU per delivery", fmt.Sprintf("%.0f µs", r.CPUusPerDelivery)},
 		{"bench process CPU per delivery", fmt.Sprintf("%.0f µs (sidecars, receiver, publishers)", r.ProcessCPUusPerDelivery)}, {"peak RSS", fmt.Sprintf("%.1f MiB", r.PeakRSSMiB)},
-		{"log warnings, errors", fmt.Sprintf("%d, %d", r.Warnings, r.Errors)},
+		{"log warnings, errors", fmt.Sprintf("%d, %d (whole run)", r.Warnings, r.Errors)},
+		{"lease losses", fmt.Sprint(r.LeaseLosses)},
 	}
 	if r.IdleDBCPUPercent >= 0 {
 		rows = append(rows, struct{ k, v string }{fmt.Sprintf("database CPU, idle %s", o.idle), fmt.Sprintf("%.1f%% of a core", r.IdleDBCPUPercent)},
@@ -361,9 +362,9 @@ func printResult(w io.Writer, r result, o flags) {
 		fmt.Fprintf(w, "  %-40s %d (%.2f per delivery, %.1f ms mean round trip)\n", "  db "+name, n,
 			float64(n)/float64(max(r.Deliveries, 1)), float64(r.TimeByCommand[name].Microseconds())/1000/float64(n))
 	}
-	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f process_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f publish_p50_ms=%.1f publish_p99_ms=%.1f deliveries_per_raw_op=%.3f log_warnings=%d log_errors=%d",
+	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f process_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f publish_p50_ms=%.1f publish_p99_ms=%.1f deliveries_per_raw_op=%.3f log_warnings=%d log_errors=%d lease_losses=%d",
 		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.ProcessCPUusPerDelivery, r.PeakRSSMiB,
-		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors)
+		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors, r.LeaseLosses)
 	if r.IdleDBCPUPercent >= 0 {
 		fmt.Fprintf(w, " idle_db_cpu_pct=%.2f idle_db_commands_per_s=%.2f", r.IdleDBCPUPercent, r.IdleCommandsPerSecond)
 	}
