@@ -1,0 +1,223 @@
+package harness
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// SlowDB is a TCP proxy for the MongoDB wire protocol in front of the test database that holds writes back,
+// as a database with a deep write queue does: each write (insert, update, delete, findAndModify, bulkWrite) is
+// forwarded a fixed delay after it arrived, and never before a write that arrived earlier; reads pass at
+// once. Every write waits alike, heartbeats and results as much as bulk work, and a driver that gives up on
+// one closes its connection but the write still runs (as a queued write does on a server). It is safe for
+// concurrent use.
+type SlowDB struct {
+	// URI is the connection string of the proxy: the test database's URI with the proxy's host.
+	URI string
+
+	delay  atomic.Int64 // ns each write is held after it arrived
+	writes atomic.Int64 // writes forwarded
+
+	order sync.Mutex // held while a write waits its turn: writes are forwarded in the order they arrived
+	last  time.Time  // when the latest write was forwarded
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]bool
+}
+
+// StartSlowDB starts a SlowDB in front of b.URI holding each write for delay; it is closed in t.Cleanup.
+// Point a sidecar at it with FastEnv(map[string]string{"PULSE_MONGODB_URI": db.URI}).
+func (b *Bundle) StartSlowDB(delay time.Duration) *SlowDB {
+	b.T.Helper()
+	u, err := url.Parse(b.URI)
+	if err != nil {
+		b.T.Fatalf("slowdb: parse %s: %v", b.URI, err)
+	}
+	upstream := u.Host
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.T.Fatal(err)
+	}
+	u.Host = ln.Addr().String()
+	db := &SlowDB{URI: u.String(), ln: ln, conns: map[net.Conn]bool{}}
+	db.delay.Store(int64(delay))
+	db.wg.Add(1)
+	go db.accept(b.T, upstream)
+	b.T.Cleanup(db.close)
+	return db
+}
+
+// Hold sets how long each write arriving from now on is held.
+func (db *SlowDB) Hold(delay time.Duration) { db.delay.Store(int64(delay)) }
+
+// Writes returns how many writes were forwarded so far.
+func (db *SlowDB) Writes() int64 { return db.writes.Load() }
+
+func (db *SlowDB) accept(t *testing.T, upstream string) {
+	defer db.wg.Done()
+	for {
+		c, err := db.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.DialTimeout("tcp", upstream, 10*time.Second)
+		if err != nil {
+			t.Logf("slowdb: dial %s: %v", upstream, err)
+			_ = c.Close()
+			continue
+		}
+		if !db.track(c, up) {
+			return
+		}
+		db.wg.Add(1)
+		go func() {
+			defer db.wg.Done()
+			defer db.untrack(c, up)
+			db.relay(c, up)
+		}()
+	}
+}
+
+func (db *SlowDB) track(cs ...net.Conn) bool {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.conns == nil {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+		return false
+	}
+	for _, c := range cs {
+		db.conns[c] = true
+	}
+	return true
+}
+
+func (db *SlowDB) untrack(cs ...net.Conn) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	for _, c := range cs {
+		_ = c.Close()
+		delete(db.conns, c)
+	}
+}
+
+func (db *SlowDB) close() {
+	_ = db.ln.Close()
+	db.mu.Lock()
+	for c := range db.conns {
+		_ = c.Close()
+	}
+	db.conns = nil
+	db.mu.Unlock()
+	db.wg.Wait()
+}
+
+// relay forwards requests and their replies until either side closes; a write is held until its delay has
+// passed since it arrived and every write that arrived before it was forwarded.
+func (db *SlowDB) relay(client, upstream net.Conn) {
+	for {
+		req, err := readWireMessage(client)
+		if err != nil {
+			return
+		}
+		write, moreToCome := classify(req)
+		if write {
+			due := time.Now().Add(time.Duration(db.delay.Load()))
+			db.order.Lock()
+			due = later(due, db.last)
+			time.Sleep(time.Until(due)) // the write's wait in the slow database's queue
+			db.last = due
+			db.order.Unlock()
+			db.writes.Add(1)
+		}
+		if err := db.exchange(client, upstream, req, moreToCome); err != nil {
+			return
+		}
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func (db *SlowDB) exchange(client, upstream net.Conn, req []byte, moreToCome bool) error {
+	if _, err := upstream.Write(req); err != nil {
+		return err
+	}
+	if moreToCome {
+		return nil
+	}
+	reply, err := readWireMessage(upstream)
+	if err != nil {
+		return err
+	}
+	_, err = client.Write(reply)
+	return err
+}
+
+// readWireMessage reads one whole wire-protocol message (its header says its length).
+func readWireMessage(r io.Reader) ([]byte, error) {
+	var prefix [4]byte
+	if _, err := io.ReadFull(r, prefix[:]); err != nil {
+		return nil, err
+	}
+	n := int(int32(binary.LittleEndian.Uint32(prefix[:])))
+	if n < 16 || n > 48<<20 {
+		return nil, errors.New("slowdb: bad message length")
+	}
+	msg := make([]byte, n)
+	copy(msg, prefix[:])
+	_, err := io.ReadFull(r, msg[4:])
+	return msg, err
+}
+
+// writeCommands are the commands SlowDB holds back.
+var writeCommands = map[string]bool{"insert": true, "update": true, "delete": true, "findAndModify": true, "bulkWrite": true}
+
+// classify returns, for an OP_MSG, whether it is a write (its body's first key names a write command) and
+// its moreToCome flag.
+func classify(msg []byte) (write, moreToCome bool) {
+	const opMsg = 2013
+	if len(msg) < 21 || binary.LittleEndian.Uint32(msg[12:16]) != opMsg {
+		return false, false
+	}
+	flags := binary.LittleEndian.Uint32(msg[16:20])
+	moreToCome = flags&2 != 0
+	end := len(msg)
+	if flags&1 != 0 {
+		end -= 4
+	}
+	for i := 20; i < end; {
+		kind := msg[i]
+		i++
+		if i+4 > end {
+			break
+		}
+		size := int(int32(binary.LittleEndian.Uint32(msg[i : i+4])))
+		if size < 5 || i+size > end {
+			break
+		}
+		if kind == 0 {
+			if els, err := bson.Raw(msg[i : i+size]).Elements(); err == nil && len(els) > 0 {
+				write = writeCommands[els[0].Key()]
+			}
+			return write, moreToCome
+		}
+		i += size
+	}
+	return false, moreToCome
+}

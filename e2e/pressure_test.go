@@ -1,0 +1,85 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
+)
+
+// TestNoDuplicateUnderDeepWriteQueue is issue 26's first case: a sidecar that stays alive and whose POSTs
+// finish never loses a lease, however long the database makes its writes wait. The database holds every
+// write back for 300 ms (SlowDB: a deep write queue, in which heartbeats and results wait as long as bulk
+// work), the lease is 1 s, and each POST takes 1.5 s, so every lease must be renewed through that queue while
+// its POST runs. Every event must reach the receiver exactly once, no attempt may be reaped as worker_lost,
+// and the sidecar must log no lost lease.
+func TestNoDuplicateUnderDeepWriteQueue(t *testing.T) {
+	b := harness.Setup(t)
+	const postTime, events = 1500 * time.Millisecond, 20
+	var mu sync.Mutex
+	posts := map[string]int{} // POSTs by Idempotency-Key (the event id)
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		posts[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+		select { // a receiver that takes a while: leases must be renewed during the POSTs
+		case <-time.After(postTime):
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(rcv.Close)
+	db := b.StartSlowDB(0)
+	s := b.Start(b.FastEnv(harness.ShortLease, map[string]string{"PULSE_MONGODB_URI": db.URI}))
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "timeout": "10s"})
+	db.Hold(300 * time.Millisecond)
+
+	batch := make([]map[string]any, events)
+	for i := range batch {
+		batch[i] = map[string]any{"topic": "t", "id": fmt.Sprintf("e-%d", i), "data": i}
+	}
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", batch, nil); code != 202 {
+		t.Fatalf("publish answered %d", code)
+	}
+	defer func() { // what the sidecar went through, when the test fails
+		if t.Failed() {
+			mu.Lock()
+			t.Logf("%d writes held; %d events POSTed; log:\n%s", db.Writes(), len(posts), grepLines(s.Logs.String(), `"level":"`))
+			mu.Unlock()
+		}
+	}()
+	testwait.Eventually(t, 3*time.Minute, "every delivery ended", func() bool {
+		return b.Count("deliveries", bson.M{"status": bson.M{"$ne": "pending"}}) == events
+	})
+
+	mu.Lock()
+	defer mu.Unlock()
+	dups := 0
+	for id, n := range posts {
+		if n > 1 {
+			dups += n - 1
+			t.Logf("event %s POSTed %d times", id, n)
+		}
+	}
+	if len(posts) != events || dups != 0 {
+		t.Errorf("%d events POSTed (%d duplicate POSTs), want each of %d once", len(posts), dups, events)
+	}
+	if n := b.Count("deliveries", bson.M{"status": "success"}); n != events {
+		t.Errorf("%d deliveries succeeded, want %d", n, events)
+	}
+	if n := b.Count("history", bson.M{"error.code": "worker_lost"}); n != 0 {
+		t.Errorf("%d attempts recorded as worker_lost by a sidecar that never stopped", n)
+	}
+	for _, line := range []string{"lease lost", "lease expired", "lease ran out", "left to lease expiry"} {
+		if strings.Contains(s.Logs.String(), line) {
+			t.Errorf("the sidecar logged %q", line)
+		}
+	}
+}
