@@ -14,16 +14,35 @@ import (
 // RenewFunc renews the given leases with one fenced write and returns the ones that were lost.
 type RenewFunc func(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error)
 
+// maxRenewals bounds the renewals in flight at once: a renewal that outlasts the heartbeat period does not
+// hold the next one back (the next is sent on time beside it), but a database that answers none of them is
+// not sent more than this many. Each waits up to a lease timeout, and the heartbeat sends one every
+// 0.8–1.2 thirds of it: at most four are due in one lease timeout, so five never hold one back.
+const maxRenewals = 5
+
 // Keeper renews the leases this process holds every third of the lease timeout (docs/delivery.md) and
-// cancels the work of a lease that was lost. It is safe for concurrent use.
+// cancels the work of a lease that was lost. Renewals are sent on that schedule whatever the previous one
+// takes: a renewal stuck in the database's write queue does not delay the next (at most maxRenewals run at
+// once). Each renewal extends a lease by the lease timeout from the moment it was sent (the database's
+// lockedUntil and the local bound alike), and waits up to that long to land. So on a database that runs
+// writes in the order they arrive, however long it makes them wait, a reaper's write never finds a lease of
+// this process expired: a renewal sent less than a lease timeout before it lands first. The local bound
+// counts from answered renewals only, so a lease whose renewals are slow to answer is given up locally
+// (no POST starts on it) before the database could take it. It is safe for
+// concurrent use.
 type Keeper struct {
 	renew        RenewFunc
 	leaseTimeout time.Duration
 	local        func() time.Time
 	log          zerolog.Logger
 
-	mu   sync.Mutex
-	held map[pulsetype.LeaseKey]*held
+	mu       sync.Mutex
+	held     map[pulsetype.LeaseKey]*held
+	inFlight map[int64]time.Time // renewals sent and not answered: their local send times
+	seq      int64
+	lastLag  time.Duration // round trip of the latest answered lease write (renewal or result)
+	lagAt    time.Time     // when lastLag was measured
+	renewing sync.WaitGroup
 
 	run startstop.Base
 }
@@ -39,7 +58,7 @@ func NewKeeper(renew RenewFunc, leaseTimeout time.Duration, local func() time.Ti
 		local = time.Now
 	}
 	return &Keeper{renew: renew, leaseTimeout: leaseTimeout, local: local, held: map[pulsetype.LeaseKey]*held{},
-		log: log.With().Str("component", "heartbeat").Logger()}
+		inFlight: map[int64]time.Time{}, log: log.With().Str("component", "heartbeat").Logger()}
 }
 
 // Interval returns the heartbeat period: a third of the lease timeout, at least 10 ms.
@@ -73,33 +92,82 @@ func (k *Keeper) Release(l pulsetype.LeaseKey) {
 	k.mu.Unlock()
 }
 
+// Lag returns how long the writes that keep leases take now: the round trip of the latest one (a renewal,
+// answered or timed out, or a result write reported by Observe) if it was measured within the last lease
+// timeout, or the age of the oldest renewal still unanswered when that is longer. It is what the
+// dispatcher's backpressure reads: no new lease is taken while it is a large part of the lease timeout; a
+// measurement older than a lease timeout no longer counts, so a process that holds nothing (and so renews
+// nothing) claims again. It never blocks on the database.
+func (k *Keeper) Lag() time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	now := k.local()
+	var lag time.Duration
+	if now.Sub(k.lagAt) < k.leaseTimeout {
+		lag = k.lastLag
+	}
+	for _, sent := range k.inFlight {
+		lag = max(lag, now.Sub(sent))
+	}
+	return lag
+}
+
+// Observe reports the round trip d of a write that a held lease waits on (the recording of results), for Lag.
+func (k *Keeper) Observe(d time.Duration) {
+	k.mu.Lock()
+	k.lastLag, k.lagAt = d, k.local()
+	k.mu.Unlock()
+}
+
 // Start runs the heartbeat in a goroutine and returns at once; it returns startstop.ErrStarted when the
 // keeper runs already.
 func (k *Keeper) Start(ctx context.Context) error {
 	return k.run.StartTicking(ctx, 0, k.Interval, k.beat)
 }
 
-// Stop ends the heartbeat and blocks until its goroutine returned. It is safe twice and before Start.
-func (k *Keeper) Stop() { k.run.Stop() }
+// Stop ends the heartbeat and blocks until its goroutine and the renewals it sent returned. It is safe twice
+// and before Start.
+func (k *Keeper) Stop() {
+	k.run.Stop()
+	k.renewing.Wait()
+}
 
+// beat sends one renewal of every held lease, in a goroutine of its own, unless maxRenewals are in flight
+// already; it returns at once.
 func (k *Keeper) beat(ctx context.Context) {
 	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.held) == 0 || len(k.inFlight) >= maxRenewals {
+		return
+	}
 	tokens := make([]pulsetype.LeaseKey, 0, len(k.held))
 	for t := range k.held {
 		tokens = append(tokens, t)
 	}
-	k.mu.Unlock()
-	if len(tokens) == 0 {
-		return
-	}
-	start := k.local()
-	// A renewal may take until the lease would expire anyway: giving up earlier under load would abandon
-	// leases the database still grants.
-	rctx, cancel := context.WithTimeout(ctx, max(k.Interval(), k.leaseTimeout*2/3))
+	k.seq++
+	id, start := k.seq, k.local()
+	k.inFlight[id] = start
+	k.renewing.Add(1)
+	go func() {
+		defer k.renewing.Done()
+		k.renewOnce(ctx, id, start, tokens)
+	}()
+}
+
+// renewOnce renews tokens with one write sent at start and applies its answer.
+func (k *Keeper) renewOnce(ctx context.Context, id int64, start time.Time, tokens []pulsetype.LeaseKey) {
+	// A renewal may take until the lease it extends would run out: it extends the lease from the moment it
+	// was sent, so it is still worth its write until then, and one given up earlier is one fewer renewal in
+	// the database's queue ahead of a reaper's write sent after it (a driver that gives up closes its
+	// connection, and the request may never run).
+	rctx, cancel := context.WithTimeout(ctx, max(k.Interval(), k.leaseTimeout))
 	lost, err := k.renew(rctx, tokens)
 	cancel()
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	delete(k.inFlight, id)
+	k.lagAt = k.local()
+	k.lastLag = k.lagAt.Sub(start) // a renewal that timed out measured a lag too
 	if err != nil {
 		if ctx.Err() == nil {
 			k.log.Warn().Err(err).Int("leases", len(tokens)).Msg("heartbeat failed")
@@ -127,6 +195,9 @@ func (k *Keeper) beat(ctx context.Context) {
 			delete(k.held, t)
 			continue
 		}
-		h.until = start.Add(k.leaseTimeout)
+		// A later renewal may have been answered first: the lease runs from the latest send.
+		if until := start.Add(k.leaseTimeout); until.After(h.until) {
+			h.until = until
+		}
 	}
 }

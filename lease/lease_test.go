@@ -147,3 +147,79 @@ func TestClockSyncFollowsTheDatabase(t *testing.T) {
 	}
 	testwait.Eventually(t, 10*time.Second, "a restarted ClockSync to sync again", func() bool { return calls.Load() != n })
 }
+
+// A renewal stuck in the database's write queue does not hold the next one back: the heartbeat sends the
+// next on time beside it, the lease stays held through the later renewals, and Lag reports the stuck one's
+// age (issue 26: heartbeats queued behind bulk work lost live leases).
+func TestKeeperRenewsBesideAStuckRenewal(t *testing.T) {
+	t.Parallel()
+	stuck := make(chan struct{})
+	var calls, answered atomic.Int64
+	renew := func(ctx context.Context, _ []pulsetype.LeaseKey) ([]pulsetype.LeaseKey, error) {
+		if calls.Add(1) == 1 {
+			select { // the first renewal waits far longer than the lease
+			case <-stuck:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return nil, nil
+		}
+		answered.Add(1)
+		return nil, nil
+	}
+	const leaseTimeout = 300 * time.Millisecond
+	k := NewKeeper(renew, leaseTimeout, nil, zerolog.Nop())
+	work, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	l := pulsetype.LeaseKey{AttemptID: "a1", Token: "t1"}
+	k.Hold(l, 0, cancel)
+	if err := k.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer k.Stop()
+	// Six answered renewals span two lease timeouts while the first one is still unanswered.
+	testwait.Eventually(t, 20*time.Second, "six renewals answered beside the stuck one", func() bool { return answered.Load() >= 6 })
+	if work.Err() != nil {
+		t.Fatalf("the lease was lost while later renewals kept it: %v", context.Cause(work))
+	}
+	if !k.Live(l) {
+		t.Fatal("the lease is not live although renewals kept it")
+	}
+	close(stuck)
+	k.Stop()
+}
+
+// Lag is the age of a renewal still unanswered, else the round trip of the latest lease write answered.
+func TestKeeperLagFollowsTheLeaseWrites(t *testing.T) {
+	t.Parallel()
+	stuck, sent := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	renew := func(ctx context.Context, _ []pulsetype.LeaseKey) ([]pulsetype.LeaseKey, error) {
+		if calls.Add(1) == 1 {
+			close(sent)
+			<-stuck
+		}
+		return nil, nil
+	}
+	k := NewKeeper(renew, 30*time.Second, nil, zerolog.Nop())
+	k.Hold(pulsetype.LeaseKey{AttemptID: "a1", Token: "t1"}, 0, func(error) {})
+	if lag := k.Lag(); lag != 0 {
+		t.Fatalf("Lag = %s before any lease write", lag)
+	}
+	k.beat(context.Background()) // the first renewal, as the ticker sends it
+	<-sent
+	testwait.Eventually(t, 10*time.Second, "Lag to count the unanswered renewal's age", func() bool { return k.Lag() >= 50*time.Millisecond })
+	k.Observe(time.Millisecond) // a fast result write does not hide the renewal still waiting
+	if lag := k.Lag(); lag < 50*time.Millisecond {
+		t.Fatalf("Lag = %s with a renewal unanswered for at least 50ms", lag)
+	}
+	close(stuck)
+	k.Stop() // waits for the renewal sent
+	if lag := k.Lag(); lag < 50*time.Millisecond {
+		t.Fatalf("Lag = %s after a renewal answered in at least 50ms", lag)
+	}
+	k.Observe(time.Millisecond)
+	if lag := k.Lag(); lag != time.Millisecond {
+		t.Fatalf("Lag = %s after a result write of 1ms", lag)
+	}
+}

@@ -129,7 +129,8 @@ func (s *Store) claimByID(ctx context.Context, owner, id string) (*pulsetype.Att
 	return doc.attempt(), nil
 }
 
-// Renew extends the given leases to now + lease timeout and stamps heartbeatAt, with one updateMany fenced by
+// Renew extends the given leases to now + lease timeout (never shortening one: a later renewal may have
+// landed first) and stamps heartbeatAt, with one updateMany fenced by
 // the attempt ids, their tokens and status pending. When it matched fewer than all, one query finds which are
 // still held. It returns the leases that were lost (reaped, released or no longer pending).
 func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error) {
@@ -138,7 +139,9 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	}
 	now := s.now()
 	filter := fence(leases...)
-	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$set": bson.M{fieldLeasedUntil: now.Add(s.opts.LeaseTimeout), fieldHeartbeatAt: now}})
+	// $max: renewals may land out of order (the heartbeat does not wait for one before it sends the next), and
+	// an earlier one landing last must not shorten the lease a later one granted.
+	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$max": bson.M{fieldLeasedUntil: now.Add(s.opts.LeaseTimeout), fieldHeartbeatAt: now}})
 	if err != nil {
 		return nil, wrap("renew leases", err)
 	}
