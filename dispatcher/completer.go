@@ -12,7 +12,8 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// writeTimeout bounds each database write that records results.
+// writeTimeout bounds each database write of the executor (a release, a disable) and, unless the lease
+// timeout is longer, each write that records results.
 const writeTimeout = 10 * time.Second
 
 // completionStore is the part of Store the completer writes with.
@@ -32,6 +33,13 @@ type completer struct {
 	// endpoints gives each group's disableAfter and is told of the groups the failing streak disabled.
 	endpoints *endpointCache
 	log       zerolog.Logger
+	// timeout bounds the writes of one batch: at least the lease timeout, for the heartbeat keeps the
+	// batch's leases while they wait, and a result given up on a live lease would be POSTed again after
+	// the reaper took it. Zero: writeTimeout.
+	timeout time.Duration
+	// observe, when set, is told how long each batch's first write took (lease.Keeper.Observe: the lag the
+	// dispatcher's backpressure reads).
+	observe func(time.Duration)
 
 	more chan struct{} // the queue grew
 
@@ -133,13 +141,17 @@ func (c *completer) record(base context.Context, batch []*completion) {
 			close(w.done)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(base, writeTimeout)
+	ctx, cancel := context.WithTimeout(base, max(c.timeout, writeTimeout))
 	defer cancel()
 	cs := make([]pulsetype.Completion, len(batch))
 	for i, w := range batch {
 		cs[i] = w.c
 	}
+	start := time.Now()
 	recorded, err := c.store.FinishAttempts(ctx, cs)
+	if c.observe != nil && err == nil {
+		c.observe(time.Since(start))
+	}
 	if err != nil {
 		for _, w := range batch {
 			w.log.Error().Err(err).Msg("recording the attempt failed: left to lease expiry")

@@ -86,6 +86,10 @@ const (
 	markFlushBatch = 1024
 	// maxRecordBatch bounds the results recorded by one bulk write.
 	maxRecordBatch = 256
+	// maxLeaseLag: no attempt is leased while the writes that keep leases take longer than the lease
+	// timeout divided by it (a renewal sent every third of the lease timeout then still lands with time to
+	// spare; see loop.pressed).
+	maxLeaseLag = 6
 )
 
 // Dispatcher claims and executes attempts: a loop finds and claims work, an executor POSTs each leased
@@ -117,6 +121,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 	d.endpoints = newEndpointCache(store, max(opts.PollInterval, endpointCacheTTL))
 	slots := newSlots(opts.Workers, d.endpoints.limit, func() { signal(kick) })
 	d.completer = newCompleter(store, opts.Observer, d.Wake, d.endpoints, log)
+	d.completer.timeout, d.completer.observe = opts.LeaseTimeout, keeper.Observe
 	d.exec = &executor{store: store, sender: sender, endpoints: d.endpoints, gate: newStateGate(store), keeper: keeper, completer: d.completer,
 		slots: slots, tracer: opts.Tracer, now: opts.Now, observer: opts.Observer, log: log,
 		ended: func(group string) {
@@ -126,7 +131,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 	d.loop = &loop{store: store, rec: rec, owner: opts.Owner, opts: opts, endpoints: d.endpoints, slots: slots,
 		limits: newRateLimits(d.endpoints.rateLimit, d.Wake),
 		ready:  newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LeaseTimeout / 4},
-		moved: moved, exec: d.exec, wake: d.wake, kick: kick, log: log,
+		moved: moved, exec: d.exec, wake: d.wake, kick: kick, log: log, lag: keeper.Lag,
 		reap: chore{period: reapInterval(opts)}, repair: chore{period: opts.RepairInterval}}
 	return d
 }

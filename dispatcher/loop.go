@@ -31,6 +31,8 @@ type loop struct {
 	wake      <-chan struct{} // poll the database now (change stream, retry timer, endpoint change)
 	kick      chan struct{}   // local work: events published here, a freed worker slot
 	log       zerolog.Logger
+	// lag returns how long the writes that keep leases take now (lease.Keeper.Lag); nil: no backpressure.
+	lag func() time.Duration
 
 	mu     sync.Mutex
 	queued []*pulsetype.Event // published here, not fanned out yet
@@ -127,6 +129,10 @@ func (l *loop) turn(ctx context.Context, poll bool) bool {
 		worked = worked || n > 0
 	}
 	poll = poll || time.Since(l.lastPoll) >= reapInterval(l.opts)
+	if l.pressed() {
+		l.backlog = true // claimed once the lease writes are fast again
+		return worked
+	}
 	ordered := l.claimOrdered(ctx, poll)
 	l.claimReady(ctx)
 	if poll || l.backlog {
@@ -136,9 +142,18 @@ func (l *loop) turn(ctx context.Context, poll bool) bool {
 	return worked
 }
 
+// pressed reports whether the writes that keep leases (renewals, results) take longer than maxLeaseLag of
+// the lease timeout now: then no new attempt is leased (claims, heads of lines, the fan-out's leased
+// inserts), so that the database's write queue drains before more work waits on it. An attempt leased is
+// one that must be POSTed and recorded within its lease, renewed meanwhile through that queue; the
+// attempts held already keep their leases and finish.
+func (l *loop) pressed() bool {
+	return l.lag != nil && l.lag() > l.opts.LeaseTimeout/maxLeaseLag
+}
+
 // fanOut creates the deliveries and first attempts of the events published here since the last turn, in
-// one batch: the attempts claimAtInsert admits are inserted leased and run at once, the others are kept in
-// the ready queue with their events for claimReady.
+// one batch: the attempts claimAtInsert admits are inserted leased and run at once (none while the lease
+// writes are slow, see pressed), the others are kept in the ready queue with their events for claimReady.
 func (l *loop) fanOut(ctx context.Context) {
 	l.mu.Lock()
 	events := l.queued
@@ -147,7 +162,11 @@ func (l *loop) fanOut(ctx context.Context) {
 	if len(events) == 0 {
 		return
 	}
-	attempts, err := l.store.FanOutClaiming(ctx, l.owner, events, l.claimAtInsert())
+	var claim func(string) bool
+	if !l.pressed() {
+		claim = l.claimAtInsert()
+	}
+	attempts, err := l.store.FanOutClaiming(ctx, l.owner, events, claim)
 	if err != nil {
 		if ctx.Err() == nil {
 			l.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")

@@ -204,3 +204,33 @@ func TestLoopStopRecordsInFlight(t *testing.T) {
 	}
 	d.Stop() // safe twice
 }
+
+// While the writes that keep leases are slow (the keeper's Lag above a sixth of the lease timeout), the loop
+// leases nothing new: events published here are fanned out unleased, neither they nor the due work polling
+// would find are claimed, nothing is POSTed; once the writes are fast again, everything runs (issue 26).
+func TestLoopLeasesNothingWhileLeaseWritesAreSlow(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	store.publish(events("due", "t", 3)...)
+	keeper := idleKeeper()
+	keeper.Observe(time.Minute) // the dispatcher's lease timeout is a minute: far above a sixth of it
+	snd := &sender{}
+	d := New(store, snd, noReconciler{}, keeper, Options{Owner: "me", Workers: 8, PollInterval: 20 * time.Millisecond,
+		LeaseTimeout: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	d.Published(events("a", "t", 2))
+	testwait.Eventually(t, 10*time.Second, "the first fan-out", func() bool { return store.count("FanOut") == 1 })
+	// The loop's next fan-out comes in a later turn: by then the first turn's claims, if any, were made.
+	d.Published(events("b", "t", 2))
+	testwait.Eventually(t, 10*time.Second, "the second fan-out", func() bool { return store.count("FanOut") == 2 })
+	if started, _ := snd.posts(); started != 0 || store.count("ClaimAttempts") != 0 || store.count("ClaimBatch") != 0 || store.succeeded("g") != 0 {
+		t.Fatalf("under slow lease writes: %d POSTs, %d ClaimAttempts, %d ClaimBatch, %d deliveries; want nothing leased",
+			started, store.count("ClaimAttempts"), store.count("ClaimBatch"), store.succeeded("g"))
+	}
+	keeper.Observe(time.Millisecond)
+	d.Wake()
+	testwait.Eventually(t, 10*time.Second, "7 deliveries once the lease writes are fast", func() bool { return store.succeeded("g") == 7 })
+}
