@@ -44,6 +44,20 @@ func testClaimIsFencedByFencingToken(t *testing.T, e *Env) {
 	if err != nil || !slices.Equal(lost, []pulsetype.LeaseKey{unknown}) {
 		t.Errorf("Renew(held, unknown) = %v, %v; want [unknown], nil", lost, err)
 	}
+	// A renewal extends the lease by the lease timeout from its clock reading; one sent earlier that lands
+	// after a later one (the heartbeat does not wait for one before it sends the next) never shortens it.
+	later := b.clock.Advance(10 * time.Second)
+	if lost, err := s.Renew(b.ctx, []pulsetype.LeaseKey{a.Key()}); err != nil || len(lost) != 0 {
+		t.Fatalf("Renew(held) = %v, %v; want nil, nil", lost, err)
+	}
+	b.clock.Advance(-5 * time.Second) // the earlier renewal's reading
+	if lost, err := s.Renew(b.ctx, []pulsetype.LeaseKey{a.Key()}); err != nil || len(lost) != 0 {
+		t.Fatalf("Renew(held) landing late = %v, %v; want nil, nil", lost, err)
+	}
+	b.clock.Advance(5 * time.Second)
+	if d := b.historyDoc(a.ID); d.LeasedUntil == nil || !d.LeasedUntil.Equal(later.Add(30*time.Second)) {
+		t.Errorf("lockedUntil after a late renewal = %v, want the later renewal's %v", d.LeasedUntil, later.Add(30*time.Second))
+	}
 
 	wrong := *a
 	wrong.FencingToken = "0190d1f4-0000-7000-8000-000000000000"
