@@ -23,13 +23,8 @@ type logCounter struct {
 	leaseLosses int
 }
 
-// newLogCounter returns a logCounter that counts from the start (the bench counts the whole run, the
-// history burst included: issue 26 found duplicates there that no count showed).
-func newLogCounter() *logCounter {
-	l := &logCounter{byKey: map[string]int{}}
-	l.counting.Store(true)
-	return l
-}
+// newLogCounter returns a logCounter that does not count yet.
+func newLogCounter() *logCounter { return &logCounter{byKey: map[string]int{}} }
 
 // leaseLost reports whether a warning or error with message msg tells of a lease lost by a live sidecar: a
 // result not recorded, a POST given up or given back because its lease ran out, an attempt reaped as
