@@ -148,7 +148,7 @@ func (l *loop) turn(ctx context.Context, poll bool) bool {
 // one that must be POSTed and recorded within its lease, renewed meanwhile through that queue; the
 // attempts held already keep their leases and finish.
 func (l *loop) pressed() bool {
-	return l.lag != nil && l.lag() > l.opts.LeaseTimeout/maxLeaseLag
+	return l.lag != nil && l.opts.LeaseTimeout > 0 && l.lag() > l.opts.LeaseTimeout/maxLeaseLag
 }
 
 // fanOut creates the deliveries and first attempts of the events published here since the last turn, in
