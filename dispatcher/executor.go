@@ -214,7 +214,7 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 	if res.Error.CodeOrEmpty() == pulsetype.CodeEndpointGone {
 		e.disable(postCtx, a.ConsumerGroup, log) // before the retry exists, so that no replica POSTs it
 	}
-	next := policy.Decide(a.Counted(), res)
+	next := policy.Decide(a.Counted(), res, e.now().Sub(a.FirstStart()))
 	if next.Retry {
 		// Before scheduling another attempt, make sure the group still wants the delivery: a delete or a PUT
 		// dropping the topic while this POST ran ends the delivery now, not when the retry comes due.

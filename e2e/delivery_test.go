@@ -105,6 +105,40 @@ func TestRetriesUntilSuccess(t *testing.T) {
 	}
 }
 
+// maxRetryDuration ends a delivery whose next attempt would be due after the window, counted from the first
+// attempt's start: the delivery ends error/retry_window_exceeded although maxRetries has retries left, no
+// attempt was scheduled past the window, and the receiver got exactly the attempts recorded.
+func TestRetryWindowEndsDelivery(t *testing.T) {
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 500)
+	const window = 2 * time.Second
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": rcv.URL, "topics": []string{"payment.captured"}, "retryDelay": "300ms",
+		"retryBackoffMultiplier": 1, "maxRetries": 100, "maxRetryDuration": window.String()})
+
+	id := s.Publish(t, "payment.captured", 1)
+	d := s.WaitDelivery(t, id, "billing", 60*time.Second)
+	if d.Status != "error" || d.Error == nil || d.Error.Code != "retry_window_exceeded" || !strings.Contains(d.Error.Message, "maxRetryDuration 2s") {
+		t.Fatalf("delivery = %+v (error %+v), want error retry_window_exceeded naming maxRetryDuration 2s", d, d.Error)
+	}
+	if len(d.Attempts) < 2 || len(d.Attempts) > 100 {
+		t.Fatalf("%d attempts, want a retry inside the window and the end long before maxRetries", len(d.Attempts))
+	}
+	first := d.Attempts[0].StartedAt
+	if first == nil {
+		t.Fatalf("attempt 1 has no startedAt: %+v", d.Attempts[0])
+	}
+	for _, a := range d.Attempts {
+		if a.Status != "error" || a.Error == nil || a.Error.Code != "handler_error" {
+			t.Errorf("attempt %d = %+v, want error handler_error (the window is the delivery's code, not the attempt's)", a.Attempt, a)
+		}
+		if a.NextAttemptAt.Sub(*first) > window {
+			t.Errorf("attempt %d was due %s after the first attempt started, past the window %s", a.Attempt, a.NextAttemptAt.Sub(*first), window)
+		}
+	}
+	rcv.WantPOSTs(t, len(d.Attempts), "")
+}
+
 // A terminal status (422) ends the delivery after exactly one POST.
 func TestTerminalStatusEndsDelivery(t *testing.T) {
 	b := harness.Setup(t)

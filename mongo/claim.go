@@ -54,7 +54,7 @@ func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, 
 func (d *queueDoc) attempt() *pulsetype.Attempt {
 	return &pulsetype.Attempt{ID: d.ID, DeliveryID: d.DeliveryID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
 		Number: d.Attempt, Uncounted: d.Uncounted, Status: pulsetype.StatusPending, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
-		Incarnation: d.Incarnation}
+		Incarnation: d.Incarnation, FirstAttemptAt: timeOrZero(d.FirstAttemptAt)}
 }
 
 // ClaimAttempts leases the given unleased attempts (as read from the queue, or as FanOut created them) with

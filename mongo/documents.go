@@ -70,8 +70,9 @@ type subscriptionDoc struct {
 	PreviousSecretSealed    *sealing.Sealed `bson:"previousSecretSealed,omitempty"`
 	PreviousSecretExpiresAt *time.Time      `bson:"previousSecretExpiresAt,omitempty"`
 	InsecureSkipVerify      bool            `bson:"insecureSkipVerify,omitempty"`
-	RateLimit               float64         `bson:"rateLimit,omitempty"`      // POSTs per second per replica; 0: none
-	DisableAfterMs          int64           `bson:"disableAfterMs,omitempty"` // 0: never
+	RateLimit               float64         `bson:"rateLimit,omitempty"`          // POSTs per second per replica; 0: none
+	DisableAfterMs          int64           `bson:"disableAfterMs,omitempty"`     // 0: never
+	MaxRetryDurationMs      int64           `bson:"maxRetryDurationMs,omitempty"` // 0: no retry window
 	// State, StateReason and StateSince are absent while the endpoint is active (see state.go);
 	// FailingSince is the end of the first failed attempt since the last success, kept only for endpoints
 	// with a disableAfter.
@@ -116,7 +117,8 @@ func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, 
 		PreviousSecret: d.PreviousSecret, PreviousSecretExpiresAt: d.PreviousSecretExpiresAt,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, Incarnation: d.Incarnation,
 		RateLimit: d.RateLimit, DisableAfter: pulsetype.Duration(time.Duration(d.DisableAfterMs) * time.Millisecond),
-		State: cmp.Or(d.State, pulsetype.EndpointActive), StateReason: d.StateReason, StateSince: d.StateSince,
+		MaxRetryDuration: pulsetype.Duration(time.Duration(d.MaxRetryDurationMs) * time.Millisecond),
+		State:            cmp.Or(d.State, pulsetype.EndpointActive), StateReason: d.StateReason, StateSince: d.StateSince,
 	}
 	if err := d.openSecrets(ep, keys); err != nil {
 		return nil, err
@@ -183,6 +185,8 @@ type attemptDoc struct {
 	Incarnation   string               `bson:"incarnation,omitempty"`
 	RetryAfterMs  int64                `bson:"retryAfterMs,omitempty"` // the receiver's Retry-After, in ms
 	Uncounted     int                  `bson:"uncounted,omitempty"`    // see pulsetype.Attempt.Uncounted
+	// FirstAttemptAt is pulsetype.Attempt.FirstAttemptAt (absent on a window's first attempt).
+	FirstAttemptAt *time.Time `bson:"firstAttemptAt,omitempty"`
 }
 
 func (d *attemptDoc) attempt() *pulsetype.Attempt {
@@ -192,8 +196,24 @@ func (d *attemptDoc) attempt() *pulsetype.Attempt {
 		ResponseBody: d.ResponseBody, CreatedAt: d.CreatedAt, NextAttemptAt: d.NextAttemptAt,
 		StartedAt: d.StartedAt, EndedAt: d.EndedAt, LeaseOwner: d.LeaseOwner, FencingToken: d.FencingToken,
 		LeasedUntil: d.LeasedUntil, Terminal: d.Terminal, Incarnation: d.Incarnation,
-		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond, Uncounted: d.Uncounted,
+		RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond, Uncounted: d.Uncounted, FirstAttemptAt: timeOrZero(d.FirstAttemptAt),
 	}
+}
+
+// timeOrZero returns *t, or the zero time for nil.
+func timeOrZero(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+// zeroOrNil returns &t, or nil for the zero time (so that the field is left out of the document).
+func zeroOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // queueDoc is a document of <prefix>.queue, the index of pending work: one per attempt that is (or may
@@ -212,9 +232,11 @@ type queueDoc struct {
 	EventCreatedAt time.Time `bson:"eventCreatedAt"`
 	Attempt        int       `bson:"attempt"`
 	Uncounted      int       `bson:"uncounted,omitempty"` // see pulsetype.Attempt.Uncounted
-	Incarnation    string    `bson:"incarnation,omitempty"`
-	CreatedAt      time.Time `bson:"createdAt"`
-	NextAttemptAt  time.Time `bson:"nextAttemptAt"`
+	// FirstAttemptAt copies the attempt's (pulsetype.Attempt.FirstAttemptAt), so that a claim carries it.
+	FirstAttemptAt *time.Time `bson:"firstAttemptAt,omitempty"`
+	Incarnation    string     `bson:"incarnation,omitempty"`
+	CreatedAt      time.Time  `bson:"createdAt"`
+	NextAttemptAt  time.Time  `bson:"nextAttemptAt"`
 	// LeasedUntil and FencingToken copy the attempt's lease when it was claimed (absent: claimable, as far as the
 	// queue knows); Ended is set once the attempt is known to have ended while its delivery's next step is
 	// not recorded yet. Claims skip both; the reaper and the repair scan check the attempt itself.
@@ -228,7 +250,7 @@ type queueDoc struct {
 func queued(a *attemptDoc, orderingKey string, eventCreatedAt time.Time) *queueDoc {
 	return &queueDoc{ID: a.ID, DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic,
 		OrderingKey: orderingKey, EventCreatedAt: eventCreatedAt, Attempt: a.Attempt, Uncounted: a.Uncounted, Incarnation: a.Incarnation,
-		CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt}
+		CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt, FirstAttemptAt: a.FirstAttemptAt}
 }
 
 // outboxDoc is a document of <prefix>.outbox: an event published and not yet fanned out, from before its
@@ -257,6 +279,6 @@ func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *att
 	return &attemptDoc{
 		ID: uuid.Must(uuid.NewV7()).String(), DeliveryID: ref.DeliveryID, EventID: ref.EventID, ConsumerGroup: ref.ConsumerGroup,
 		Topic: ref.Topic, Incarnation: ref.Incarnation, Attempt: n, Status: pulsetype.StatusPending, CreatedAt: now, NextAttemptAt: nextAt,
-		Uncounted: ref.Uncounted,
+		Uncounted: ref.Uncounted, FirstAttemptAt: zeroOrNil(ref.FirstAttemptAt),
 	}
 }

@@ -320,7 +320,7 @@ func (s *Store) queuePending(ctx context.Context, pending []deliveryDoc) (int64,
 func queuedAttempt(a *pulsetype.Attempt, d *deliveryDoc) *queueDoc {
 	q := &queueDoc{ID: a.ID, DeliveryID: d.ID, EventID: d.EventID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic,
 		OrderingKey: d.OrderingKey, EventCreatedAt: d.EventCreatedAt, Attempt: a.Number, Uncounted: a.Uncounted, Incarnation: a.Incarnation,
-		CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt, LeasedUntil: a.LeasedUntil, FencingToken: a.FencingToken,
+		FirstAttemptAt: zeroOrNil(a.FirstAttemptAt), CreatedAt: a.CreatedAt, NextAttemptAt: a.NextAttemptAt, LeasedUntil: a.LeasedUntil, FencingToken: a.FencingToken,
 		Ended: a.Status != pulsetype.StatusPending}
 	return q
 }

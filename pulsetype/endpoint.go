@@ -53,6 +53,9 @@ const (
 	DefaultMaxConcurrency         = 16
 )
 
+// MaxRetryDurationLimit bounds an endpoint's maxRetryDuration (30 days).
+const MaxRetryDurationLimit = 30 * 24 * time.Hour
+
 // MaxTopicsPerEndpoint bounds the topics one consumer group subscribes to.
 const MaxTopicsPerEndpoint = 100
 
@@ -100,6 +103,10 @@ type Endpoint struct {
 	// RateLimit is the most POSTs per second this endpoint gets from each replica (decimals allowed); 0 has
 	// no limit and is left out of reads.
 	RateLimit float64
+	// MaxRetryDuration is the retry window: no attempt is scheduled later than this after the delivery's first
+	// attempt started, and a delivery whose next attempt would be ends error/retry_window_exceeded
+	// (RetryPolicy.Decide). 0 has no window and is left out of reads; else 1s to MaxRetryDurationLimit.
+	MaxRetryDuration Duration
 	// DisableAfter disables the endpoint (reason failing) once its attempts have all failed for this long;
 	// 0 never does and is left out of reads.
 	DisableAfter Duration
@@ -209,6 +216,9 @@ func (e *Endpoint) Normalize() error {
 	}
 	if e.RateLimit < 0 || e.RateLimit > MaxRateLimit {
 		return &FieldError{"rateLimit", fmt.Sprintf("must be between 0 (no limit) and %d POSTs per second", MaxRateLimit)}
+	}
+	if d := time.Duration(e.MaxRetryDuration); d != 0 && (d < time.Second || d > MaxRetryDurationLimit) {
+		return &FieldError{"maxRetryDuration", fmt.Sprintf("must be 0 (no window) or between 1s and %s", MaxRetryDurationLimit)}
 	}
 	if d := time.Duration(e.DisableAfter); d != 0 && (d < time.Second || d > MaxDisableAfter) {
 		return &FieldError{"disableAfter", fmt.Sprintf("must be 0 (never) or between 1s and %s", MaxDisableAfter)}
@@ -360,11 +370,12 @@ func (e Endpoint) Redacted() Endpoint {
 // Policy returns the endpoint's retry policy. Call it on a normalized endpoint.
 func (e *Endpoint) Policy() RetryPolicy {
 	return RetryPolicy{
-		AtMostOnce: e.Delivery == AtMostOnce,
-		MaxRetries: *e.MaxRetries,
-		Delay:      time.Duration(*e.RetryDelay),
-		Multiplier: *e.RetryBackoffMultiplier,
-		MaxDelay:   time.Duration(*e.MaxRetryDelay),
+		AtMostOnce:  e.Delivery == AtMostOnce,
+		MaxRetries:  *e.MaxRetries,
+		Delay:       time.Duration(*e.RetryDelay),
+		Multiplier:  *e.RetryBackoffMultiplier,
+		MaxDelay:    time.Duration(*e.MaxRetryDelay),
+		MaxDuration: time.Duration(e.MaxRetryDuration),
 	}
 }
 

@@ -143,6 +143,11 @@ func TestEndpointNormalizeRejects(t *testing.T) {
 		{"retryDelay negative", func(e *pulsetype.Endpoint) { e.RetryDelay = durationPtr(-time.Second) }, "retryDelay"},
 		{"timeout zero", func(e *pulsetype.Endpoint) { e.Timeout = durationPtr(0) }, "timeout"},
 		{"multiplier below 1", func(e *pulsetype.Endpoint) { e.RetryBackoffMultiplier = floatPtr(0.5) }, "retryBackoffMultiplier"},
+		{"maxRetryDuration below 1s", func(e *pulsetype.Endpoint) { e.MaxRetryDuration = pulsetype.Duration(time.Millisecond) }, "maxRetryDuration"},
+		{"maxRetryDuration above 30 days", func(e *pulsetype.Endpoint) {
+			e.MaxRetryDuration = pulsetype.Duration(pulsetype.MaxRetryDurationLimit + time.Second)
+		}, "maxRetryDuration"},
+		{"maxRetryDuration negative", func(e *pulsetype.Endpoint) { e.MaxRetryDuration = pulsetype.Duration(-time.Hour) }, "maxRetryDuration"},
 		{"maxConcurrency zero", func(e *pulsetype.Endpoint) { e.MaxConcurrency = intPtr(0) }, "maxConcurrency"},
 		{"header name with a colon", func(e *pulsetype.Endpoint) { e.Headers = map[string]string{"X-A:": "v"} }, "headers"},
 		{"header value with a newline", func(e *pulsetype.Endpoint) { e.Headers = map[string]string{"X-A": "v\r\nX-B: w"} }, "headers"},

@@ -121,6 +121,9 @@ type DeliveryRef struct {
 	DeliveryID, EventID, ConsumerGroup, Topic, Incarnation string
 	// Uncounted is what the next attempt carries as Attempt.Uncounted.
 	Uncounted int
+	// FirstAttemptAt is what the next attempt carries as Attempt.FirstAttemptAt (zero: none, the attempt
+	// starts the delivery's retry window).
+	FirstAttemptAt time.Time
 }
 
 // Ref returns the delivery's reference.
@@ -131,7 +134,7 @@ func (d *Delivery) Ref() DeliveryRef {
 // Ref returns the reference of the attempt's delivery.
 func (a *Attempt) Ref() DeliveryRef {
 	return DeliveryRef{DeliveryID: a.DeliveryID, EventID: a.EventID, ConsumerGroup: a.ConsumerGroup, Topic: a.Topic, Incarnation: a.Incarnation,
-		Uncounted: a.Uncounted}
+		Uncounted: a.Uncounted, FirstAttemptAt: a.FirstAttemptAt}
 }
 
 // Attempt is one history document: one try of a delivery. Lease fields are set while a worker holds it.
@@ -166,6 +169,23 @@ type Attempt struct {
 	// Uncounted is how many earlier attempts of its delivery do not count against maxRetries: those answered
 	// 410 Gone (CodeEndpointGone), which disabled the endpoint instead of using up the delivery's retries.
 	Uncounted int
+	// FirstAttemptAt is when the first attempt of the delivery's retry window started (its claim), carried
+	// from attempt to attempt; zero on that first attempt itself, and on attempts created before the field
+	// existed or by a manual retry or replay, which start a new window. See FirstStart.
+	FirstAttemptAt time.Time
+}
+
+// FirstStart returns when the attempt's retry window began: FirstAttemptAt when set, else the attempt's own
+// start (StartedAt), else its creation. RetryPolicy.Decide counts maxRetryDuration from it.
+func (a *Attempt) FirstStart() time.Time {
+	switch {
+	case !a.FirstAttemptAt.IsZero():
+		return a.FirstAttemptAt
+	case a.StartedAt != nil:
+		return *a.StartedAt
+	default:
+		return a.CreatedAt
+	}
 }
 
 // LeaseStateAt returns queued, active or expired for a pending attempt at time now, and "" otherwise.

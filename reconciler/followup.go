@@ -23,9 +23,10 @@ type Step struct {
 }
 
 // FollowUp moves a delivery on after its attempt a ended with res, as policy.Decide says, with one write.
-// It is idempotent: called twice, or by several replicas at once, it changes the database once.
+// It is idempotent: called twice, or by several replicas at once, it changes the database once. The retry
+// window (maxRetryDuration) is counted from a's FirstStart to now, when the successor would be created.
 func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, res pulsetype.AttemptResult, policy pulsetype.RetryPolicy) (Step, error) {
-	next := policy.Decide(a.Counted(), res)
+	next := policy.Decide(a.Counted(), res, time.Since(a.FirstStart()))
 	if next.Retry {
 		created, err := store.CreateAttempt(ctx, pulsetype.NextRef(a, next), a.Number+1, next.Delay)
 		if err != nil {

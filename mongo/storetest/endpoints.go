@@ -180,7 +180,7 @@ func testEndpointStateAndFailingStreak(t *testing.T, e *Env) {
 		t.Fatalf("Claim = %v, %v", a, err)
 	}
 	gone := pulsetype.AttemptResult{Status: pulsetype.StatusError, HTTPStatus: 410, Error: &pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointGone}}
-	c := pulsetype.Completion{Attempt: a, Result: gone, Next: pulsetype.RetryPolicy{MaxRetries: 0}.Decide(a.Counted(), gone)}
+	c := pulsetype.Completion{Attempt: a, Result: gone, Next: pulsetype.RetryPolicy{MaxRetries: 0}.Decide(a.Counted(), gone, 0)}
 	if _, err := s.FinishAttempts(b.ctx, []pulsetype.Completion{c}); err != nil {
 		t.Fatal(err)
 	}
