@@ -24,6 +24,7 @@ type Endpoint struct {
 	ConsumerGroup          string                  `json:"consumerGroup"`
 	URL                    string                  `json:"url"`
 	Topics                 []string                `json:"topics"`
+	Filter                 string                  `json:"filter,omitempty"`
 	Delivery               pulsetype.DeliveryMode  `json:"delivery"`
 	Ordered                bool                    `json:"ordered"`
 	Format                 pulsetype.WebhookFormat `json:"format"`
@@ -53,7 +54,7 @@ type Endpoint struct {
 
 // EndpointOf returns e's JSON shape. It writes what it is given: pass e.Redacted() for reads and logs.
 func EndpointOf(e *pulsetype.Endpoint) Endpoint {
-	return Endpoint{ConsumerGroup: e.ConsumerGroup, URL: e.URL, Topics: e.Topics, Delivery: e.Delivery, Ordered: e.Ordered,
+	return Endpoint{ConsumerGroup: e.ConsumerGroup, URL: e.URL, Topics: e.Topics, Filter: e.Filter, Delivery: e.Delivery, Ordered: e.Ordered,
 		Format: e.Format, OffsetReset: e.OffsetReset, MaxRetries: e.MaxRetries, RetryDelay: durationPtr(e.RetryDelay),
 		RetryBackoffMultiplier: e.RetryBackoffMultiplier, MaxRetryDelay: durationPtr(e.MaxRetryDelay), Timeout: durationPtr(e.Timeout),
 		MaxConcurrency: e.MaxConcurrency, Headers: e.Headers, Secret: e.Secret, InsecureSkipVerify: e.InsecureSkipVerify,
@@ -70,7 +71,7 @@ func redacted(e *pulsetype.Endpoint) Endpoint {
 
 // endpoint returns the endpoint b describes, not normalized.
 func (b *Endpoint) endpoint() *pulsetype.Endpoint {
-	return &pulsetype.Endpoint{ConsumerGroup: b.ConsumerGroup, URL: b.URL, Topics: b.Topics, Delivery: b.Delivery, Ordered: b.Ordered,
+	return &pulsetype.Endpoint{ConsumerGroup: b.ConsumerGroup, URL: b.URL, Topics: b.Topics, Filter: b.Filter, Delivery: b.Delivery, Ordered: b.Ordered,
 		Format: b.Format, OffsetReset: b.OffsetReset, MaxRetries: b.MaxRetries, RetryDelay: domainDuration(b.RetryDelay),
 		RetryBackoffMultiplier: b.RetryBackoffMultiplier, MaxRetryDelay: domainDuration(b.MaxRetryDelay), Timeout: domainDuration(b.Timeout),
 		MaxConcurrency: b.MaxConcurrency, Headers: b.Headers, Secret: b.Secret, InsecureSkipVerify: b.InsecureSkipVerify,

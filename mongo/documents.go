@@ -46,6 +46,7 @@ type subscriptionDoc struct {
 	ID                     string                  `bson:"_id"`
 	URL                    string                  `bson:"url"`
 	Topics                 []string                `bson:"topics"`
+	Filter                 string                  `bson:"filter,omitempty"` // a CEL expression; see pulsetype.Endpoint.Filter
 	Delivery               pulsetype.DeliveryMode  `bson:"delivery"`
 	Ordered                bool                    `bson:"ordered"`
 	Format                 pulsetype.WebhookFormat `bson:"format,omitempty"` // empty for groups stored before formats: envelope
@@ -87,6 +88,8 @@ type subscriptionDoc struct {
 	// Backfill is set while an earliest-offset group still has to receive the events retained before it was
 	// registered; the discovery lease (fenced by its token) lets one replica at a time advance its cursor.
 	Backfill *backfillState `bson:"backfill,omitempty"`
+	// rule is the registration as Wants reads it, its filter compiled once per document read (see wants).
+	rule *pulsetype.Endpoint `bson:"-"`
 }
 
 // backfillState is the discovery cursor and lease of an earliest-offset consumer group.
@@ -109,7 +112,7 @@ func durPtr(msec int64) *pulsetype.Duration {
 func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, error) {
 	maxRetries, mult, conc := d.MaxRetries, d.RetryBackoffMultiplier, d.MaxConcurrency
 	ep := &pulsetype.Endpoint{
-		ConsumerGroup: d.ID, URL: d.URL, Topics: d.Topics, Delivery: d.Delivery, Ordered: d.Ordered,
+		ConsumerGroup: d.ID, URL: d.URL, Topics: d.Topics, Filter: d.Filter, Delivery: d.Delivery, Ordered: d.Ordered,
 		Format:      cmp.Or(d.Format, pulsetype.FormatEnvelope),
 		OffsetReset: d.OffsetReset, MaxRetries: &maxRetries, RetryDelay: durPtr(d.RetryDelayMs),
 		RetryBackoffMultiplier: &mult, MaxRetryDelay: durPtr(d.MaxRetryDelayMs), Timeout: durPtr(d.TimeoutMs),
@@ -268,11 +271,17 @@ type outboxDoc struct {
 	DeferredUntil *time.Time `bson:"deferredUntil,omitempty"`
 }
 
-// wants reports whether the subscription's group receives event e (pulsetype.Endpoint.Wants, from the
-// fields that rule reads: topics, offsetReset and createdAt).
-func (d *subscriptionDoc) wants(e *pulsetype.Event) bool {
-	ep := pulsetype.Endpoint{Topics: d.Topics, OffsetReset: d.OffsetReset, CreatedAt: d.CreatedAt}
-	return ep.Wants(e)
+// wants reports whether the subscription's group receives the event in holds (pulsetype.Endpoint.WantsInput,
+// from the fields that rule reads: topics, filter, offsetReset and createdAt). The filter is compiled at the
+// document's first call, through filters (the store's cache; nil: none), so that neither a fan-out of many
+// events nor the next fan-out compiles it again; a stored filter that no longer compiles wants nothing. Not
+// safe for concurrent use.
+func (d *subscriptionDoc) wants(in *pulsetype.EventInput, filters *pulsetype.FilterCache) bool {
+	if d.rule == nil {
+		d.rule = &pulsetype.Endpoint{Topics: d.Topics, Filter: d.Filter, OffsetReset: d.OffsetReset, CreatedAt: d.CreatedAt}
+		_ = d.rule.CompileFilterWith(filters) // on error WantsInput compiles again and wants nothing
+	}
+	return d.rule.WantsInput(in)
 }
 
 func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *attemptDoc {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,7 +36,7 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 	}
 	e = s.keepRotation(e, prev)
 	set := bson.M{
-		"url": e.URL, "topics": e.Topics, "delivery": e.Delivery, "ordered": e.Ordered, "format": e.Format,
+		"url": e.URL, "topics": e.Topics, "filter": e.Filter, "delivery": e.Delivery, "ordered": e.Ordered, "format": e.Format,
 		"offsetReset": e.OffsetReset, "maxRetries": *e.MaxRetries, "retryDelayMs": ms(e.RetryDelay),
 		"retryBackoffMultiplier": *e.RetryBackoffMultiplier, "maxRetryDelayMs": ms(e.MaxRetryDelay),
 		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency,
@@ -72,15 +74,33 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 			return nil, false, err
 		}
 		if prev != nil && prev.Incarnation == stored.Incarnation {
-			if removed := missing(prev.Topics, stored.Topics); len(removed) > 0 {
-				if err := s.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: e.ConsumerGroup, Topics: removed,
-					Error: pulsetype.ErrorInfo{Code: pulsetype.CodeUnsubscribed, Message: "the consumer group no longer subscribes to this topic"}}); err != nil {
-					return nil, false, err
-				}
+			if err := s.endUnwanted(ctx, prev, stored); err != nil {
+				return nil, false, err
 			}
 		}
 		return stored, res.UpsertedCount > 0, nil
 	}
+}
+
+// endUnwanted ends the pending work of a replaced registration that the replacement no longer wants, as
+// error/unsubscribed: with another filter, all of it (its deliveries were chosen by the old filter, and a
+// filter is never evaluated after a delivery is made: replay brings back what the new one wants); else the
+// work of the topics no longer subscribed (a topic removed while a pattern still matches it stays).
+func (s *Store) endUnwanted(ctx context.Context, prev *subscriptionDoc, stored *pulsetype.Endpoint) error {
+	if prev.Filter != stored.Filter {
+		return s.EndPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: stored.ConsumerGroup,
+			Error: pulsetype.ErrorInfo{Code: pulsetype.CodeUnsubscribed, Message: "the consumer group's filter changed"}})
+	}
+	removed := missing(prev.Topics, stored.Topics)
+	if len(removed) == 0 {
+		return nil
+	}
+	p := pulsetype.EndPendingParams{ConsumerGroup: stored.ConsumerGroup, Topics: removed, Keep: stored.Subscribes,
+		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeUnsubscribed, Message: "the consumer group no longer subscribes to this topic"}}
+	if slices.ContainsFunc(removed, func(t string) bool { return strings.HasSuffix(t, ".*") }) {
+		p.Topics = nil // a pattern: the group's work of every topic, less what Keep keeps
+	}
+	return s.EndPending(ctx, p)
 }
 
 // keepRotation returns a copy of e whose previous secret is prev's, when prev (the stored registration, nil
@@ -184,7 +204,7 @@ func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, ma
 	// In the order of pulse_queue_line, which puts a delivery's queue documents next to each other (one
 	// delivery is one event of one line), so a page never splits a delivery: its POST in flight is seen
 	// with its other queue document.
-	cur, err := s.queue.Find(ctx, scope, options.Find().SetProjection(bson.M{"deliveryId": 1}).SetSort(queueLineOrder).
+	cur, err := s.queue.Find(ctx, scope, options.Find().SetProjection(bson.M{"deliveryId": 1, "topic": 1}).SetSort(queueLineOrder).
 		SetBatchSize(int32(s.pageSize())))
 	if err != nil {
 		return wrap("find queued attempts of a group", err)
@@ -205,6 +225,9 @@ func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, ma
 		var q queueDoc
 		if err := cur.Decode(&q); err != nil {
 			return wrap("find queued attempts of a group", err)
+		}
+		if p.Keep != nil && p.Keep(q.Topic) {
+			continue // a topic the group still subscribes to (through a pattern)
 		}
 		if len(page) >= s.pageSize() && page[len(page)-1].DeliveryID != q.DeliveryID {
 			if err := flush(); err != nil {
@@ -302,9 +325,38 @@ func (s *Store) endPendingPage(ctx context.Context, queued []queueDoc, info *pul
 	return out, nil
 }
 
+// subscriptionsFor returns the subscriptions that list one of topics or its pattern (pulsetype.TopicPatternOf:
+// "payment.*" for "payment.captured"), with the fields pulsetype.Endpoint.WantsInput reads.
 func (s *Store) subscriptionsFor(ctx context.Context, topics []string) ([]subscriptionDoc, error) {
-	return findAll[subscriptionDoc](ctx, s.subscriptions, "find subscriptions", bson.M{"topics": bson.M{"$in": topics}},
-		options.Find().SetProjection(bson.M{"_id": 1, "topics": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1}))
+	entries := slices.Clone(topics)
+	for _, t := range topics {
+		if p := pulsetype.TopicPatternOf(t); p != "" && !slices.Contains(entries, p) {
+			entries = append(entries, p)
+		}
+	}
+	return findAll[subscriptionDoc](ctx, s.subscriptions, "find subscriptions", bson.M{"topics": bson.M{"$in": entries}},
+		options.Find().SetProjection(bson.M{"_id": 1, "topics": 1, "filter": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1}))
+}
+
+// topicsFilter returns the filter of documents whose field topic one of the subscription entries matches
+// (pulsetype.TopicMatches): equal to a topic, or one segment more than a pattern "p.*".
+func topicsFilter(entries []string) bson.M {
+	var exact []string
+	var or bson.A
+	for _, t := range entries {
+		if p, ok := strings.CutSuffix(t, ".*"); ok {
+			or = append(or, bson.M{"topic": bson.M{"$regex": "^" + regexp.QuoteMeta(p) + `\.[^.]+$`}})
+		} else {
+			exact = append(exact, t)
+		}
+	}
+	if len(or) == 0 {
+		return bson.M{"topic": bson.M{"$in": exact}}
+	}
+	if len(exact) > 0 {
+		or = append(or, bson.M{"topic": bson.M{"$in": exact}})
+	}
+	return bson.M{"$or": or}
 }
 
 // missing returns the topics of old that new lacks.

@@ -89,8 +89,10 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 	var l *lease // one lease for the batch, taken with its first claimed attempt
 	var deliveries, attempts, queue []any
 	for _, e := range events {
-		for _, sub := range subs {
-			if !sub.wants(e) {
+		in := pulsetype.InputOf(e) // one per event: its data is decoded once for every group's filter
+		for i := range subs {
+			sub := &subs[i]
+			if !sub.wants(in, &s.filters) {
 				continue
 			}
 			d := &deliveryDoc{

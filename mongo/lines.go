@@ -278,7 +278,7 @@ func (s *Store) earlierMayAppear(ctx context.Context, line pulsetype.Line, sub *
 			continue
 		}
 		earlier := e.CreatedAt.Before(head.EventCreatedAt) || e.CreatedAt.Equal(head.EventCreatedAt) && e.ID < head.EventID
-		if earlier && sub.wants(&pulsetype.Event{Topic: e.Topic, CreatedAt: e.CreatedAt}) {
+		if earlier && sub.wants(pulsetype.InputOf(e.event()), &s.filters) { // the whole event: a filter reads its data
 			deliveries = append(deliveries, DeliveryID(sub.ID, e.ID))
 		}
 	}

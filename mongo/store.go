@@ -55,6 +55,7 @@ type Store struct {
 	log                                        zerolog.Logger
 	publishes                                  *groupCommit                              // concurrent publishes of one event each, written together
 	hello                                      func(context.Context) (helloReply, error) // nil: the server's hello (tests replace it)
+	filters                                    pulsetype.FilterCache                     // the consumer groups' filters, compiled once
 }
 
 // New returns a Store on client. It does no I/O; call EnsureSchema before use.

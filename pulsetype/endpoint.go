@@ -79,9 +79,16 @@ type Duration time.Duration
 type Endpoint struct {
 	ConsumerGroup string
 	URL           string
-	Topics        []string
-	Delivery      DeliveryMode
-	Ordered       bool
+	// Topics are the topics the group subscribes to: exact topics, or patterns ending in ".*", which match
+	// the topic before it and one more dot-separated segment ("payment.*" matches "payment.captured", not
+	// "payment" or "payment.card.captured"). See Subscribes.
+	Topics []string
+	// Filter, when set, is a CEL expression over event (see Filter) that must hold for the group to receive an
+	// event, evaluated when the delivery would be created (Wants), never later. Normalize compiles it.
+	Filter   string
+	filter   *Filter // Filter compiled, set by Normalize or CompileFilter
+	Delivery DeliveryMode
+	Ordered  bool
 	// Format is FormatEnvelope (the default) or FormatCloudEvents.
 	Format                 WebhookFormat
 	OffsetReset            OffsetReset
@@ -160,13 +167,16 @@ func (e *Endpoint) Normalize() error {
 	}
 	seen := map[string]bool{}
 	for _, t := range e.Topics {
-		if !ValidTopic(t) {
-			return &FieldError{"topics", fmt.Sprintf("%q does not match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", t)}
+		if !ValidTopicPattern(t) {
+			return &FieldError{"topics", fmt.Sprintf("%q does not match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$, optionally followed by .*", t)}
 		}
 		if seen[t] {
 			return &FieldError{"topics", fmt.Sprintf("%q is listed twice", t)}
 		}
 		seen[t] = true
+	}
+	if err := e.CompileFilter(); err != nil {
+		return err
 	}
 	e.Delivery = DeliveryMode(strings.ToLower(string(e.Delivery)))
 	if err := oneOf("delivery", &e.Delivery, AtLeastOnce, AtMostOnce); err != nil {
@@ -379,17 +389,93 @@ func (e *Endpoint) Policy() RetryPolicy {
 	}
 }
 
-// Subscribes reports whether the consumer group receives events of topic (one of its Topics). It is the
-// half of Wants that still holds for a delivery made already: the other half was decided when it was made,
-// for the registration its incarnation names.
-func (e *Endpoint) Subscribes(topic string) bool { return slices.Contains(e.Topics, topic) }
+// Subscribes reports whether the consumer group receives events of topic: one of its Topics is topic, or is
+// a pattern "p.*" and topic is p, a dot and one more segment without a dot. It is the half of Wants that
+// still holds for a delivery made already: the other half (the filter, the offset) was decided when it was
+// made, for the registration its incarnation names.
+func (e *Endpoint) Subscribes(topic string) bool {
+	return slices.ContainsFunc(e.Topics, func(t string) bool { return TopicMatches(t, topic) })
+}
 
-// Wants reports whether the consumer group receives event ev: it subscribes
-// to ev's topic and, unless its OffsetReset is OffsetEarliest, ev was published (CreatedAt) no earlier than
-// the group registered (e.CreatedAt). It is the one rule of which groups get an event: fan-out, backfill and
-// the head of an ordered line all ask it.
-func (e *Endpoint) Wants(ev *Event) bool {
-	return e.Subscribes(ev.Topic) && (e.OffsetReset == OffsetEarliest || !ev.CreatedAt.Before(e.CreatedAt))
+// TopicMatches reports whether the subscription entry pattern (a topic, or one ending in ".*") matches topic.
+func TopicMatches(pattern, topic string) bool {
+	prefix, ok := strings.CutSuffix(pattern, "*")
+	if !ok || !strings.HasSuffix(prefix, ".") {
+		return pattern == topic
+	}
+	rest, ok := strings.CutPrefix(topic, prefix)
+	return ok && rest != "" && !strings.Contains(rest, ".")
+}
+
+// TopicPatternOf returns the pattern "p.*" that matches topic ("payment.*" for "payment.captured"), or ""
+// when topic has no dot. Stores look subscriptions up by a topic and this pattern.
+func TopicPatternOf(topic string) string {
+	i := strings.LastIndexByte(topic, '.')
+	if i <= 0 || i == len(topic)-1 {
+		return ""
+	}
+	return topic[:i] + ".*"
+}
+
+// ValidTopicPattern reports whether s is a valid subscription entry: a valid topic, or a valid topic
+// followed by ".*".
+func ValidTopicPattern(s string) bool {
+	if p, ok := strings.CutSuffix(s, ".*"); ok {
+		return ValidTopic(p)
+	}
+	return ValidTopic(s)
+}
+
+// CompileFilter compiles e.Filter (see pulsetype.CompileFilter) for Wants; an empty Filter has none. It
+// returns a *FieldError for field "filter". Wants compiles an uncompiled filter itself, without keeping it.
+func (e *Endpoint) CompileFilter() error { return e.CompileFilterWith(nil) }
+
+// CompileFilterWith is CompileFilter through cache (nil: none): stores keep one cache, so that a fan-out,
+// which reads the registrations again, does not compile their filters again.
+func (e *Endpoint) CompileFilterWith(cache *FilterCache) error {
+	if e.Filter == "" {
+		e.filter = nil
+		return nil
+	}
+	if e.filter != nil && e.filter.src == e.Filter {
+		return nil
+	}
+	compile := CompileFilter
+	if cache != nil {
+		compile = cache.Compile
+	}
+	f, err := compile(e.Filter)
+	if err != nil {
+		return err
+	}
+	e.filter = f
+	return nil
+}
+
+// Wants reports whether the consumer group receives event ev (see WantsInput).
+func (e *Endpoint) Wants(ev *Event) bool { return e.WantsInput(InputOf(ev)) }
+
+// WantsInput reports whether the consumer group receives the event in holds: it subscribes to the event's
+// topic (Subscribes), unless its OffsetReset is OffsetEarliest the event was published (CreatedAt) no
+// earlier than the group registered (e.CreatedAt), and its Filter, if any, holds for the event (a filter that
+// does not compile holds for none). It is the one rule of which groups get an event: fan-out, backfill and
+// the head of an ordered line all ask it, with one input per event shared by the groups.
+func (e *Endpoint) WantsInput(in *EventInput) bool {
+	ev := in.Event
+	if !e.Subscribes(ev.Topic) || (e.OffsetReset != OffsetEarliest && ev.CreatedAt.Before(e.CreatedAt)) {
+		return false
+	}
+	if e.Filter == "" {
+		return true
+	}
+	f := e.filter
+	if f == nil || f.src != e.Filter {
+		var err error
+		if f, err = CompileFilter(e.Filter); err != nil {
+			return false
+		}
+	}
+	return f.Match(in)
 }
 
 var eventIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)

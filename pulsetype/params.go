@@ -11,10 +11,12 @@ type EndDeliveryParams struct {
 }
 
 // EndPendingParams are the arguments of a store's EndPending: the consumer group whose pending deliveries
-// end, the topics they are limited to (nil: every topic), and the error they end with.
+// end, the topics they are limited to (nil: every topic), the topics among those whose work stays (Keep,
+// nil: none), and the error they end with.
 type EndPendingParams struct {
 	ConsumerGroup string
 	Topics        []string
+	Keep          func(topic string) bool
 	Error         ErrorInfo
 }
 

@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
+)
+
+// A filter includes the events it holds for and excludes the others, at fan-out: the excluded event has no
+// delivery for the filtered group at all, while a group without a filter receives both; a topics pattern
+// "payment.*" matches payment.captured and not payment.card.captured.
+func TestFilterIncludesAndExcludes(t *testing.T) {
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	big, all := harness.NewReceiver(t, 200), harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "big", map[string]any{"url": big.URL, "topics": []string{"payment.*", "payment.card.captured"},
+		"filter": `event.data.amount > 100 && event.headers.source == "checkout"`})
+	s.RegisterEndpoint(t, "all", map[string]any{"url": all.URL, "topics": []string{"payment.captured", "payment.card.captured"}})
+
+	publish := func(topic string, amount int, source string) string {
+		var out struct{ ID string }
+		body := map[string]any{"topic": topic, "data": map[string]any{"amount": amount}, "headers": map[string]string{"source": source}}
+		if code := harness.Do(t, "POST", s.URL+"/v1/events", body, &out); code != 202 {
+			t.Fatalf("publish answered %d", code)
+		}
+		return out.ID
+	}
+	small := publish("payment.captured", 50, "checkout")
+	large := publish("payment.captured", 500, "checkout")
+	otherSource := publish("payment.captured", 500, "batch")
+	deeper := publish("payment.card.captured", 500, "checkout")
+	s.WantSuccess(t, "all", 30*time.Second, small, large, otherSource, deeper)
+	s.WantSuccess(t, "big", 30*time.Second, large, deeper)
+	// Each event's fan-out wrote the deliveries of both groups at once: "all" has its delivery, so the
+	// filtered group's absence is the filter's decision, not a fan-out still to come.
+	for _, id := range []string{small, otherSource} {
+		if n := b.Count("deliveries", bson.M{"consumerGroup": "big", "eventId": id}); n != 0 {
+			t.Errorf("event %s excluded by the filter has %d deliveries for group big, want 0", id, n)
+		}
+	}
+	got := big.Received()
+	if len(got) != 2 {
+		t.Fatalf("the filtered group got %d POSTs, want 2 (the events of amount 500 from checkout)", len(got))
+	}
+	for _, r := range got {
+		if !strings.Contains(string(r.Body), large) && !strings.Contains(string(r.Body), deeper) {
+			t.Errorf("the filtered group got %s, want only %s and %s", r.Body, large, deeper)
+		}
+	}
+
+	// The pattern alone: payment.card.captured is one segment too deep for payment.*.
+	s.RegisterEndpoint(t, "pattern", map[string]any{"url": all.URL, "topics": []string{"payment.*"}})
+	captured, card := publish("payment.captured", 1, "x"), publish("payment.card.captured", 1, "x")
+	s.WantSuccess(t, "all", 30*time.Second, captured, card)
+	s.WantSuccess(t, "pattern", 30*time.Second, captured)
+	if n := b.Count("deliveries", bson.M{"consumerGroup": "pattern", "eventId": card}); n != 0 {
+		t.Errorf("payment.card.captured has %d deliveries for a group of payment.*, want 0", n)
+	}
+}
+
+// A bad filter is refused at PUT with 400 naming the field and the problem, and nothing is stored.
+func TestFilterRefusedAtPut(t *testing.T) {
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	for _, tt := range []struct{ filter, want string }{
+		{`event.data.amount >`, "not a valid CEL expression"},
+		{`event.data.amount`, ""}, // dyn: allowed, the result must be true at run time
+		{`event.data.amount + 1`, "must be a boolean expression"},
+		{`event.data.items.all(i, event.data.items.all(j, i == j))`, "may cost up to"},
+	} {
+		var out struct {
+			Error struct{ Code, Message, Field string }
+		}
+		code := harness.Do(t, "PUT", s.URL+"/v1/endpoints/g", map[string]any{"url": "http://127.0.0.1:9/", "topics": []string{"t"}, "filter": tt.filter}, &out)
+		if tt.want == "" {
+			if code != 201 && code != 200 {
+				t.Fatalf("PUT filter %q = %d, want it accepted", tt.filter, code)
+			}
+			continue
+		}
+		if code != 400 || !strings.Contains(out.Error.Message, "filter") || !strings.Contains(out.Error.Message, tt.want) {
+			t.Fatalf("PUT filter %q = %d %+v, want 400 naming the filter and %q", tt.filter, code, out, tt.want)
+		}
+	}
+}
+
+// A PUT that changes the filter ends the group's pending deliveries as error/unsubscribed, as a PUT that
+// removes a topic ends that topic's: they were chosen by the old filter, which is never evaluated again.
+func TestFilterChangeEndsPendingWork(t *testing.T) {
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	body := map[string]any{"url": rcv.URL, "topics": []string{"payment.captured"}, "filter": `event.data.amount > 1`}
+	s.RegisterEndpoint(t, "g", body)
+	if code := harness.Do(t, "POST", s.URL+"/v1/endpoints/g/pause", nil, nil); code != 200 {
+		t.Fatalf("pause = %d", code)
+	}
+	id := s.Publish(t, "payment.captured", map[string]any{"amount": 5})
+	testwait.Eventually(t, 30*time.Second, "the delivery of "+id+" to be created", func() bool {
+		return b.Count("deliveries", bson.M{"consumerGroup": "g", "eventId": id, "status": "pending"}) == 1
+	})
+	body["filter"] = `event.data.amount > 2`
+	s.RegisterEndpoint(t, "g", body)
+	d := s.WaitDelivery(t, id, "g", 30*time.Second)
+	if d.Status != "error" || d.Error == nil || d.Error.Code != "unsubscribed" || !strings.Contains(d.Error.Message, "filter changed") {
+		t.Fatalf("delivery after the filter changed = %+v (error %+v), want error unsubscribed saying the filter changed", d, d.Error)
+	}
+	rcv.WantPOSTs(t, 0, "(the endpoint was paused, then its pending work ended)")
+}

@@ -1,0 +1,187 @@
+package pulsetype_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// filterEvent is a payment event with data, headers and an ordering key.
+func filterEvent() *pulsetype.Event {
+	return &pulsetype.Event{ID: "e1", Topic: "payment.captured", Data: json.RawMessage(`{"amount":250,"currency":"EUR","items":[{"sku":"a"},{"sku":"b"}],"customer":{"tier":"gold"}}`),
+		Headers: map[string]string{"source": "checkout"}, OrderingKey: "cust-7", CreatedAt: time.Unix(1000, 0)}
+}
+
+// A filter includes the events it holds for and excludes the others; a field the event lacks, a type
+// that does not fit, or data that is null makes it false, not an error.
+func TestFilterMatch(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		filter string
+		want   bool
+	}{
+		{`event.data.amount > 100`, true},
+		{`event.data.amount > 1000`, false},
+		{`event.data.amount == 250`, true},
+		{`event.topic == "payment.captured" && event.headers.source == "checkout"`, true},
+		{`event.orderingKey.startsWith("cust-")`, true},
+		{`event.data.customer.tier in ["gold", "platinum"]`, true},
+		{`event.data.items.exists(i, i.sku == "b")`, true},
+		{`event.data.items.size() == 3`, false},
+		{`has(event.data.refund)`, false},
+		{`!has(event.data.refund)`, true},
+		{`event.data.refund.amount > 0`, false},         // no such field
+		{`!(event.data.refund.amount > 0)`, false},      // an error stays an error under !: false, not true
+		{`event.data.currency > 100`, false},            // a string compared with a number
+		{`event.headers.missing == "x"`, false},         // a header the event lacks
+		{`event.data.amount > 100 || event.nope`, true}, // CEL's || is commutative over errors
+	}
+	for _, tt := range tests {
+		t.Run(tt.filter, func(t *testing.T) {
+			t.Parallel()
+			ep := validEndpoint(func(e *pulsetype.Endpoint) { e.Topics, e.Filter = []string{"payment.captured"}, tt.filter })
+			if err := ep.Normalize(); err != nil {
+				t.Fatalf("Normalize(filter %q) = %v", tt.filter, err)
+			}
+			if got := ep.Wants(filterEvent()); got != tt.want {
+				t.Fatalf("Wants with filter %q = %v, want %v", tt.filter, got, tt.want)
+			}
+		})
+	}
+	// Null data and no data: every field of event.data is missing.
+	for _, data := range []string{`null`, ``} {
+		ev := filterEvent()
+		ev.Data = json.RawMessage(data)
+		ep := validEndpoint(func(e *pulsetype.Endpoint) {
+			e.Topics, e.Filter = []string{"payment.captured"}, `event.data.amount > 1`
+		})
+		if err := ep.Normalize(); err != nil {
+			t.Fatal(err)
+		}
+		if ep.Wants(ev) {
+			t.Errorf("Wants with data %q = true, want false", data)
+		}
+	}
+}
+
+// The filter is one more condition of the one rule: the topic and the offset still decide first, and an
+// endpoint whose filter was never compiled (read from a store) decides the same.
+func TestFilterInWants(t *testing.T) {
+	t.Parallel()
+	ep := &pulsetype.Endpoint{Topics: []string{"payment.captured"}, Filter: `event.data.amount > 100`, CreatedAt: time.Unix(500, 0)}
+	ev := filterEvent()
+	if !ep.Wants(ev) {
+		t.Fatal("an uncompiled filter that holds: Wants = false, want true")
+	}
+	other := filterEvent()
+	other.Topic = "payment.refunded"
+	if ep.Wants(other) {
+		t.Fatal("another topic: Wants = true, want false")
+	}
+	early := filterEvent()
+	early.CreatedAt = time.Unix(10, 0)
+	if ep.Wants(early) {
+		t.Fatal("an event published before the group registered: Wants = true, want false")
+	}
+	bad := &pulsetype.Endpoint{Topics: []string{"payment.captured"}, Filter: `event.data.amount >`}
+	if bad.Wants(ev) {
+		t.Fatal("a filter that does not compile: Wants = true, want false")
+	}
+}
+
+// A filter that does not compile, is not boolean, is too long or may cost too much is refused at Normalize
+// with a *FieldError for "filter" that names the problem.
+func TestFilterRejects(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ name, filter, want string }{
+		{"syntax", `event.data.amount >`, "not a valid CEL expression"},
+		{"unknown variable", `payment.amount > 1`, "undeclared reference to 'payment'"},
+		{"not boolean", `event.data.amount + 1`, "must be a boolean expression"},
+		{"a string", `"yes"`, "must be a boolean expression, got string"},
+		{"too long", strings.Repeat("true && ", 600) + "true", "at most 4096 bytes"},
+		{"nested iteration", `event.data.items.all(i, event.data.items.all(j, i.sku != j.sku || i == j))`, "may cost up to"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ep := validEndpoint(func(e *pulsetype.Endpoint) { e.Filter = tt.filter })
+			err := ep.Normalize()
+			var fe *pulsetype.FieldError
+			if !errors.As(err, &fe) || fe.Field != "filter" || !strings.Contains(fe.Message, tt.want) {
+				t.Fatalf("Normalize(filter %q) = %v, want a filter error containing %q", tt.filter, err, tt.want)
+			}
+		})
+	}
+}
+
+// An evaluation that passes MaxFilterCost stops and is false: a one-level iteration passes the check at
+// PUT, and an event larger than FilterSizeHint is bounded when it runs.
+func TestFilterCostLimitAtRun(t *testing.T) {
+	t.Parallel()
+	ep := validEndpoint(func(e *pulsetype.Endpoint) {
+		e.Topics, e.Filter = []string{"t"}, `event.data.items.all(i, i == "x")`
+	})
+	if err := ep.Normalize(); err != nil {
+		t.Fatalf("Normalize = %v, want a one-level iteration accepted", err)
+	}
+	small := make([]string, 10)
+	for i := range small {
+		small[i] = "x"
+	}
+	data, _ := json.Marshal(map[string]any{"items": small})
+	if !ep.Wants(&pulsetype.Event{Topic: "t", Data: data}) {
+		t.Fatal("a small event: Wants = false, want true")
+	}
+	big := make([]string, 200_000)
+	for i := range big {
+		big[i] = "x"
+	}
+	data, _ = json.Marshal(map[string]any{"items": big})
+	if ep.Wants(&pulsetype.Event{Topic: "t", Data: data}) {
+		t.Fatal("an event whose evaluation passes MaxFilterCost: Wants = true, want false")
+	}
+}
+
+// A topics entry ending in ".*" matches one more dot-separated segment, nothing else.
+func TestTopicPatterns(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		pattern, topic string
+		want           bool
+	}{
+		{"payment.*", "payment.captured", true},
+		{"payment.*", "payment.refunded", true},
+		{"payment.*", "payment", false},
+		{"payment.*", "payment.", false},
+		{"payment.*", "payment.card.captured", false},
+		{"payment.*", "paymentX.captured", false},
+		{"payment.card.*", "payment.card.captured", true},
+		{"payment.captured", "payment.captured", true},
+		{"payment.captured", "payment.capturedX", false},
+	}
+	for _, tt := range tests {
+		if got := pulsetype.TopicMatches(tt.pattern, tt.topic); got != tt.want {
+			t.Errorf("TopicMatches(%q, %q) = %v, want %v", tt.pattern, tt.topic, got, tt.want)
+		}
+		if tt.want && pulsetype.TopicPatternOf(tt.topic) != tt.pattern && tt.pattern != tt.topic {
+			t.Errorf("TopicPatternOf(%q) = %q, want %q (the store looks subscriptions up by it)", tt.topic, pulsetype.TopicPatternOf(tt.topic), tt.pattern)
+		}
+	}
+	for _, ok := range []string{"payment.*", "a.b.*", "payment"} {
+		if !pulsetype.ValidTopicPattern(ok) {
+			t.Errorf("ValidTopicPattern(%q) = false, want true", ok)
+		}
+	}
+	for _, bad := range []string{"*", ".*", "payment*", "payment.*.x", "pay*ment", "payment.**"} {
+		if pulsetype.ValidTopicPattern(bad) {
+			t.Errorf("ValidTopicPattern(%q) = true, want false", bad)
+		}
+		if pulsetype.ValidTopic(bad) {
+			t.Errorf("ValidTopic(%q) = true: an event could be published to a pattern", bad)
+		}
+	}
+}
