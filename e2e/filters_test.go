@@ -53,6 +53,16 @@ func TestFilterIncludesAndExcludes(t *testing.T) {
 		}
 	}
 
+	// The backfill of an earliest-offset group registered now applies the pattern and the filter too.
+	s.RegisterEndpoint(t, "backfilled", map[string]any{"url": all.URL, "topics": []string{"payment.*"}, "offsetReset": "earliest",
+		"filter": `event.data.amount >= 500`})
+	s.WantSuccess(t, "backfilled", 30*time.Second, large, otherSource)
+	for _, id := range []string{small, deeper} {
+		if n := b.Count("deliveries", bson.M{"consumerGroup": "backfilled", "eventId": id}); n != 0 {
+			t.Errorf("the backfill gave event %s, which the pattern or the filter excludes, %d deliveries, want 0", id, n)
+		}
+	}
+
 	// The pattern alone: payment.card.captured is one segment too deep for payment.*.
 	s.RegisterEndpoint(t, "pattern", map[string]any{"url": all.URL, "topics": []string{"payment.*"}})
 	captured, card := publish("payment.captured", 1, "x"), publish("payment.card.captured", 1, "x")

@@ -338,9 +338,10 @@ func (s *Store) subscriptionsFor(ctx context.Context, topics []string) ([]subscr
 		options.Find().SetProjection(bson.M{"_id": 1, "topics": 1, "filter": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1}))
 }
 
-// topicsFilter returns the filter of documents whose field topic one of the subscription entries matches
-// (pulsetype.TopicMatches): equal to a topic, or one segment more than a pattern "p.*".
-func topicsFilter(entries []string) bson.M {
+// withTopics adds to filter (which has neither a topic nor an $or) the condition that its documents' field
+// topic one of the subscription entries matches (pulsetype.TopicMatches): topic $in the exact topics, or an
+// $or of that and one regex per pattern "p.*" (p, a dot, one segment without a dot). It returns filter.
+func withTopics(filter bson.M, entries []string) bson.M {
 	var exact []string
 	var or bson.A
 	for _, t := range entries {
@@ -350,13 +351,15 @@ func topicsFilter(entries []string) bson.M {
 			exact = append(exact, t)
 		}
 	}
-	if len(or) == 0 {
-		return bson.M{"topic": bson.M{"$in": exact}}
+	switch {
+	case len(or) == 0:
+		filter["topic"] = bson.M{"$in": exact}
+	case len(exact) > 0:
+		filter["$or"] = append(or, bson.M{"topic": bson.M{"$in": exact}})
+	default:
+		filter["$or"] = or
 	}
-	if len(exact) > 0 {
-		or = append(or, bson.M{"topic": bson.M{"$in": exact}})
-	}
-	return bson.M{"$or": or}
+	return filter
 }
 
 // missing returns the topics of old that new lacks.

@@ -68,6 +68,8 @@ var internalCases = []storetest.Case{
 	// stats_test.go
 	{Name: "GroupStatsCountsTheLastHour", Run: internal(testGroupStatsCountsTheLastHour)},
 	{Name: "ConsoleReadsWith10000Deliveries", Run: internal(testConsoleReadsWith10000Deliveries)},
+	// lag_test.go
+	{Name: "OldestPendingFollowsTheBacklog", Run: internal(testOldestPendingFollowsTheBacklog)},
 	// watch_test.go
 	{Name: "WatchEventsSendsChangeStreamAndReopens", Run: internal(testWatchEventsSendsChangeStreamAndReopens)},
 	// queue_test.go

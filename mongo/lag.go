@@ -1,0 +1,40 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// OldestPending returns, for each registered consumer group with a pending delivery, the createdAt of its
+// oldest one (UTC); a group with nothing pending is absent. Its cost is bounded whatever the backlog: one
+// query of the registered groups (ids only), then per group one indexed query that reads one key of
+// pulse_deliveries_group_status_created (sorted by createdAt, limit 1), never the pending deliveries
+// themselves. /metrics serves it as pulse_oldest_pending_delivery_age_seconds.
+func (s *Store) OldestPending(ctx context.Context) (map[string]time.Time, error) {
+	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]time.Time, len(groups))
+	for _, g := range groups {
+		var oldest deliveryDoc
+		err := s.deliveries.FindOne(ctx, bson.M{"consumerGroup": g.ID, "status": pulsetype.StatusPending},
+			options.FindOne().SetSort(bson.D{{Key: "createdAt", Value: 1}, {Key: "_id", Value: 1}}).
+				SetProjection(bson.M{"createdAt": 1}).SetHint("pulse_deliveries_group_status_created")).Decode(&oldest)
+		switch {
+		case errors.Is(err, mongo.ErrNoDocuments):
+		case err != nil:
+			return nil, wrap("find the oldest pending delivery", err)
+		default:
+			out[g.ID] = oldest.CreatedAt.UTC()
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,52 @@
+package mongo
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// OldestPending gives each group with a backlog the createdAt of its oldest pending delivery, follows it
+// as deliveries end, and leaves out groups with nothing pending: before any work, and after the backlog
+// drains.
+func testOldestPendingFollowsTheBacklog(t *testing.T, e *env) {
+	b := e.setup(t)
+	s := b.store(nil, nil)
+	b.putEndpoint(s, "billing", "t")
+	b.putEndpoint(s, "mailer", "u")
+	oldest := func() map[string]time.Time {
+		t.Helper()
+		got, err := s.OldestPending(b.ctx)
+		if err != nil {
+			t.Fatalf("OldestPending: %v", err)
+		}
+		return got
+	}
+	if got := oldest(); len(got) != 0 {
+		t.Fatalf("OldestPending with nothing published = %v, want none", got)
+	}
+	t0 := b.clock.Now()
+	first := b.fanOutN(s, 1, "t")
+	t1 := b.clock.Advance(time.Minute)
+	rest := b.fanOutN(s, 2, "t")
+	b.clock.Advance(time.Minute)
+	got := oldest()
+	if len(got) != 1 || !got["billing"].Equal(t0) {
+		t.Fatalf("OldestPending with a backlog = %v, want billing at %s only", got, t0)
+	}
+	end := func(a *pulsetype.Attempt) {
+		t.Helper()
+		b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1})
+	}
+	end(first[0])
+	if got := oldest(); !got["billing"].Equal(t1) {
+		t.Fatalf("OldestPending after the oldest ended = %v, want billing at %s", got, t1)
+	}
+	for _, a := range rest {
+		end(a)
+	}
+	if got := oldest(); len(got) != 0 {
+		t.Fatalf("OldestPending after the backlog drained = %v, want none", got)
+	}
+}
