@@ -53,6 +53,7 @@ func TestMetricsLabelSetsAreBounded(t *testing.T) {
 		`pulse_attempts_total{consumer_group="billing",outcome="error"} 0`,
 		`pulse_attempt_duration_seconds_count{consumer_group="billing"} 0`,
 		`pulse_deliveries_pending{consumer_group="billing"} 0`,
+		`pulse_oldest_pending_delivery_age_seconds{consumer_group="billing"} 0`,
 	} {
 		if !strings.Contains(before+after, want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -30,6 +30,7 @@ type Metrics struct {
 	attempts   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	pending    *prometheus.GaugeVec
+	oldest     *prometheus.GaugeVec
 	leaseLost  prometheus.Counter
 	workerLost prometheus.Counter
 	reconciled *prometheus.CounterVec
@@ -41,6 +42,11 @@ type Metrics struct {
 // endpointStates are the values of pulse_endpoint_state's state label.
 var endpointStates = []pulsetype.EndpointState{pulsetype.EndpointActive, pulsetype.EndpointPaused, pulsetype.EndpointDisabled}
 
+// DurationBuckets are the upper bounds, in seconds, of pulse_attempt_duration_seconds: values a dashboard
+// reads, from 5 ms to one hour, the longest endpoint timeout (pulsetype's bound of timeout), so that no POST
+// falls only in +Inf.
+var DurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600}
+
 // New registers the metrics (and the Go and process collectors) in a registry of their own.
 func New() *Metrics {
 	m := &Metrics{
@@ -51,10 +57,13 @@ func New() *Metrics {
 			Help: "Webhook attempts finished by this process, by consumer group and outcome (success; retry: failed, another attempt follows; error: failed, the delivery is terminal)."},
 			[]string{"consumer_group", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pulse_attempt_duration_seconds",
-			Help: "Duration of webhook POSTs, by consumer group.", Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10)},
+			Help: "Duration of webhook POSTs, by consumer group.", Buckets: DurationBuckets},
 			[]string{"consumer_group"}),
 		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_deliveries_pending",
 			Help: "Pending deliveries by consumer group, counted in the database on scrape (at most every 15 s)."},
+			[]string{"consumer_group"}),
+		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_oldest_pending_delivery_age_seconds",
+			Help: "Age of each consumer group's oldest pending delivery (since it was created), in seconds; 0 when none is pending. Its createdAt is read from the database with the pending count, one indexed key per group; the age is taken at the scrape."},
 			[]string{"consumer_group"}),
 		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_lease_lost_total",
 			Help: "Attempts whose lease this process lost while running them (their result was not written)."}),
@@ -117,15 +126,20 @@ type groupCollector struct {
 	maxAge time.Duration
 	log    zerolog.Logger
 
-	mu      sync.Mutex
-	sampled time.Time
-	known   map[string]bool
+	// oldestOf reads each group's oldest pending createdAt (OldestPendingWith); oldestAt is its last answer.
+	oldestOf func(context.Context) (map[string]time.Time, error)
+
+	mu       sync.Mutex
+	sampled  time.Time
+	known    map[string]bool
+	oldestAt map[string]time.Time
 }
 
 func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.m.attempts.Describe(ch)
 	c.m.duration.Describe(ch)
 	c.m.pending.Describe(ch)
+	c.m.oldest.Describe(ch)
 	c.m.state.Describe(ch)
 }
 
@@ -143,11 +157,44 @@ func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
 			c.log.Warn().Err(err).Msg("counting pending deliveries for /metrics failed: serving the last count")
 		}
 		c.refreshStates(ctx)
+		c.refreshOldest(ctx)
 	}
+	c.setAges(time.Now())
 	c.m.attempts.Collect(ch)
 	c.m.duration.Collect(ch)
 	c.m.pending.Collect(ch)
+	c.m.oldest.Collect(ch)
 	c.m.state.Collect(ch)
+}
+
+// refreshOldest reads the oldest pending deliveries (when OldestPendingWith set a reader); a failed read
+// keeps the last ones.
+func (c *groupCollector) refreshOldest(ctx context.Context) {
+	if c.oldestOf == nil {
+		return
+	}
+	oldest, err := c.oldestOf(ctx)
+	if err != nil {
+		c.log.Warn().Err(err).Msg("reading the oldest pending deliveries for /metrics failed: serving the last ones")
+		return
+	}
+	c.oldestAt = oldest
+}
+
+// setAges sets pulse_oldest_pending_delivery_age_seconds at now: each group of the count (registered, or
+// with work pending) and each group with an oldest pending delivery gets now minus its createdAt (never
+// below 0), the others 0.
+func (c *groupCollector) setAges(now time.Time) {
+	if c.oldestOf == nil {
+		return
+	}
+	c.m.oldest.Reset()
+	for group := range c.known {
+		c.m.oldest.WithLabelValues(group).Set(0)
+	}
+	for group, at := range c.oldestAt {
+		c.m.oldest.WithLabelValues(group).Set(max(0, now.Sub(at).Seconds()))
+	}
 }
 
 // refreshStates sets pulse_endpoint_state from the states read now (when ReadStatesWith set a reader).
@@ -198,6 +245,17 @@ func (m *Metrics) ReadStatesWith(states func(context.Context) (map[string]pulset
 	m.groups.mu.Lock()
 	defer m.groups.mu.Unlock()
 	m.groups.states = states
+}
+
+// OldestPendingWith makes /metrics serve pulse_oldest_pending_delivery_age_seconds from oldest (the createdAt
+// of each consumer group's oldest pending delivery; a group with none absent), read with the pending count
+// (at most once per the maxAge of CountPendingWith), the age taken at each scrape. oldest must be bounded in
+// cost whatever the backlog (mongo.Store.OldestPending reads one index key per group). Call it once, before
+// serving.
+func (m *Metrics) OldestPendingWith(oldest func(context.Context) (map[string]time.Time, error)) {
+	m.groups.mu.Lock()
+	defer m.groups.mu.Unlock()
+	m.groups.oldestOf = oldest
 }
 
 // CountPendingWith makes /metrics serve pulse_deliveries_pending from count (pending deliveries by consumer

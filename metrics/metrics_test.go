@@ -5,11 +5,15 @@ import (
 	"errors"
 	"io"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // pulse_deliveries_pending is counted on scrape, reused for maxAge, kept when a count fails, and shows
@@ -82,5 +86,71 @@ func TestGroupSeriesFollowRegistration(t *testing.T) {
 	body := scrape()
 	if strings.Contains(body, `consumer_group="billing"`) || !strings.Contains(body, `pulse_attempts_total{consumer_group="audit",outcome="success"} 0`) {
 		t.Fatalf("series did not follow the groups:\n%s", body)
+	}
+}
+
+// pulse_oldest_pending_delivery_age_seconds is 0 for a registered group with nothing pending, the age of its
+// oldest pending delivery at the scrape while it has a backlog, and 0 again once the backlog drains.
+func TestOldestPendingAge(t *testing.T) {
+	m := New()
+	counts := map[string]int64{"billing": 0, "audit": 0}
+	oldest := map[string]time.Time{}
+	m.CountPendingWith(func(context.Context) (map[string]int64, error) { return counts, nil }, 0, zerolog.Nop())
+	m.OldestPendingWith(func(context.Context) (map[string]time.Time, error) { return oldest, nil })
+	scrape := func() string {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	age := func(body, group string) float64 {
+		t.Helper()
+		prefix := `pulse_oldest_pending_delivery_age_seconds{consumer_group="` + group + `"} `
+		for _, line := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(line, prefix); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("%s: %v", line, err)
+				}
+				return f
+			}
+		}
+		t.Fatalf("no age series for %s:\n%s", group, body)
+		return 0
+	}
+	body := scrape()
+	if a, b := age(body, "billing"), age(body, "audit"); a != 0 || b != 0 {
+		t.Fatalf("ages with nothing pending = %v, %v, want 0, 0", a, b)
+	}
+	counts = map[string]int64{"billing": 3, "audit": 0}
+	oldest = map[string]time.Time{"billing": time.Now().Add(-90 * time.Second)}
+	body = scrape()
+	if a := age(body, "billing"); a < 90 || a > 3600 {
+		t.Fatalf("age with a backlog created 90 s ago = %v, want at least 90", a)
+	}
+	if a := age(body, "audit"); a != 0 {
+		t.Fatalf("age of a group without backlog = %v, want 0", a)
+	}
+	counts = map[string]int64{"billing": 0, "audit": 0}
+	oldest = map[string]time.Time{}
+	if a := age(scrape(), "billing"); a != 0 {
+		t.Fatalf("age after the backlog drained = %v, want 0", a)
+	}
+}
+
+// The duration histogram's buckets run from 5 ms to the longest endpoint timeout, with a bucket at the
+// default timeout, so that no POST the sidecar allows lands in +Inf only.
+func TestDurationBucketsCoverTimeouts(t *testing.T) {
+	b := DurationBuckets
+	if b[0] != 0.005 {
+		t.Errorf("first bucket %v, want 0.005", b[0])
+	}
+	if !slices.IsSorted(b) {
+		t.Errorf("buckets %v are not increasing", b)
+	}
+	if top := b[len(b)-1]; top < pulsetype.MaxTimeout.Seconds() {
+		t.Errorf("top bucket %v s is below the longest timeout %s", top, pulsetype.MaxTimeout)
+	}
+	if !slices.Contains(b, pulsetype.DefaultTimeout.Seconds()) || !slices.Contains(b, 60.0) {
+		t.Errorf("buckets %v lack the default timeout %s or 60 s", b, pulsetype.DefaultTimeout)
 	}
 }

@@ -53,6 +53,9 @@ const (
 	DefaultMaxConcurrency         = 16
 )
 
+// MaxTimeout bounds an endpoint's timeout.
+const MaxTimeout = time.Hour
+
 // MaxRetryDurationLimit bounds an endpoint's maxRetryDuration (30 days).
 const MaxRetryDurationLimit = 30 * 24 * time.Hour
 
@@ -207,7 +210,7 @@ func (e *Endpoint) Normalize() error {
 	if err := fillDuration(&e.MaxRetryDelay, DefaultMaxRetryDelay, "maxRetryDelay", 0, 7*24*time.Hour); err != nil {
 		return err
 	}
-	if err := fillDuration(&e.Timeout, DefaultTimeout, "timeout", time.Millisecond, time.Hour); err != nil {
+	if err := fillDuration(&e.Timeout, DefaultTimeout, "timeout", time.Millisecond, MaxTimeout); err != nil {
 		return err
 	}
 	if e.RetryBackoffMultiplier == nil {

@@ -280,6 +280,7 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	m := metrics.New()
 	m.CountPendingWith(store.PendingByGroup, PendingCountMaxAge, log)
 	m.ReadStatesWith(store.EndpointStates)
+	m.OldestPendingWith(store.OldestPending)
 	recon := reconciler.New(store, owner, cfg.LeaseTimeout, m, log)
 	tp, err := tracing.NewProvider(startCtx, cfg.OTLPEndpoint)
 	if err != nil {
