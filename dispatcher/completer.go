@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -194,6 +195,9 @@ func (c *completer) record(base context.Context, batch []*completion) {
 			outcome = "error"
 			okLogs[i].Error().Str("error_code", string(res.Error.Code)).Str("error", res.Error.Message).Int("http_status", res.HTTPStatus).
 				Msg("delivery failed terminally")
+			if fo, ok := c.observer.(FailureObserver); ok && done.Next.EndStatus == pulsetype.StatusError {
+				fo.DeliveryFailed(done.Attempt, res, cmp.Or(done.Next.EndError, res.Error))
+			}
 		}
 		if c.observer != nil {
 			c.observer.AttemptDone(done.Attempt.ConsumerGroup, outcome, done.Result.Duration)

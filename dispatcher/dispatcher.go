@@ -54,6 +54,13 @@ type Observer interface {
 	EndpointDisabled(group string, reason pulsetype.StateReason) // by this process: 410 Gone or disableAfter
 }
 
+// FailureObserver is an Observer that is also told of each delivery that this process ended in error (not of
+// deliveries ended by a delete or a PUT: those are no failure of the receiver): attempt a ended with res, and
+// end is the delivery's error (the attempt's, or retry_window_exceeded). opsevents.Emitter implements it.
+type FailureObserver interface {
+	DeliveryFailed(a *pulsetype.Attempt, res pulsetype.AttemptResult, end *pulsetype.ErrorInfo)
+}
+
 // Options configure a Dispatcher.
 type Options struct {
 	Owner           string        // this process's lease owner id (UUIDv7)

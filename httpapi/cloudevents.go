@@ -257,6 +257,9 @@ func fromCloudEvent(ce *event.Event, raw map[string]string) (*pulsetype.Event, e
 	if !pulsetype.ValidTopic(topic) {
 		return nil, badRequest("invalid_topic", "type %q becomes the topic and must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", topic)
 	}
+	if pulsetype.Reserved(topic) {
+		return nil, badRequest("reserved_topic", "type %q becomes the topic: the prefix %q is reserved for the sidecar's operational events", topic, pulsetype.ReservedTopicPrefix)
+	}
 	if !pulsetype.ValidEventID(id) {
 		return nil, badRequest("invalid_id", "id %q must be 1-128 characters of letters, digits, '.', '_', ':' or '-', and not . or ..", id)
 	}

@@ -167,6 +167,9 @@ func (in *inputEvent) event(where string) (*pulsetype.Event, error) {
 	if !pulsetype.ValidTopic(*in.Topic) {
 		return nil, badRequest("invalid_topic", "%stopic %q must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", where, *in.Topic)
 	}
+	if pulsetype.Reserved(*in.Topic) {
+		return nil, badRequest("reserved_topic", "%stopic %q: the prefix %q is reserved for the sidecar's operational events", where, *in.Topic, pulsetype.ReservedTopicPrefix)
+	}
 	if in.Data == nil {
 		return nil, badRequest("missing_data", "%sdata is required (any JSON value, null included)", where)
 	}

@@ -50,6 +50,11 @@ type Notifier interface {
 	Wake()
 }
 
+// Operations publishes the sidecar's operational events that the API causes; opsevents.Emitter implements it.
+type Operations interface {
+	EndpointEnabled(group string, previous pulsetype.StateReason)
+}
+
 // Options configure the API.
 type Options struct {
 	// APITokens, when any, are the bearer tokens /v1 accepts ("Authorization: Bearer <token>"); several are
@@ -61,6 +66,9 @@ type Options struct {
 	Logger       zerolog.Logger
 	// Metrics, when set, is served at GET /metrics and counts publishes.
 	Metrics Metrics
+	// Operations is told of each endpoint a resume re-enabled after the sidecar disabled it (it publishes
+	// pulse.endpoint.enabled); nil: none.
+	Operations Operations
 	// Tracer makes the publish spans; nil makes none (the request's traceparent is still kept).
 	Tracer trace.Tracer
 	// CheckHost makes the API listener answer only requests whose Host is an IP address, localhost, a name

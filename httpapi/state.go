@@ -22,9 +22,19 @@ func (s *Server) resumeEndpoint(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) setEndpointState(w http.ResponseWriter, r *http.Request, state pulsetype.EndpointState, action, msg string) {
 	group := pathParam(r, "consumerGroup")
+	// A resume of an endpoint the sidecar disabled publishes pulse.endpoint.enabled: its state is read first.
+	var disabled pulsetype.StateReason
+	if state == pulsetype.EndpointActive && s.opts.Operations != nil {
+		if prev, err := s.store.GetEndpoint(r.Context(), group); err == nil && prev.State == pulsetype.EndpointDisabled {
+			disabled = prev.StateReason
+		}
+	}
 	ep, err := s.store.SetEndpointState(r.Context(), group, state)
 	if !s.endpointFound(w, r, group, err) {
 		return
+	}
+	if disabled != "" && ep.Active() {
+		s.opts.Operations.EndpointEnabled(group, disabled)
 	}
 	// This process's dispatcher stops (or resumes) at once; the others check the state after each claim.
 	s.notify.EndpointChanged(group)

@@ -272,13 +272,13 @@ type outboxDoc struct {
 }
 
 // wants reports whether the subscription's group receives the event in holds (pulsetype.Endpoint.WantsInput,
-// from the fields that rule reads: topics, filter, offsetReset and createdAt). The filter is compiled at the
+// from the fields that rule reads: the group, topics, filter, offsetReset and createdAt). The filter is compiled at the
 // document's first call, through filters (the store's cache; nil: none), so that neither a fan-out of many
 // events nor the next fan-out compiles it again; a stored filter that no longer compiles wants nothing. Not
 // safe for concurrent use.
 func (d *subscriptionDoc) wants(in *pulsetype.EventInput, filters *pulsetype.FilterCache) bool {
 	if d.rule == nil {
-		d.rule = &pulsetype.Endpoint{Topics: d.Topics, Filter: d.Filter, OffsetReset: d.OffsetReset, CreatedAt: d.CreatedAt}
+		d.rule = &pulsetype.Endpoint{ConsumerGroup: d.ID, Topics: d.Topics, Filter: d.Filter, OffsetReset: d.OffsetReset, CreatedAt: d.CreatedAt}
 		_ = d.rule.CompileFilterWith(filters) // on error WantsInput compiles again and wants nothing
 	}
 	return d.rule.WantsInput(in)

@@ -460,12 +460,13 @@ func (e *Endpoint) Wants(ev *Event) bool { return e.WantsInput(InputOf(ev)) }
 
 // WantsInput reports whether the consumer group receives the event in holds: it subscribes to the event's
 // topic (Subscribes), unless its OffsetReset is OffsetEarliest the event was published (CreatedAt) no
-// earlier than the group registered (e.CreatedAt), and its Filter, if any, holds for the event (a filter that
-// does not compile holds for none). It is the one rule of which groups get an event: fan-out, backfill and
-// the head of an ordered line all ask it, with one input per event shared by the groups.
+// earlier than the group registered (e.CreatedAt), the event is not an operational event about the group
+// itself (SubjectGroupHeader), and its Filter, if any, holds for the event (a filter that does not compile
+// holds for none). It is the one rule of which groups get an event: fan-out, backfill and the head of an
+// ordered line all ask it, with one input per event shared by the groups.
 func (e *Endpoint) WantsInput(in *EventInput) bool {
 	ev := in.Event
-	if !e.Subscribes(ev.Topic) || (e.OffsetReset != OffsetEarliest && ev.CreatedAt.Before(e.CreatedAt)) {
+	if !e.Subscribes(ev.Topic) || (e.OffsetReset != OffsetEarliest && ev.CreatedAt.Before(e.CreatedAt)) || aboutItself(ev, e.ConsumerGroup) {
 		return false
 	}
 	if e.Filter == "" {

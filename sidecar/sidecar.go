@@ -27,6 +27,8 @@ import (
 	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/metrics"
 	"github.com/pulse-sidecar/pulse/mongo"
+	"github.com/pulse-sidecar/pulse/opsevents"
+	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/reconciler"
 	"github.com/pulse-sidecar/pulse/webhook"
 )
@@ -281,6 +283,9 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	m.CountPendingWith(store.PendingByGroup, PendingCountMaxAge, log)
 	m.ReadStatesWith(store.EndpointStates)
 	m.OldestPendingWith(store.OldestPending)
+	ops := opsevents.New(store, opsevents.Options{Logger: log})
+	r.defer1(ops.Wait) // before the database is disconnected
+	obs := observer{Metrics: m, ops: ops}
 	recon := reconciler.New(store, owner, cfg.LeaseTimeout, m, log)
 	tp, err := tracing.NewProvider(startCtx, cfg.OTLPEndpoint)
 	if err != nil {
@@ -293,14 +298,15 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	})
 	tracer := tracing.Tracer(tp)
 	disp := dispatcher.New(store, sender, recon, keeper, dispatcher.Options{
-		Tracer: tracer, Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LeaseTimeout / 2, LeaseTimeout: cfg.LeaseTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: m, Logger: log, Now: clock.Now,
+		Tracer: tracer, Owner: owner, Workers: cfg.Workers, PollInterval: cfg.PollInterval, RepairInterval: cfg.LeaseTimeout / 2, LeaseTimeout: cfg.LeaseTimeout, ShutdownTimeout: cfg.ShutdownTimeout, Observer: obs, Logger: log, Now: clock.Now,
 	})
+	ops.NotifyWith(disp)
 	var notify httpapi.Notifier = disp
 	if hooks.CrashAfterPublish {
 		log.Warn().Msg("PULSE_TEST_CRASH_AFTER_PUBLISH: this process dies after its first publish, before fanning it out (testing only)")
 		notify = crashAfterPublish{disp}
 	}
-	r.api = httpapi.New(store, notify, httpapi.Options{APITokens: cfg.APITokens(), ReadTokens: cfg.APIReadTokens(), MaxBodyBytes: cfg.MaxBodyBytes, Metrics: m, Logger: log, Tracer: tracer,
+	r.api = httpapi.New(store, notify, httpapi.Options{APITokens: cfg.APITokens(), ReadTokens: cfg.APIReadTokens(), MaxBodyBytes: cfg.MaxBodyBytes, Metrics: m, Operations: ops, Logger: log, Tracer: tracer,
 		CheckHost: cfg.APIChecksHost(), AllowedHosts: cfg.AllowedHosts})
 
 	var endpointsHash [32]byte
@@ -375,3 +381,19 @@ var (
 	_ reconciler.Observer = (*metrics.Metrics)(nil)
 	_ httpapi.Metrics     = (*metrics.Metrics)(nil)
 )
+
+// observer is the dispatcher's observer: the metrics, and the operational events of the endpoints it disables
+// and the deliveries it ends in error (dispatcher.FailureObserver).
+type observer struct {
+	*metrics.Metrics
+	ops *opsevents.Emitter
+}
+
+func (o observer) EndpointDisabled(group string, reason pulsetype.StateReason) {
+	o.Metrics.EndpointDisabled(group, reason)
+	o.ops.EndpointDisabled(group, reason)
+}
+
+func (o observer) DeliveryFailed(a *pulsetype.Attempt, res pulsetype.AttemptResult, end *pulsetype.ErrorInfo) {
+	o.ops.DeliveryFailed(a, res, end)
+}

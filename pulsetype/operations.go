@@ -1,0 +1,32 @@
+package pulsetype
+
+import "strings"
+
+// Operational events: the sidecar publishes its own events on reserved topics, stored and delivered like any
+// other event (docs/operations.md). Applications cannot publish to ReservedTopicPrefix.
+const (
+	// ReservedTopicPrefix starts every topic of the sidecar's own events; a publish to it answers 400
+	// reserved_topic.
+	ReservedTopicPrefix = "pulse."
+	// TopicEndpointDisabled: the sidecar disabled an endpoint (410 Gone, or disableAfter of failures).
+	TopicEndpointDisabled = "pulse.endpoint.disabled"
+	// TopicEndpointEnabled: a disabled endpoint was resumed.
+	TopicEndpointEnabled = "pulse.endpoint.enabled"
+	// TopicDeliveryFailed: a delivery ended in error (retries used up, a terminal status, the retry window).
+	TopicDeliveryFailed = "pulse.delivery.failed"
+	// TopicBacklogHigh is reserved for a group's oldest pending delivery passing a threshold; this version
+	// does not publish it.
+	TopicBacklogHigh = "pulse.backlog.high"
+	// SubjectGroupHeader is the header of an operational event that names the consumer group it is about:
+	// that group never receives the event (see WantsInput), so a disabled endpoint cannot receive its own
+	// disable event.
+	SubjectGroupHeader = "pulse-consumer-group"
+)
+
+// Reserved reports whether topic is one of the sidecar's own (it starts with ReservedTopicPrefix).
+func Reserved(topic string) bool { return strings.HasPrefix(topic, ReservedTopicPrefix) }
+
+// aboutItself reports whether ev is an operational event about the consumer group group itself.
+func aboutItself(ev *Event, group string) bool {
+	return Reserved(ev.Topic) && group != "" && ev.Headers[SubjectGroupHeader] == group
+}
