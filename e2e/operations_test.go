@@ -91,7 +91,9 @@ func TestOperationsReceiverGetsAnotherGroupsDisableEvent(t *testing.T) {
 	strict := harness.NewReceiver(t, 422)
 	s.RegisterEndpoint(t, "strict", map[string]any{"url": strict.URL, "topics": []string{"orders"}})
 
-	var out struct{ Error struct{ Code, Message string } }
+	var out struct {
+		Error struct{ Code, Message string }
+	}
 	if code := harness.Do(t, "POST", s.URL+"/v1/events", map[string]any{"topic": "pulse.endpoint.disabled", "data": 1}, &out); code != 400 ||
 		out.Error.Code != "reserved_topic" || !strings.Contains(out.Error.Message, `"pulse."`) {
 		t.Fatalf("publish to a reserved topic = %d %+v, want 400 reserved_topic naming the prefix", code, out)
