@@ -40,7 +40,7 @@ func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line
 	}
 	var sub subscriptionDoc
 	err = s.subscriptions.FindOne(ctx, bson.M{"_id": line.ConsumerGroup},
-		options.FindOne().SetProjection(bson.M{"backfill": 1, "topics": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1, "state": 1})).Decode(&sub)
+		options.FindOne().SetProjection(bson.M{"backfill": 1, "topics": 1, "filter": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1, "state": 1})).Decode(&sub)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, 0, nil // deleted: its pending deliveries are being ended
 	}
