@@ -39,9 +39,10 @@ type Endpoint struct {
 	Secret                 string                  `json:"secret,omitempty"`
 	InsecureSkipVerify     bool                    `json:"insecureSkipVerify,omitempty"`
 	// RateLimit is in POSTs per second per replica; it, MaxRetryDuration and DisableAfter are left out when 0.
-	RateLimit        float64  `json:"rateLimit,omitempty"`
-	MaxRetryDuration Duration `json:"maxRetryDuration,omitempty"`
-	DisableAfter     Duration `json:"disableAfter,omitempty"`
+	RateLimit         float64  `json:"rateLimit,omitempty"`
+	MaxRetryDuration  Duration `json:"maxRetryDuration,omitempty"`
+	BacklogAlertAfter Duration `json:"backlogAlertAfter,omitempty"`
+	DisableAfter      Duration `json:"disableAfter,omitempty"`
 	// State, StateReason and StateSince are read-only: a PUT or the endpoints file does not change them.
 	State       pulsetype.EndpointState `json:"state"`
 	StateReason pulsetype.StateReason   `json:"stateReason,omitempty"`
@@ -58,7 +59,7 @@ func EndpointOf(e *pulsetype.Endpoint) Endpoint {
 		Format: e.Format, OffsetReset: e.OffsetReset, MaxRetries: e.MaxRetries, RetryDelay: durationPtr(e.RetryDelay),
 		RetryBackoffMultiplier: e.RetryBackoffMultiplier, MaxRetryDelay: durationPtr(e.MaxRetryDelay), Timeout: durationPtr(e.Timeout),
 		MaxConcurrency: e.MaxConcurrency, Headers: e.Headers, Secret: e.Secret, InsecureSkipVerify: e.InsecureSkipVerify,
-		RateLimit: e.RateLimit, MaxRetryDuration: Duration(e.MaxRetryDuration), DisableAfter: Duration(e.DisableAfter), State: e.State, StateReason: e.StateReason,
+		RateLimit: e.RateLimit, MaxRetryDuration: Duration(e.MaxRetryDuration), BacklogAlertAfter: Duration(e.BacklogAlertAfter), DisableAfter: Duration(e.DisableAfter), State: e.State, StateReason: e.StateReason,
 		CreatedAt: Timestamp(e.CreatedAt), UpdatedAt: Timestamp(e.UpdatedAt), PreviousSecretExpiresAt: timestampPtr(e.PreviousSecretExpiresAt),
 		StateSince: timestampPtr(e.StateSince)}
 }
@@ -75,7 +76,7 @@ func (b *Endpoint) endpoint() *pulsetype.Endpoint {
 		Format: b.Format, OffsetReset: b.OffsetReset, MaxRetries: b.MaxRetries, RetryDelay: domainDuration(b.RetryDelay),
 		RetryBackoffMultiplier: b.RetryBackoffMultiplier, MaxRetryDelay: domainDuration(b.MaxRetryDelay), Timeout: domainDuration(b.Timeout),
 		MaxConcurrency: b.MaxConcurrency, Headers: b.Headers, Secret: b.Secret, InsecureSkipVerify: b.InsecureSkipVerify,
-		RateLimit: b.RateLimit, MaxRetryDuration: pulsetype.Duration(b.MaxRetryDuration), DisableAfter: pulsetype.Duration(b.DisableAfter), State: b.State, StateReason: b.StateReason,
+		RateLimit: b.RateLimit, MaxRetryDuration: pulsetype.Duration(b.MaxRetryDuration), BacklogAlertAfter: pulsetype.Duration(b.BacklogAlertAfter), DisableAfter: pulsetype.Duration(b.DisableAfter), State: b.State, StateReason: b.StateReason,
 		CreatedAt: time.Time(b.CreatedAt), UpdatedAt: time.Time(b.UpdatedAt), PreviousSecretExpiresAt: timePtr(b.PreviousSecretExpiresAt),
 		StateSince: timePtr(b.StateSince)}
 }

@@ -71,9 +71,12 @@ type subscriptionDoc struct {
 	PreviousSecretSealed    *sealing.Sealed `bson:"previousSecretSealed,omitempty"`
 	PreviousSecretExpiresAt *time.Time      `bson:"previousSecretExpiresAt,omitempty"`
 	InsecureSkipVerify      bool            `bson:"insecureSkipVerify,omitempty"`
-	RateLimit               float64         `bson:"rateLimit,omitempty"`          // POSTs per second per replica; 0: none
-	DisableAfterMs          int64           `bson:"disableAfterMs,omitempty"`     // 0: never
-	MaxRetryDurationMs      int64           `bson:"maxRetryDurationMs,omitempty"` // 0: no retry window
+	RateLimit               float64         `bson:"rateLimit,omitempty"`           // POSTs per second per replica; 0: none
+	DisableAfterMs          int64           `bson:"disableAfterMs,omitempty"`      // 0: never
+	MaxRetryDurationMs      int64           `bson:"maxRetryDurationMs,omitempty"`  // 0: no retry window
+	BacklogAlertAfterMs     int64           `bson:"backlogAlertAfterMs,omitempty"` // 0: no backlog alert
+	// BacklogHigh is set while pulse.backlog.high is raised for the group (see SetBacklogHigh).
+	BacklogHigh bool `bson:"backlogHigh,omitempty"`
 	// State, StateReason and StateSince are absent while the endpoint is active (see state.go);
 	// FailingSince is the end of the first failed attempt since the last success, kept only for endpoints
 	// with a disableAfter.
@@ -120,8 +123,9 @@ func (d *subscriptionDoc) endpoint(keys *sealing.Keyring) (*pulsetype.Endpoint, 
 		PreviousSecret: d.PreviousSecret, PreviousSecretExpiresAt: d.PreviousSecretExpiresAt,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt, Incarnation: d.Incarnation,
 		RateLimit: d.RateLimit, DisableAfter: pulsetype.Duration(time.Duration(d.DisableAfterMs) * time.Millisecond),
-		MaxRetryDuration: pulsetype.Duration(time.Duration(d.MaxRetryDurationMs) * time.Millisecond),
-		State:            cmp.Or(d.State, pulsetype.EndpointActive), StateReason: d.StateReason, StateSince: d.StateSince,
+		MaxRetryDuration:  pulsetype.Duration(time.Duration(d.MaxRetryDurationMs) * time.Millisecond),
+		BacklogAlertAfter: pulsetype.Duration(time.Duration(d.BacklogAlertAfterMs) * time.Millisecond),
+		State:             cmp.Or(d.State, pulsetype.EndpointActive), StateReason: d.StateReason, StateSince: d.StateSince,
 	}
 	if err := d.openSecrets(ep, keys); err != nil {
 		return nil, err

@@ -42,7 +42,8 @@ func (s *Store) PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (stored 
 		"timeoutMs": ms(e.Timeout), "maxConcurrency": *e.MaxConcurrency,
 		"insecureSkipVerify": e.InsecureSkipVerify, "rateLimit": e.RateLimit,
 		"disableAfterMs": time.Duration(e.DisableAfter).Milliseconds(), "updatedAt": now,
-		"maxRetryDurationMs": time.Duration(e.MaxRetryDuration).Milliseconds(),
+		"maxRetryDurationMs":  time.Duration(e.MaxRetryDuration).Milliseconds(),
+		"backlogAlertAfterMs": time.Duration(e.BacklogAlertAfter).Milliseconds(),
 	}
 	secretSet, secretUnset, err := s.secretFields(e)
 	if err != nil {

@@ -70,6 +70,7 @@ var internalCases = []storetest.Case{
 	{Name: "ConsoleReadsWith10000Deliveries", Run: internal(testConsoleReadsWith10000Deliveries)},
 	// lag_test.go
 	{Name: "OldestPendingFollowsTheBacklog", Run: internal(testOldestPendingFollowsTheBacklog)},
+	{Name: "SetBacklogHighFlipsOnce", Run: internal(testSetBacklogHighFlipsOnce)},
 	// watch_test.go
 	{Name: "WatchEventsSendsChangeStreamAndReopens", Run: internal(testWatchEventsSendsChangeStreamAndReopens)},
 	// queue_test.go

@@ -38,3 +38,19 @@ func (s *Store) OldestPending(ctx context.Context) (map[string]time.Time, error)
 	}
 	return out, nil
 }
+
+// SetBacklogHigh records whether pulse.backlog.high is raised for the consumer group, with one conditional
+// update: it reports whether this call changed it, so that of several replicas that see the same backlog
+// only the one whose write flipped the state publishes the event. It returns false, nil for a group
+// without endpoint.
+func (s *Store) SetBacklogHigh(ctx context.Context, group string, high bool) (bool, error) {
+	filter, update := bson.M{"_id": group, "backlogHigh": bson.M{"$ne": true}}, bson.M{"$set": bson.M{"backlogHigh": true}}
+	if !high {
+		filter, update = bson.M{"_id": group, "backlogHigh": true}, bson.M{"$unset": bson.M{"backlogHigh": ""}}
+	}
+	res, err := s.subscriptions.UpdateOne(ctx, filter, update)
+	if err != nil {
+		return false, wrap("set backlog high", err)
+	}
+	return res.ModifiedCount == 1, nil
+}

@@ -50,3 +50,20 @@ func testOldestPendingFollowsTheBacklog(t *testing.T, e *env) {
 		t.Fatalf("OldestPending after the backlog drained = %v, want none", got)
 	}
 }
+
+// SetBacklogHigh flips the alert's state with a conditional write: only the call that changes it reports a
+// change, so one replica publishes each raise and each clear; a group without endpoint changes nothing.
+func testSetBacklogHighFlipsOnce(t *testing.T, e *env) {
+	b := e.setup(t)
+	s := b.store(nil, nil)
+	b.putEndpoint(s, "billing", "t")
+	for i, step := range []struct{ high, want bool }{{true, true}, {true, false}, {false, true}, {false, false}, {true, true}} {
+		changed, err := s.SetBacklogHigh(b.ctx, "billing", step.high)
+		if err != nil || changed != step.want {
+			t.Fatalf("step %d: SetBacklogHigh(%v) = %v, %v; want %v", i, step.high, changed, err, step.want)
+		}
+	}
+	if changed, err := s.SetBacklogHigh(b.ctx, "nobody", true); err != nil || changed {
+		t.Fatalf("SetBacklogHigh of a group without endpoint = %v, %v; want false", changed, err)
+	}
+}

@@ -1,5 +1,5 @@
 // Package opsevents publishes the sidecar's operational events (pulse.endpoint.disabled,
-// pulse.endpoint.enabled, pulse.delivery.failed) through the sidecar's own machinery: each is an ordinary
+// pulse.endpoint.enabled, pulse.delivery.failed, pulse.backlog.high) through the sidecar's own machinery: each is an ordinary
 // event stored with the store's Publish and fanned out by the dispatcher, so any consumer group can subscribe
 // to it with its usual URL, secret, retries, filter and ordering (docs/operations.md).
 //

@@ -160,6 +160,14 @@ func (e *Emitter) flush(k slotKey) {
 	s.last, s.held, s.count, s.flushAt = e.now(), nil, 0, false
 }
 
+// publishNow publishes without coalescing: for events whose rate is bounded otherwise (pulse.backlog.high
+// changes state at most once per check).
+func (e *Emitter) publishNow(topic, group string, data map[string]any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.publishLocked(topic, group, data)
+}
+
 // publishLocked stores the event on a goroutine of its own; e.mu is held.
 func (e *Emitter) publishLocked(topic, group string, data map[string]any) {
 	body, err := json.Marshal(data)

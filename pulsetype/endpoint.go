@@ -117,6 +117,10 @@ type Endpoint struct {
 	// attempt started, and a delivery whose next attempt would be ends error/retry_window_exceeded
 	// (RetryPolicy.Decide). 0 has no window and is left out of reads; else 1s to MaxRetryDurationLimit.
 	MaxRetryDuration Duration
+	// BacklogAlertAfter publishes pulse.backlog.high once the group's oldest pending delivery is older than
+	// this, and again (high false) when it is no longer; 0 never does and is left out of reads; else 1s to
+	// MaxRetryDurationLimit.
+	BacklogAlertAfter Duration
 	// DisableAfter disables the endpoint (reason failing) once its attempts have all failed for this long;
 	// 0 never does and is left out of reads.
 	DisableAfter Duration
@@ -232,6 +236,9 @@ func (e *Endpoint) Normalize() error {
 	}
 	if d := time.Duration(e.MaxRetryDuration); d != 0 && (d < time.Second || d > MaxRetryDurationLimit) {
 		return &FieldError{"maxRetryDuration", fmt.Sprintf("must be 0 (no window) or between 1s and %s", MaxRetryDurationLimit)}
+	}
+	if d := time.Duration(e.BacklogAlertAfter); d != 0 && (d < time.Second || d > MaxRetryDurationLimit) {
+		return &FieldError{"backlogAlertAfter", fmt.Sprintf("must be 0 (never) or between 1s and %s", MaxRetryDurationLimit)}
 	}
 	if d := time.Duration(e.DisableAfter); d != 0 && (d < time.Second || d > MaxDisableAfter) {
 		return &FieldError{"disableAfter", fmt.Sprintf("must be 0 (never) or between 1s and %s", MaxDisableAfter)}

@@ -147,6 +147,7 @@ func TestEndpointNormalizeRejects(t *testing.T) {
 		{"maxRetryDuration above 30 days", func(e *pulsetype.Endpoint) {
 			e.MaxRetryDuration = pulsetype.Duration(pulsetype.MaxRetryDurationLimit + time.Second)
 		}, "maxRetryDuration"},
+		{"backlogAlertAfter below 1s", func(e *pulsetype.Endpoint) { e.BacklogAlertAfter = pulsetype.Duration(time.Millisecond) }, "backlogAlertAfter"},
 		{"maxRetryDuration negative", func(e *pulsetype.Endpoint) { e.MaxRetryDuration = pulsetype.Duration(-time.Hour) }, "maxRetryDuration"},
 		{"maxConcurrency zero", func(e *pulsetype.Endpoint) { e.MaxConcurrency = intPtr(0) }, "maxConcurrency"},
 		{"header name with a colon", func(e *pulsetype.Endpoint) { e.Headers = map[string]string{"X-A:": "v"} }, "headers"},

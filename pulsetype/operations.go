@@ -14,8 +14,8 @@ const (
 	TopicEndpointEnabled = "pulse.endpoint.enabled"
 	// TopicDeliveryFailed: a delivery ended in error (retries used up, a terminal status, the retry window).
 	TopicDeliveryFailed = "pulse.delivery.failed"
-	// TopicBacklogHigh is reserved for a group's oldest pending delivery passing a threshold; this version
-	// does not publish it.
+	// TopicBacklogHigh: a group's oldest pending delivery passed its endpoint's backlogAlertAfter (high
+	// true), or no longer does (high false).
 	TopicBacklogHigh = "pulse.backlog.high"
 	// SubjectGroupHeader is the header of an operational event that names the consumer group it is about:
 	// that group never receives the event (see WantsInput), so a disabled endpoint cannot receive its own
