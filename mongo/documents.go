@@ -289,6 +289,9 @@ func (d *subscriptionDoc) wants(in *pulsetype.EventInput, filters *pulsetype.Fil
 }
 
 func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *attemptDoc {
+	if !ref.DueBy.IsZero() && nextAt.After(ref.DueBy) {
+		nextAt = ref.DueBy // within the retry window, whatever the write took since the decision
+	}
 	return &attemptDoc{
 		ID: uuid.Must(uuid.NewV7()).String(), DeliveryID: ref.DeliveryID, EventID: ref.EventID, ConsumerGroup: ref.ConsumerGroup,
 		Topic: ref.Topic, Incarnation: ref.Incarnation, Attempt: n, Status: pulsetype.StatusPending, CreatedAt: now, NextAttemptAt: nextAt,

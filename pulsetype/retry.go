@@ -3,8 +3,9 @@ package pulsetype
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
 )
 
 // RetryPolicy decides whether a failed attempt gets a successor and when. Defaults and the delay formula
@@ -39,40 +40,43 @@ func (p RetryPolicy) Next(number int, code ErrorCode, terminal bool, retryAfter 
 	return true, min(max(p.Backoff(number), retryAfter), p.MaxDelay)
 }
 
-// Backoff returns the delay after failed attempt number (1-based), before Retry-After counts:
-// Delay × Multiplier^(number−1), capped by MaxDelay, varied by ±Jitter uniformly and capped by MaxDelay
-// again. Delay and MaxDelay below a millisecond count as a millisecond, a Multiplier below 1 (or NaN) as 1.
-// It is computed in closed form in floating point and clamped before it becomes a Duration, so no
-// multiplier, count or delay overflows it (an infinite product is MaxDelay) and its cost does not grow with
-// number. It is safe for concurrent use.
-func (p RetryPolicy) Backoff(number int) time.Duration {
-	initial := float64(max(p.Delay, time.Millisecond))
-	ceiling := float64(max(p.MaxDelay, time.Millisecond))
-	m := p.Multiplier
-	if !(m >= 1) { // NaN too
-		m = 1
-	}
-	base := ceiling
-	if n := max(number, 1) - 1; n == 0 || m == 1 {
-		base = min(initial, ceiling)
-	} else if growth := math.Pow(m, float64(n)); !math.IsInf(growth, 1) && growth < ceiling/initial {
-		base = initial * growth
-	}
-	jittered := base * (1 - Jitter + 2*Jitter*rand.Float64())
-	return clampDuration(min(jittered, ceiling))
-}
+// MaxBackoff bounds the delays and caps Backoff computes with (30 days, above the 7 days maxRetryDelay may
+// be): within it the exponential backoff's arithmetic, jitter included, stays far from overflowing a Duration.
+const MaxBackoff = 30 * 24 * time.Hour
 
-// clampDuration converts f nanoseconds to a Duration, clamped to [0, math.MaxInt64]: float64(MaxInt64)
-// rounds up to 2⁶³, which does not convert.
-func clampDuration(f float64) time.Duration {
+// Backoff returns the delay after failed attempt number (1-based), before Retry-After counts: the exponential
+// backoff of cenkalti/backoff (Delay × Multiplier^(number−1), capped by MaxDelay, varied by ±Jitter), capped
+// by MaxDelay again. Delay and MaxDelay count as at least a millisecond and at most MaxBackoff, a Multiplier
+// below 1 (or NaN) as 1, an infinite one as the largest float64, so no multiplier, count or delay overflows
+// it; the backoff is stepped only until it reaches its cap, so its cost does not grow with number beyond
+// that. It is safe for concurrent use.
+func (p RetryPolicy) Backoff(number int) time.Duration {
+	initial := min(max(p.Delay, time.Millisecond), MaxBackoff)
+	ceiling := min(max(p.MaxDelay, time.Millisecond), MaxBackoff)
+	m := p.Multiplier
 	switch {
-	case !(f > 0):
-		return 0
-	case f >= math.MaxInt64:
-		return math.MaxInt64
-	default:
-		return time.Duration(f)
+	case !(m >= 1): // NaN too
+		m = 1
+	case math.IsInf(m, 1):
+		m = math.MaxFloat64
 	}
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(initial),
+		backoff.WithMultiplier(m),
+		backoff.WithMaxInterval(ceiling),
+		backoff.WithRandomizationFactor(Jitter),
+		backoff.WithMaxElapsedTime(0),
+	)
+	// After steps the interval is at its cap and stays there: at most log_m(ceiling/initial) + 1 of them.
+	steps := 1
+	if m > 1 && ceiling > initial {
+		steps = int(min(math.Ceil(math.Log(float64(ceiling)/float64(initial))/math.Log(m)), 64)) + 1
+	}
+	var delay time.Duration
+	for range min(max(number, 1), steps) {
+		delay = b.NextBackOff()
+	}
+	return min(delay, ceiling)
 }
 
 // Decide returns what follows attempt number (1-based; Attempt.Counted, so that attempts that disabled their
@@ -106,6 +110,9 @@ func (p RetryPolicy) Decide(number int, res AttemptResult, elapsed time.Duration
 		return NextStep{EndStatus: StatusError, EndError: &ErrorInfo{Code: CodeRetryWindow, Message: fmt.Sprintf(
 			"%s after the first attempt, a retry in %s would pass maxRetryDuration %s (%s)",
 			elapsed.Round(time.Millisecond), next.Delay.Round(time.Millisecond), p.MaxDuration, last)}}
+	}
+	if next.Retry && p.MaxDuration > 0 {
+		next.Window = p.MaxDuration // the store caps the successor's due time at the window's end (DeliveryRef.DueBy)
 	}
 	return next
 }

@@ -42,10 +42,14 @@ func (e *Endpoint) Active() bool { return e.State == "" || e.State == EndpointAc
 func (a *Attempt) Counted() int { return a.Number - a.Uncounted }
 
 // NextRef returns the reference that attempt a's successor is created with when next (a retry) follows it:
-// a's, with Uncounted one more when next.Uncounted, and FirstAttemptAt a's FirstStart (the retry window goes on).
+// a's, with Uncounted one more when next.Uncounted, FirstAttemptAt a's FirstStart (the retry window goes on),
+// and DueBy the end of that window when next has one.
 func NextRef(a *Attempt, next NextStep) DeliveryRef {
 	ref := a.Ref()
 	ref.FirstAttemptAt = a.FirstStart()
+	if next.Window > 0 {
+		ref.DueBy = ref.FirstAttemptAt.Add(next.Window)
+	}
 	if next.Uncounted {
 		ref.Uncounted++
 	}

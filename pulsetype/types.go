@@ -124,6 +124,10 @@ type DeliveryRef struct {
 	// FirstAttemptAt is what the next attempt carries as Attempt.FirstAttemptAt (zero: none, the attempt
 	// starts the delivery's retry window).
 	FirstAttemptAt time.Time
+	// DueBy, when set, is the latest time the next attempt may be due: the end of the retry window
+	// (FirstAttemptAt + maxRetryDuration). The store caps the attempt's nextAttemptAt at it, so that the time
+	// between the decision and the write cannot carry the attempt past the window. Not stored.
+	DueBy time.Time
 }
 
 // Ref returns the delivery's reference.
@@ -285,6 +289,9 @@ type NextStep struct {
 	// Uncounted is set when the ended attempt does not count against maxRetries (CodeEndpointGone): attempt
 	// Number+1 carries Attempt.Uncounted+1.
 	Uncounted bool
+	// Window is the retry window the successor must be due within, counted from the delivery's first
+	// attempt (RetryPolicy.MaxDuration); 0: none.
+	Window    time.Duration
 	EndStatus Status     // when !Retry: StatusSuccess, StatusError, or StatusCancelled (an attempt ended by a cancel)
 	EndError  *ErrorInfo // when !Retry and EndStatus is StatusError or StatusCancelled
 }
