@@ -230,7 +230,7 @@ func ping(ctx context.Context, addr string) error {
 		return err
 	}
 
-	reply, err := readMessage(conn)
+	reply, err := ReadMessage(conn)
 	if err != nil {
 		return err
 	}

@@ -188,7 +188,7 @@ var errClientGone = errors.New("client closed the connection while its request w
 // the queue behind it longer.
 func (p *Proxy) relay(client, upstream net.Conn) error {
 	for {
-		req, err := readMessage(client)
+		req, err := ReadMessage(client)
 		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) { // a client that left: nothing to report
 			return nil
 		}
@@ -274,10 +274,10 @@ func (p *Proxy) database(name string) *database {
 	return db
 }
 
-// readMessage reads one whole wire-protocol message, header included. It returns io.EOF if r is
+// ReadMessage reads one whole wire-protocol message, header included. It returns io.EOF if r is
 // closed before the first byte and an error for a length below the header size or above
 // MaxMessageSize.
-func readMessage(r io.Reader) ([]byte, error) {
+func ReadMessage(r io.Reader) ([]byte, error) {
 	var prefix [4]byte
 	if _, err := io.ReadFull(r, prefix[:]); err != nil {
 		return nil, err

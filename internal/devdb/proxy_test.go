@@ -76,7 +76,7 @@ func listenUpstream(t *testing.T, serve func(net.Conn)) net.Listener {
 func (u *fakeUpstream) serve(c net.Conn) {
 	defer c.Close()
 	for {
-		msg, err := readMessage(c)
+		msg, err := ReadMessage(c)
 		if err != nil {
 			return
 		}
@@ -155,7 +155,7 @@ func TestProxyMoreToComeGetsNoReply(t *testing.T) {
 	if _, err := c.Write(want); err != nil {
 		t.Fatal(err)
 	}
-	got, err := readMessage(c)
+	got, err := ReadMessage(c)
 	if err != nil {
 		t.Fatalf("read reply: %v", err)
 	}
@@ -199,7 +199,7 @@ func TestProxySerializesEachDatabase(t *testing.T) {
 					t.Errorf("conn %d write: %v", i, err)
 					return
 				}
-				if _, err := readMessage(c); err != nil {
+				if _, err := ReadMessage(c); err != nil {
 					t.Errorf("conn %d read: %v", i, err)
 					return
 				}
@@ -235,11 +235,11 @@ func TestProxyDatabasesAreIndependent(t *testing.T) {
 	if _, err := fast.Write(opMsgFor(t, "fast", 0)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readMessage(fast); err != nil {
+	if _, err := ReadMessage(fast); err != nil {
 		t.Fatalf("fast database blocked behind slow one: %v", err)
 	}
 	close(up.gate)
-	if _, err := readMessage(slow); err != nil {
+	if _, err := ReadMessage(slow); err != nil {
 		t.Fatalf("slow reply: %v", err)
 	}
 }
@@ -252,7 +252,7 @@ func TestProxyCloseClosesConnections(t *testing.T) {
 	if _, err := c.Write(opMsgFor(t, "a", 0)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readMessage(c); err != nil {
+	if _, err := ReadMessage(c); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Close(); err != nil {
@@ -296,7 +296,7 @@ func TestProxyDropsRequestsOfClientsThatLeft(t *testing.T) {
 	testwait.Eventually(t, 10*time.Second, "the second client's connections to be tracked", func() bool { return conns() == 4 })
 	_ = leaver.Close()
 	close(up.gate)
-	if _, err := readMessage(holder); err != nil {
+	if _, err := ReadMessage(holder); err != nil {
 		t.Fatalf("first reply: %v", err)
 	}
 	testwait.Eventually(t, 10*time.Second, "the proxy to drop the second client's connection", func() bool { return conns() == 2 })

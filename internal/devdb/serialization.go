@@ -446,7 +446,7 @@ func exchange(upstream net.Conn, req []byte) ([]byte, error) {
 	if _, err := upstream.Write(req); err != nil {
 		return nil, fmt.Errorf("write request: %w", err)
 	}
-	reply, err := readMessage(upstream)
+	reply, err := ReadMessage(upstream)
 	if err != nil {
 		return nil, fmt.Errorf("read reply: %w", err)
 	}

@@ -38,7 +38,7 @@ func newCommandUpstream(t *testing.T, pairFinds bool) *commandUpstream {
 func (u *commandUpstream) serve(c net.Conn) {
 	defer c.Close()
 	for {
-		req, err := readMessage(c)
+		req, err := ReadMessage(c)
 		if err != nil {
 			return
 		}
@@ -127,7 +127,7 @@ func runCommand(t *testing.T, c net.Conn, body bson.D, seq string, docs ...bson.
 	if _, err := c.Write(msg); err != nil {
 		t.Fatal(err)
 	}
-	reply, err := readMessage(c)
+	reply, err := ReadMessage(c)
 	if err != nil {
 		t.Fatalf("read reply: %v", err)
 	}

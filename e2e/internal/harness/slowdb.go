@@ -2,8 +2,6 @@ package harness
 
 import (
 	"encoding/binary"
-	"errors"
-	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -12,6 +10,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/pulse-sidecar/pulse/internal/devdb"
 )
 
 // SlowDB is a TCP proxy for the MongoDB wire protocol in front of the test database that holds writes back,
@@ -127,7 +127,7 @@ func (db *SlowDB) close() {
 // passed since it arrived and every write that arrived before it was forwarded.
 func (db *SlowDB) relay(client, upstream net.Conn) {
 	for {
-		req, err := readWireMessage(client)
+		req, err := devdb.ReadMessage(client)
 		if err != nil {
 			return
 		}
@@ -161,28 +161,12 @@ func (db *SlowDB) exchange(client, upstream net.Conn, req []byte, moreToCome boo
 	if moreToCome {
 		return nil
 	}
-	reply, err := readWireMessage(upstream)
+	reply, err := devdb.ReadMessage(upstream)
 	if err != nil {
 		return err
 	}
 	_, err = client.Write(reply)
 	return err
-}
-
-// readWireMessage reads one whole wire-protocol message (its header says its length).
-func readWireMessage(r io.Reader) ([]byte, error) {
-	var prefix [4]byte
-	if _, err := io.ReadFull(r, prefix[:]); err != nil {
-		return nil, err
-	}
-	n := int(int32(binary.LittleEndian.Uint32(prefix[:])))
-	if n < 16 || n > 48<<20 {
-		return nil, errors.New("slowdb: bad message length")
-	}
-	msg := make([]byte, n)
-	copy(msg, prefix[:])
-	_, err := io.ReadFull(r, msg[4:])
-	return msg, err
 }
 
 // writeCommands are the commands SlowDB holds back.
