@@ -34,10 +34,21 @@ func deliveryOf(d *pulsetype.Delivery) delivery {
 		CreatedAt: Timestamp(d.CreatedAt), UpdatedAt: Timestamp(d.UpdatedAt), EndedAt: timestampPtr(d.EndedAt)}
 }
 
-// deliveryBody is the answer of GET /v1/deliveries/{id}: the delivery, then "attempts" in attempt order.
+// deliveryBody is the answer of GET /v1/deliveries/{id}: the delivery, then "attempts" in attempt order,
+// then, while it is pending, "pendingReason" (see pendingReason).
 type deliveryBody struct {
 	delivery
-	Attempts []attempt `json:"attempts"`
+	Attempts      []attempt      `json:"attempts"`
+	PendingReason *pendingReason `json:"pendingReason,omitempty"`
+}
+
+// pendingReason is why a pending delivery waits (pulsetype.PendingReason): {"code", "message", "at"
+// (the time the message names, when it names one), "headDeliveryId" (for behind_head)}.
+type pendingReason struct {
+	Code    pulsetype.PendingCode `json:"code"`
+	Message string                `json:"message"`
+	At      *Timestamp            `json:"at,omitempty"`
+	Head    string                `json:"headDeliveryId,omitempty"`
 }
 
 // attempt is one attempt of a delivery; lockState is set on a pending one (pulsetype.LeaseState).

@@ -356,5 +356,14 @@ func (s *Server) getDelivery(w http.ResponseWriter, r *http.Request) {
 	if !s.deliveryFound(w, r, id, err) {
 		return
 	}
-	writeJSON(w, http.StatusOK, deliveryBody{delivery: deliveryOf(d), Attempts: each(attempts, attemptOf)})
+	body := deliveryBody{delivery: deliveryOf(d), Attempts: each(attempts, attemptOf)}
+	if d.Status == pulsetype.StatusPending {
+		reason, err := s.pendingReason(r.Context(), d, attempts)
+		if err != nil {
+			s.internalError(w, r, err)
+			return
+		}
+		body.PendingReason = reason
+	}
+	writeJSON(w, http.StatusOK, body)
 }

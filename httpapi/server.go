@@ -40,6 +40,8 @@ type Store interface {
 	RotateSecret(ctx context.Context, group, secret string, overlap time.Duration) (*pulsetype.Endpoint, error)
 	SetEndpointState(ctx context.Context, group string, state pulsetype.EndpointState) (*pulsetype.Endpoint, error)
 	Stats(ctx context.Context, groups []string) ([]*pulsetype.GroupStats, error)
+	Activity(ctx context.Context, group string) (*pulsetype.GroupActivity, error)
+	LineHead(ctx context.Context, line pulsetype.Line) (string, error)
 }
 
 // Notifier is told what this process stored, so its dispatcher acts at once; *dispatcher.Dispatcher
@@ -133,6 +135,7 @@ func (s *Server) routes() chi.Router {
 		r.Post("/endpoints/{consumerGroup}/pause", s.pauseEndpoint)
 		r.Post("/endpoints/{consumerGroup}/resume", s.resumeEndpoint)
 		r.Get("/stats", s.stats)
+		r.Get("/endpoints/{consumerGroup}/activity", s.activity)
 		r.Get("/endpoints", s.listEndpoints)
 		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)
 		r.Get("/endpoints/{consumerGroup}", s.getEndpoint)

@@ -466,6 +466,8 @@ func hotPathWorkload(t *testing.T, b *bundle, s *Store) {
 	}
 	_, err = s.Stats(ctx, []string{"g", "o"})
 	must("Stats", err)
+	_, err = s.Activity(ctx, "g")
+	must("Activity", err)
 	_, err = s.PendingByGroup(ctx)
 	must("PendingByGroup", err)
 	waiting, _, err := s.ListDeliveries(ctx, pulsetype.DeliveryFilter{ConsumerGroup: "g", Status: pulsetype.StatusPending, Limit: 10})

@@ -129,6 +129,27 @@ const lineScan = 8
 // lineScan queue documents. It removes the queue documents it finds of ended deliveries whose attempts have
 // ended (normally removed by the writer that ended them).
 func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, []string, error) {
+	head, q, ended, err := s.readLineHead(ctx, line)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return head, q, ended, s.unqueueEnded(ctx, ended)
+}
+
+// LineHead returns the id of the line's oldest pending delivery, the one its ordered consumer group POSTs
+// next (docs/delivery.md, "Ordered lines"), or "" when the line's first lineScan queue documents hold none.
+// It only reads: one query of pulse_queue_line and one read of those documents' deliveries by id. The
+// inspection API tells with it a delivery behind the head of its line.
+func (s *Store) LineHead(ctx context.Context, line pulsetype.Line) (string, error) {
+	head, _, _, err := s.readLineHead(ctx, line)
+	if head == nil || err != nil {
+		return "", err
+	}
+	return head.ID, nil
+}
+
+// readLineHead is lineHead without its removals.
+func (s *Store) readLineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, []string, error) {
 	queued, err := findAll[queueDoc](ctx, s.queue, "find head of line", lineFilter(line),
 		options.Find().SetSort(lineOrder).SetLimit(lineScan))
 	if err != nil || len(queued) == 0 {
@@ -156,12 +177,12 @@ func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc
 		case !ok:
 			return nil, nil, nil, nil // its fan-out is under way (queued before written): wait for it
 		case d.Status == pulsetype.StatusPending:
-			return d, q, ended, s.unqueueEnded(ctx, ended) // every document before it is of an ended delivery
+			return d, q, ended, nil // every document before it is of an ended delivery
 		default:
 			ended = append(ended, q.ID)
 		}
 	}
-	return nil, nil, nil, s.unqueueEnded(ctx, ended)
+	return nil, nil, ended, nil
 }
 
 // unqueueEnded removes the queue documents ids (of deliveries that ended) whose attempts are not pending: one

@@ -37,13 +37,14 @@ var scatterPlan = map[string]string{
 	"events find eq=topic range=_id not=staged sort=_id":          "backfill walk by topic from a cursor (_id range on a hashed key)",
 	"events find eq=fanout range= not= sort=fanout,createdAt,_id": "the one-time queue migration: events marked for fan-out",
 	// The API's reads across groups, and GET /v1/stats's attempt figures (history is keyed by delivery).
-	"deliveries find eq= range= not= sort=createdAt,_id":                                        "GET /v1/deliveries newest first, every group",
-	"deliveries find eq=status range= not= sort=createdAt,_id":                                  "GET /v1/deliveries?status=",
-	"deliveries find eq=topic range= not= sort=createdAt,_id":                                   "GET /v1/deliveries?topic=",
-	"deliveries find eq=eventId range= not= sort=consumerGroup":                                 "GET /v1/events/{id}: the deliveries of one event, one per group",
-	"history aggregate eq=consumerGroup,status range=endedAt not= sort=":                        "GET /v1/stats: a group's attempts ended in the window",
-	"history aggregate eq=consumerGroup,status range=endedAt not=error.code sort=":              "GET /v1/stats: the same, by error code",
-	"history find eq=consumerGroup,status range=endedAt not=durationMs,error.code sort=endedAt": "GET /v1/stats: latencies of the window",
+	"deliveries find eq= range= not= sort=createdAt,_id":                                                   "GET /v1/deliveries newest first, every group",
+	"deliveries find eq=status range= not= sort=createdAt,_id":                                             "GET /v1/deliveries?status=",
+	"deliveries find eq=topic range= not= sort=createdAt,_id":                                              "GET /v1/deliveries?topic=",
+	"deliveries find eq=eventId range= not= sort=consumerGroup":                                            "GET /v1/events/{id}: the deliveries of one event, one per group",
+	"history aggregate eq=consumerGroup,status range=endedAt not= sort=":                                   "GET /v1/stats: a group's attempts ended in the window",
+	"history aggregate eq=consumerGroup,status range=endedAt not=error.code sort=":                         "GET /v1/stats: the same, by error code",
+	"history find eq=consumerGroup,status range=endedAt,httpStatus not=durationMs,error.code sort=endedAt": "GET /v1/stats: latencies of the window",
+	"history find eq=consumerGroup,status range=endedAt not= sort=endedAt":                                 "GET /v1/endpoints/{group}/activity: the hour's attempts",
 }
 
 // knownBeforeIssue26 are the query shapes that break a per-command rule on MongoDB 6.0 and 7.0 today and that

@@ -2,12 +2,10 @@ package mongo
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -56,26 +54,16 @@ var endedCodes = bson.A{pulsetype.CodeEventExpired, pulsetype.CodeEndpointDelete
 //   - pending count and oldest pending delivery: pulse_deliveries_group_status_created (a count of index
 //     keys, and one key);
 //   - attempts ended after since by status, and the durations of the latest pulsetype.LatencySampleSize of
-//     them: pulse_history_group_status_ended.
+//     those answered with an HTTP status: pulse_history_group_status_ended.
 func (s *Store) groupStats(ctx context.Context, group string, now, since time.Time) (*pulsetype.GroupStats, error) {
 	out := &pulsetype.GroupStats{ConsumerGroup: group}
-	pending := bson.M{"consumerGroup": group, "status": pulsetype.StatusPending}
-	n, err := s.deliveries.CountDocuments(ctx, pending, options.Count().SetHint("pulse_deliveries_group_status_created"))
+	n, oldest, err := s.pendingOf(ctx, group)
 	if err != nil {
-		return nil, wrap("count pending deliveries", err)
+		return nil, err
 	}
 	out.Pending = n
-	if n > 0 {
-		var oldest deliveryDoc
-		err := s.deliveries.FindOne(ctx, pending, options.FindOne().SetSort(bson.D{{Key: "createdAt", Value: 1}, {Key: "_id", Value: 1}}).
-			SetProjection(bson.M{"createdAt": 1}).SetHint("pulse_deliveries_group_status_created")).Decode(&oldest)
-		switch {
-		case errors.Is(err, mongo.ErrNoDocuments): // ended meanwhile
-		case err != nil:
-			return nil, wrap("find the oldest pending delivery", err)
-		default:
-			setOldest(out, oldest.CreatedAt, now)
-		}
+	if oldest != nil {
+		setOldest(out, *oldest, now)
 	}
 
 	ended := func(status pulsetype.Status) bson.M {
@@ -90,10 +78,11 @@ func (s *Store) groupStats(ctx context.Context, group string, now, since time.Ti
 	if out.Failed1h, err = s.history.CountDocuments(ctx, failed, options.Count().SetHint("pulse_history_group_status_ended")); err != nil {
 		return nil, wrap("count failed attempts", err)
 	}
-	// Reaped attempts (worker_lost) have no durationMs: their POST's duration is unknown.
+	// The sample is of answered POSTs (an HTTP status): a refused connection or a reaped attempt (worker_lost,
+	// no durationMs) says nothing of the receiver's latency.
 	sample, err := findAll[endedAttempt](ctx, s.history, "find attempt durations",
 		bson.M{"consumerGroup": group, "status": bson.M{"$in": bson.A{pulsetype.StatusSuccess, pulsetype.StatusError}},
-			"endedAt": bson.M{"$gt": since}, "error.code": bson.M{"$nin": endedCodes}, "durationMs": bson.M{"$exists": true}},
+			"endedAt": bson.M{"$gt": since}, "error.code": bson.M{"$nin": endedCodes}, "httpStatus": bson.M{"$gt": 0}, "durationMs": bson.M{"$exists": true}},
 		options.Find().SetSort(bson.D{{Key: "endedAt", Value: -1}}).SetLimit(pulsetype.LatencySampleSize).
 			SetProjection(bson.M{"durationMs": 1, "endedAt": 1}).SetHint("pulse_history_group_status_ended"))
 	if err != nil {
@@ -109,6 +98,7 @@ type endedAttempt struct {
 	Status        pulsetype.Status     `bson:"status"`
 	Error         *pulsetype.ErrorInfo `bson:"error"`
 	DurationMs    *int64               `bson:"durationMs"`
+	HTTPStatus    int                  `bson:"httpStatus"`
 	EndedAt       time.Time            `bson:"endedAt"`
 }
 
@@ -135,7 +125,7 @@ func (s *Store) statsByScan(ctx context.Context, groups []string, now, since tim
 		}
 	}
 	ended, err := findAll[endedAttempt](ctx, s.history, "scan ended attempts", bson.M{"endedAt": bson.M{"$gt": since}},
-		options.Find().SetProjection(bson.M{"consumerGroup": 1, "status": 1, "error": 1, "durationMs": 1, "endedAt": 1}))
+		options.Find().SetProjection(bson.M{"consumerGroup": 1, "status": 1, "error": 1, "durationMs": 1, "httpStatus": 1, "endedAt": 1}))
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +143,7 @@ func (s *Store) statsByScan(ctx context.Context, groups []string, now, since tim
 		default:
 			continue
 		}
-		if a.DurationMs != nil {
+		if a.DurationMs != nil && a.HTTPStatus > 0 {
 			samples[a.ConsumerGroup] = append(samples[a.ConsumerGroup], a)
 		}
 	}

@@ -47,9 +47,11 @@ func testGroupStatsCountsTheLastHour(t *testing.T, e *env) {
 	s := b.store(nil, nil)
 	b.putEndpoint(s, "billing", "t")
 	b.putEndpoint(s, "mailer", "u")
+	b.putEndpoint(s, "refused", "r")
 	t0 := b.clock.Now()
 	first := b.fanOutN(s, 6, "t")
 	b.fanOutN(s, 2, "u")
+	refusedAttempts := b.fanOutN(s, 2, "r")
 	leased, err := s.ClaimAttempts(b.ctx, "w", first)
 	if err != nil || len(leased) != 6 {
 		t.Fatalf("ClaimAttempts = %d attempts, %v; want 6", len(leased), err)
@@ -58,8 +60,11 @@ func testGroupStatsCountsTheLastHour(t *testing.T, e *env) {
 		t.Helper()
 		res := pulsetype.AttemptResult{Status: status, Duration: time.Duration(ms) * time.Millisecond, Error: e, Terminal: e != nil}
 		next := pulsetype.NextStep{EndStatus: status, EndError: e}
-		if status == pulsetype.StatusSuccess {
+		switch {
+		case status == pulsetype.StatusSuccess:
 			res.HTTPStatus = 200
+		case e.Message == "HTTP 500":
+			res.HTTPStatus = 500
 		}
 		cs := []pulsetype.Completion{{Attempt: a, Result: res, Next: next}}
 		if _, err := s.FinishAttempts(b.ctx, cs); err != nil {
@@ -75,10 +80,21 @@ func testGroupStatsCountsTheLastHour(t *testing.T, e *env) {
 	finish(leased[2], pulsetype.StatusSuccess, 20, nil)
 	finish(leased[3], pulsetype.StatusError, 50, &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "HTTP 500"})
 	finish(leased[4], pulsetype.StatusError, 0, &pulsetype.ErrorInfo{Code: pulsetype.CodeEventExpired, Message: "gone"})
+	refused, err := s.ClaimAttempts(b.ctx, "w", refusedAttempts)
+	if err != nil || len(refused) != 2 {
+		t.Fatalf("ClaimAttempts = %d attempts, %v; want 2", len(refused), err)
+	}
+	for _, a := range refused { // connection refused: a POST of 0 ms without an HTTP status
+		finish(a, pulsetype.StatusError, 0, &pulsetype.ErrorInfo{Code: pulsetype.CodeHandlerError, Message: "dial tcp 127.0.0.1:9: connect: connection refused"})
+	}
 	b.clock.Advance(time.Minute) // leased[5] stays pending
 
-	all := b.stats(s, "billing", "mailer", "nobody")
-	st, mailer, none := all[0], all[1], all[2]
+	all := b.stats(s, "billing", "mailer", "nobody", "refused")
+	st, mailer, none, ref := all[0], all[1], all[2], all[3]
+	// Every attempt of refused was refused: two failures, and no latency (no "p50 0 ms").
+	if ref.Failed1h != 2 || ref.LatencyP50Ms != nil || ref.LatencySample != 0 {
+		t.Errorf("refused: failed %d, p50 %v over %d; want 2 failures and no latency", ref.Failed1h, ref.LatencyP50Ms, ref.LatencySample)
+	}
 	if st.Pending != 1 || st.Succeeded1h != 2 || st.Failed1h != 1 {
 		t.Errorf("billing: pending %d, succeeded %d, failed %d; want 1, 2, 1", st.Pending, st.Succeeded1h, st.Failed1h)
 	}

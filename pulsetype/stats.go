@@ -23,8 +23,9 @@ type GroupStats struct {
 	// event_expired, endpoint_deleted, unsubscribed, cancelled).
 	Succeeded1h int64
 	Failed1h    int64
-	// LatencyP50Ms is the median duration in milliseconds of the window's most recent POSTs (up to
-	// LatencySampleSize attempts, success or error); nil when none ended in the window.
+	// LatencyP50Ms is the median duration in milliseconds of the window's most recent answered POSTs (up to
+	// LatencySampleSize attempts, success or error, that got an HTTP status); nil when none did, as for a
+	// group whose every attempt was refused or timed out: their durations say nothing of the receiver.
 	LatencyP50Ms *int64
 	// LatencySample is how many attempts LatencyP50Ms was taken over.
 	LatencySample int

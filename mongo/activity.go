@@ -1,0 +1,79 @@
+package mongo
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// Activity returns the consumer group's last hour minute by minute at the store's clock (GET
+// /v1/endpoints/{consumerGroup}/activity): the attempts ended in each of pulsetype.ActivityBuckets minutes,
+// counted as GroupStats counts them, and its pending deliveries now. The group need not be registered: one
+// without work reads zeros.
+//
+// Its cost is bounded by the hour, never by the history before it: one query of
+// pulse_history_group_status_ended for the group's attempts ended since the window's start (status success
+// or error, endedAt newest first, three fields each, at most pulsetype.ActivityScanLimit of them; more set
+// TruncatedBefore), a count of the group's pending index keys and one key for the oldest
+// (pulse_deliveries_group_status_created). Errors are the database's, wrapped.
+func (s *Store) Activity(ctx context.Context, group string) (*pulsetype.GroupActivity, error) {
+	now := s.now().UTC()
+	from := pulsetype.ActivityWindow(now)
+	out := &pulsetype.GroupActivity{ConsumerGroup: group, From: from, To: now,
+		Buckets: make([]pulsetype.ActivityCount, pulsetype.ActivityBuckets)}
+	ended, err := findAll[endedAttempt](ctx, s.history, "find the hour's attempts",
+		bson.M{"consumerGroup": group, "status": bson.M{"$in": bson.A{pulsetype.StatusSuccess, pulsetype.StatusError}},
+			"endedAt": bson.M{"$gte": from}},
+		options.Find().SetSort(bson.D{{Key: "endedAt", Value: -1}}).SetLimit(pulsetype.ActivityScanLimit).
+			SetProjection(bson.M{"status": 1, "endedAt": 1, "error.code": 1}).SetHint("pulse_history_group_status_ended"))
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range ended {
+		i := int(a.EndedAt.Sub(from) / pulsetype.ActivityBucket)
+		if i < 0 || i >= len(out.Buckets) || a.Error != nil && a.Error.Code.Ended() {
+			continue // ended after now by the database's clock: the next read counts it
+		}
+		switch a.Status {
+		case pulsetype.StatusSuccess:
+			out.Buckets[i].Succeeded++
+		case pulsetype.StatusError:
+			out.Buckets[i].Failed++
+		}
+	}
+	if len(ended) == pulsetype.ActivityScanLimit {
+		at := ended[len(ended)-1].EndedAt.UTC()
+		out.TruncatedBefore = &at
+	}
+	if out.Pending, out.OldestPendingAt, err = s.pendingOf(ctx, group); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// pendingOf counts the group's pending deliveries and returns the createdAt (UTC) of the oldest (nil when
+// none), with a count of index keys and one key of pulse_deliveries_group_status_created.
+func (s *Store) pendingOf(ctx context.Context, group string) (int64, *time.Time, error) {
+	pending := bson.M{"consumerGroup": group, "status": pulsetype.StatusPending}
+	n, err := s.deliveries.CountDocuments(ctx, pending, options.Count().SetHint("pulse_deliveries_group_status_created"))
+	if err != nil || n == 0 {
+		return 0, nil, wrap("count pending deliveries", err)
+	}
+	var oldest deliveryDoc
+	err = s.deliveries.FindOne(ctx, pending, options.FindOne().SetSort(bson.D{{Key: "createdAt", Value: 1}, {Key: "_id", Value: 1}}).
+		SetProjection(bson.M{"createdAt": 1}).SetHint("pulse_deliveries_group_status_created")).Decode(&oldest)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments): // ended meanwhile
+		return n, nil, nil
+	case err != nil:
+		return 0, nil, wrap("find the oldest pending delivery", err)
+	}
+	at := oldest.CreatedAt.UTC()
+	return n, &at, nil
+}
