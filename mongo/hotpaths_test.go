@@ -468,6 +468,8 @@ func hotPathWorkload(t *testing.T, b *bundle, s *Store) {
 	must("Stats", err)
 	_, err = s.Activity(ctx, "g")
 	must("Activity", err)
+	_, err = s.LineHead(ctx, pulsetype.Line{ConsumerGroup: "o", Topic: "t"})
+	must("LineHead", err)
 	_, err = s.PendingByGroup(ctx)
 	must("PendingByGroup", err)
 	waiting, _, err := s.ListDeliveries(ctx, pulsetype.DeliveryFilter{ConsumerGroup: "g", Status: pulsetype.StatusPending, Limit: 10})

@@ -68,6 +68,9 @@ var internalCases = []storetest.Case{
 	// stats_test.go
 	{Name: "GroupStatsCountsTheLastHour", Run: internal(testGroupStatsCountsTheLastHour)},
 	{Name: "ConsoleReadsWith10000Deliveries", Run: internal(testConsoleReadsWith10000Deliveries)},
+	// activity_test.go
+	{Name: "ActivityCountsMinutes", Run: internal(testActivityCountsMinutes)},
+	{Name: "LineHeadReadsOnly", Run: internal(testLineHeadReadsOnly)},
 	// lag_test.go
 	{Name: "OldestPendingFollowsTheBacklog", Run: internal(testOldestPendingFollowsTheBacklog)},
 	{Name: "SetBacklogHighFlipsOnce", Run: internal(testSetBacklogHighFlipsOnce)},
