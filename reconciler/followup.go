@@ -20,6 +20,10 @@ type Step struct {
 	Retry   bool          // attempt n+1 exists now
 	Delay   time.Duration // when Retry: the delay before attempt n+1
 	Created bool          // this call wrote the change (false: another replica had already done it)
+	// EndStatus and EndError are the delivery's end when Ended: success, or error with the attempt's error
+	// or retry_window_exceeded.
+	EndStatus pulsetype.Status
+	EndError  *pulsetype.ErrorInfo
 }
 
 // FollowUp moves a delivery on after its attempt a ended with res, as policy.Decide says, with one write.
@@ -36,5 +40,5 @@ func FollowUp(ctx context.Context, store FollowUpStore, a *pulsetype.Attempt, re
 	}
 	ended, err := store.EndDelivery(ctx, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: next.EndStatus,
 		FinalAttempt: a.Number, Error: next.EndError})
-	return Step{Ended: true, Created: ended}, err
+	return Step{Ended: true, Created: ended, EndStatus: next.EndStatus, EndError: next.EndError}, err
 }

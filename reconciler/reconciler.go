@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +33,16 @@ type Store interface {
 type Observer interface {
 	WorkerLost(group string)
 	Reconciled(kind string)
+}
+
+// FailureObserver is an Observer that is also told of each delivery the reconciler ended in error for a
+// reason of the receiver's (not an Ended code): a reaped attempt (worker_lost) with no retry left or past
+// its retry window, or an errored attempt whose delivery a crash left pending. It is told once, by the
+// replica whose write ended the delivery: attempt a ended with res, and end is the delivery's error. The
+// sidecar's observer publishes pulse.delivery.failed with it, as the dispatcher's does for the deliveries
+// it ends (dispatcher.FailureObserver).
+type FailureObserver interface {
+	DeliveryFailed(a *pulsetype.Attempt, res pulsetype.AttemptResult, end *pulsetype.ErrorInfo)
 }
 
 // Kinds of repairs, as reported to Observer.Reconciled and in logs.
@@ -90,13 +101,15 @@ func (r *Reconciler) Reap(ctx context.Context) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	step, err := FollowUp(ctx, r.store, a, pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: a.Error}, policy)
+	res := pulsetype.AttemptResult{Status: pulsetype.StatusError, Error: a.Error}
+	step, err := FollowUp(ctx, r.store, a, res, policy)
 	if err != nil {
 		return true, fmt.Errorf("follow up reaped attempt: %w", err)
 	}
 	if r.observer != nil {
 		r.observer.WorkerLost(a.ConsumerGroup)
 	}
+	r.failed(a, res, step)
 	r.log.Error().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).Str("delivery_id", a.DeliveryID).
 		Int("attempt", a.Number).Str("error_code", string(pulsetype.CodeWorkerLost)).Str("lease_owner", a.LeaseOwner).
 		Bool("retry", step.Retry).Msg("lease expired: attempt recorded as worker_lost")
@@ -227,7 +240,22 @@ func (r *Reconciler) repairOne(ctx context.Context, d *pulsetype.Delivery, attem
 		kind = KindUnfinishedError
 	}
 	r.report(kind, d, 1)
+	r.failed(last, res, step)
 	return true, nil
+}
+
+// failed tells the FailureObserver of a delivery that step ended in error, when this call's write ended it
+// and not for an Ended code.
+func (r *Reconciler) failed(a *pulsetype.Attempt, res pulsetype.AttemptResult, step Step) {
+	fo, ok := r.observer.(FailureObserver)
+	if !ok || !step.Ended || !step.Created || step.EndStatus != pulsetype.StatusError {
+		return
+	}
+	end := cmp.Or(step.EndError, res.Error)
+	if end == nil || end.Code.Ended() {
+		return
+	}
+	fo.DeliveryFailed(a, res, end)
 }
 
 func (r *Reconciler) report(kind string, d *pulsetype.Delivery, n int) {

@@ -18,11 +18,18 @@ import (
 	"github.com/pulse-sidecar/pulse/reconciler"
 )
 
-// counter is an Observer that counts repairs by kind.
+// counter is a FailureObserver that counts repairs by kind and records the failures it is told of.
 type counter struct {
 	mu     sync.Mutex
 	kinds  map[string]int
+	failed []*pulsetype.ErrorInfo
 	reaped atomic.Int64
+}
+
+func (c *counter) DeliveryFailed(_ *pulsetype.Attempt, _ pulsetype.AttemptResult, end *pulsetype.ErrorInfo) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failed = append(c.failed, end)
 }
 
 func (c *counter) WorkerLost(string) { c.reaped.Add(1) }
@@ -201,6 +208,15 @@ func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 			if total != 1 || !ok {
 				t.Fatalf("repairs reported %v, want exactly one %s", obs.kinds, tc.kind)
 			}
+			// The delivery a repair ended in error is reported failed once (pulse.delivery.failed), by the
+			// replica that ended it; no other repair reports a failure.
+			wantFailed := 0
+			if tc.kind == reconciler.KindUnfinishedError {
+				wantFailed = 1
+			}
+			if len(obs.failed) != wantFailed || wantFailed == 1 && obs.failed[0].Code != pulsetype.CodeHandlerError {
+				t.Fatalf("failures reported %v, want %d (handler_error)", obs.failed, wantFailed)
+			}
 		})
 	}
 }
@@ -240,5 +256,46 @@ func TestRacingReapersReapOnce(t *testing.T) {
 	}
 	if n := b.count(t, "history", bson.M{"attempt": 2}); n != 1 {
 		t.Fatalf("%d second attempts, want 1", n)
+	}
+	if len(obs.failed) != 0 {
+		t.Fatalf("failures reported %v, want none (attempt 2 follows)", obs.failed)
+	}
+}
+
+// A reaped attempt with no retry left ends its delivery in error (worker_lost): of 6 replicas racing on it,
+// the one whose write ended it reports the failure, once.
+func TestReapedLastAttemptReportsTheFailureOnce(t *testing.T) {
+	b := setup(t, 6)
+	ep := &pulsetype.Endpoint{ConsumerGroup: "g", URL: "http://127.0.0.1:1/", Topics: []string{"t"}, MaxRetries: new(int)}
+	if err := ep.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.stores[0].PutEndpoint(context.Background(), ep); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	deliveryID := pmongo.DeliveryID("g", "e1")
+	b.insert(t, "deliveries", bson.M{"_id": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "status": "pending", "createdAt": now, "updatedAt": now})
+	b.insert(t, "queue", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
+		"eventCreatedAt": now, "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockedUntil": now.Add(-time.Second)})
+	b.insert(t, "history", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
+		"status": "pending", "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockOwner": "dead", "lockedUntil": now.Add(-time.Second)})
+	obs := &counter{kinds: map[string]int{}}
+	var wg sync.WaitGroup
+	for _, s := range b.stores {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := reconciler.New(s, "r", time.Second, obs, zerolog.Nop()).Reap(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := b.count(t, "deliveries", bson.M{"_id": deliveryID, "status": "error", "error.code": pulsetype.CodeWorkerLost}); n != 1 {
+		t.Fatal("the delivery did not end error/worker_lost")
+	}
+	if len(obs.failed) != 1 || obs.failed[0].Code != pulsetype.CodeWorkerLost {
+		t.Fatalf("failures reported %v, want one worker_lost", obs.failed)
 	}
 }

@@ -286,7 +286,7 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	ops := opsevents.New(store, opsevents.Options{Logger: log})
 	r.defer1(ops.Wait) // before the database is disconnected
 	obs := observer{Metrics: m, ops: ops}
-	recon := reconciler.New(store, owner, cfg.LeaseTimeout, m, log)
+	recon := reconciler.New(store, owner, cfg.LeaseTimeout, obs, log) // obs: pulse.delivery.failed of the deliveries it ends
 	tp, err := tracing.NewProvider(startCtx, cfg.OTLPEndpoint)
 	if err != nil {
 		return fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT: %w", err)
@@ -383,8 +383,9 @@ var (
 	_ httpapi.Metrics     = (*metrics.Metrics)(nil)
 )
 
-// observer is the dispatcher's observer: the metrics, and the operational events of the endpoints it disables
-// and the deliveries it ends in error (dispatcher.FailureObserver).
+// observer is the dispatcher's and the reconciler's observer: the metrics, and the operational events of the
+// endpoints the dispatcher disables and of the deliveries either ends in error (dispatcher.FailureObserver,
+// reconciler.FailureObserver).
 type observer struct {
 	*metrics.Metrics
 	ops *opsevents.Emitter
