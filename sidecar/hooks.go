@@ -21,12 +21,17 @@ const (
 	// EnvTestCrashAfterPublish ("true") makes the process SIGKILL itself 200 ms after its first publish is
 	// durable, without fanning it out, for tests of a publisher that dies between commit and fan-out.
 	EnvTestCrashAfterPublish = "PULSE_TEST_CRASH_AFTER_PUBLISH"
+	// EnvTestBacklogInterval sets the period of the backlog check (pulse.backlog.high) to a duration (as in
+	// "200ms") instead of opsevents.DefaultBacklogInterval, so a test sees an alert raised and cleared within
+	// seconds.
+	EnvTestBacklogInterval = "PULSE_TEST_BACKLOG_INTERVAL"
 )
 
 // TestHooks bend a sidecar for a test; the zero value changes nothing.
 type TestHooks struct {
 	ClockSkew         time.Duration // shifts the local clock (EnvTestClockSkew)
 	CrashAfterPublish bool          // SIGKILL 200 ms after the first publish, before its fan-out (EnvTestCrashAfterPublish)
+	BacklogInterval   time.Duration // the backlog check's period; 0: opsevents.DefaultBacklogInterval (EnvTestBacklogInterval)
 }
 
 // ParseTestHooks parses the test hooks getenv sets, whatever the build; unset variables leave their hook
@@ -40,6 +45,13 @@ func ParseTestHooks(getenv func(string) string) (TestHooks, error) {
 			return h, fmt.Errorf("%s=%q is not a duration: %w", EnvTestClockSkew, v, err)
 		}
 		h.ClockSkew = d
+	}
+	if v := getenv(EnvTestBacklogInterval); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return h, fmt.Errorf("%s=%q is not a positive duration", EnvTestBacklogInterval, v)
+		}
+		h.BacklogInterval = d
 	}
 	if v := getenv(EnvTestCrashAfterPublish); v != "" {
 		b, err := strconv.ParseBool(v)

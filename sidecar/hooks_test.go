@@ -11,11 +11,14 @@ import (
 func TestTestHooksFromEnv(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		env   map[string]string
-		skew  time.Duration
-		crash bool
-		err   string
+		env     map[string]string
+		skew    time.Duration
+		crash   bool
+		backlog time.Duration
+		err     string
 	}{
+		{env: map[string]string{EnvTestBacklogInterval: "200ms"}, backlog: 200 * time.Millisecond},
+		{env: map[string]string{EnvTestBacklogInterval: "0s"}, err: `PULSE_TEST_BACKLOG_INTERVAL="0s" is not a positive duration`},
 		{env: map[string]string{}},
 		{env: map[string]string{EnvTestClockSkew: "5m"}, skew: 5 * time.Minute},
 		{env: map[string]string{EnvTestClockSkew: "-5m", EnvTestCrashAfterPublish: "true"}, skew: -5 * time.Minute, crash: true},
@@ -29,8 +32,9 @@ func TestTestHooksFromEnv(t *testing.T) {
 			t.Errorf("ParseTestHooks(%v) error = %v, want one containing %s", c.env, err, c.err)
 		case c.err == "" && err != nil:
 			t.Errorf("ParseTestHooks(%v) = %v", c.env, err)
-		case c.err == "" && (h.ClockSkew != c.skew || h.CrashAfterPublish != c.crash):
-			t.Errorf("ParseTestHooks(%v) = skew %v crash %v, want skew %v crash %v", c.env, h.ClockSkew, h.CrashAfterPublish, c.skew, c.crash)
+		case c.err == "" && (h.ClockSkew != c.skew || h.CrashAfterPublish != c.crash || h.BacklogInterval != c.backlog):
+			t.Errorf("ParseTestHooks(%v) = skew %v crash %v backlog %v, want skew %v crash %v backlog %v", c.env, h.ClockSkew, h.CrashAfterPublish,
+				h.BacklogInterval, c.skew, c.crash, c.backlog)
 		}
 	}
 }

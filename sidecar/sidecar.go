@@ -332,7 +332,7 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	// Started in this order, stopped in the reverse one (see the package's invariants).
 	services := []startstop.Service{keeper, lease.NewClockSync(clock, store.ServerTime, lease.DefaultSyncInterval, log),
 		reconciler.NewSweeper(store.Sweep, reconciler.DefaultSweepInterval, log),
-		opsevents.NewBacklogWatcher(store, ops, opsevents.DefaultBacklogInterval, clock.Now, log)}
+		opsevents.NewBacklogWatcher(store, ops, cmp.Or(hooks.BacklogInterval, opsevents.DefaultBacklogInterval), clock.Now, log)}
 	switch {
 	case cfg.ChangeStreams == config.ChangeStreamsDisabled:
 	case caps.ChangeStreams:
