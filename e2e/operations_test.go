@@ -13,6 +13,7 @@ import (
 
 	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
 	"github.com/pulse-sidecar/pulse/internal/testwait"
+	"github.com/pulse-sidecar/pulse/sidecar"
 )
 
 // opsEvent is an operational event as an operations receiver gets it: the envelope and its raw body.
@@ -130,5 +131,98 @@ func TestOperationsReceiverGetsAnotherGroupsDisableEvent(t *testing.T) {
 				t.Errorf("operational event %s carries %q: %s", ev.Topic, secret, ev.Body)
 			}
 		}
+	}
+}
+
+// events returns the recorded events of topic about group, in arrival order.
+func (r *opsReceiver) events(topic, group string) []opsEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []opsEvent
+	for _, ev := range r.got {
+		if ev.Topic == topic && ev.Data["consumerGroup"] == group {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// pulse.backlog.high: a paused group with backlogAlertAfter 1s whose delivery waits past it raises the alert
+// at an operations receiver subscribed to it ({high: true} with the oldest pending delivery's time and age);
+// once resumed and drained, the alert clears ({high: false}); each change is published once. The backlog
+// check runs every 100 ms here (PULSE_TEST_BACKLOG_INTERVAL) instead of every 15 s.
+func TestOperationsReceiverGetsBacklogHighAndItsClear(t *testing.T) {
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv(map[string]string{sidecar.EnvTestBacklogInterval: "100ms"}))
+	const opsSecret = "whsec_b3BzLWJhY2tsb2ctcmVjZWl2ZXItMTIzNDU2Nzg="
+	ops := newOpsReceiver(t, opsSecret)
+	s.RegisterEndpoint(t, "ops", map[string]any{"url": ops.URL, "secret": opsSecret, "topics": []string{"pulse.backlog.high"}})
+	slow := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "slow", map[string]any{"url": slow.URL, "topics": []string{"orders"}, "backlogAlertAfter": "1s"})
+	if code, ep := controlEndpoint(s, t, "slow", "pause"); code != 200 || ep.State != "paused" {
+		t.Fatalf("pause = %d %+v", code, ep)
+	}
+	order := s.Publish(t, "orders", map[string]any{"n": 1})
+
+	raised := ops.wait(t, "pulse.backlog.high", "slow")
+	age, _ := raised.Data["ageSeconds"].(float64)
+	if raised.Data["high"] != true || raised.Data["threshold"] != "1s" || raised.Data["oldestPendingAt"] == nil || age <= 1 {
+		t.Fatalf("backlog event = %v, want high true, threshold 1s, the oldest pending delivery's time and an age over 1 s", raised.Data)
+	}
+	if len(slow.Received()) != 0 {
+		t.Fatalf("the paused group was POSTed to")
+	}
+
+	if code, ep := controlEndpoint(s, t, "slow", "resume"); code != 200 || ep.State != "active" {
+		t.Fatalf("resume = %d %+v", code, ep)
+	}
+	if d := s.WaitDelivery(t, order, "slow", 30*time.Second); d.Status != "success" {
+		t.Fatalf("after the resume the delivery is %s, want success", d.Status)
+	}
+	var cleared opsEvent
+	testwait.Eventually(t, 30*time.Second, "the backlog alert's clear at the operations receiver", func() bool {
+		evs := ops.events("pulse.backlog.high", "slow")
+		if len(evs) < 2 {
+			return false
+		}
+		cleared = evs[1]
+		return true
+	})
+	if cleared.Data["high"] != false || cleared.Data["oldestPendingAt"] != nil {
+		t.Fatalf("the second backlog event = %v, want high false without a pending delivery", cleared.Data)
+	}
+	// Each change published once: two events stored (raised, cleared), and the alert's state is clear.
+	if n := b.Count("events", bson.M{"topic": "pulse.backlog.high"}); n != 2 {
+		t.Errorf("%d pulse.backlog.high events stored, want 2 (raised, cleared)", n)
+	}
+	if n := b.Count("subscriptions", bson.M{"_id": "slow", "backlogHigh": true}); n != 0 {
+		t.Errorf("the alert of slow is still recorded raised")
+	}
+}
+
+// A delivery the reaper ends (its only attempt's sidecar was SIGKILLed mid-POST, and maxRetries is 0)
+// publishes pulse.delivery.failed with worker_lost, as a delivery the dispatcher ends does: the replica
+// that reaped it publishes it to an operations receiver subscribed to it.
+func TestReapedDeliveryPublishesDeliveryFailed(t *testing.T) {
+	b := harness.Setup(t)
+	env := b.FastEnv(harness.ShortLease)
+	const opsSecret = "whsec_b3BzLXJlYXBlZC1yZWNlaXZlci0xMjM0NTY3OA=="
+	ops := newOpsReceiver(t, opsSecret)
+	rcv := newBlockingReceiver(t)
+	a := b.StartProcess(env)
+	a.Sidecar().RegisterEndpoint(t, "ops", map[string]any{"url": ops.URL, "secret": opsSecret, "topics": []string{"pulse.delivery.failed"}})
+	a.Sidecar().RegisterEndpoint(t, "fragile", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "maxRetries": 0})
+	id := a.Sidecar().Publish(t, "t", map[string]any{"n": 1})
+	waitClosed(t, rcv.started, 20*time.Second, "the first POST")
+	a.Kill()
+
+	s := b.Start(env)
+	d := s.WaitDelivery(t, id, "fragile", 30*time.Second)
+	if d.Status != "error" || len(d.Attempts) != 1 || d.Attempts[0].Error == nil || d.Attempts[0].Error.Code != "worker_lost" {
+		t.Fatalf("delivery = %+v, want error after one worker_lost attempt", d)
+	}
+	failed := ops.wait(t, "pulse.delivery.failed", "fragile")
+	if failed.Data["eventId"] != id || failed.Data["errorCode"] != "worker_lost" || failed.Data["attempt"] != float64(1) || failed.Data["deliveryId"] == nil {
+		t.Fatalf("delivery failed data = %v, want the event's delivery to fragile, attempt 1, worker_lost", failed.Data)
 	}
 }
