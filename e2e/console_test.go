@@ -5,7 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -217,5 +221,155 @@ func TestConsoleAsksForTheToken(t *testing.T) {
 	}
 	if strings.Contains(s.Logs.String(), token) || strings.Contains(s.Logs.String(), "not-the-token") {
 		t.Errorf("the sidecar's logs carry a token")
+	}
+}
+
+// consoleScreenshotEnv names a file the console's screenshot is written to (PNG); unset, it goes to the
+// test's temporary directory.
+const consoleScreenshotEnv = "PULSE_CONSOLE_SCREENSHOT"
+
+// The console's pictures and words, in a real browser, from real deliveries: four groups take three events
+// (billing answers 200, failing 500, refused points at a closed port, held is paused). Each group's chart
+// draws the attempts of its last hour from GET /v1/endpoints/{group}/activity (3 succeeded bars' worth for
+// billing, 3 failed for failing and refused, 3 pending for held); refused, whose attempts never got an HTTP
+// answer, shows no latency; held says "paused" once; every time is UTC and marked. A held delivery's own
+// URL, loaded fresh, opens its page, which says why it waits (paused), shows its event's payload and
+// headers, and links its event's other deliveries; the link opens the other delivery's page.
+func TestConsoleChartsAndLinksADelivery(t *testing.T) {
+	path := browserPath(t)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	ok, failing := harness.NewReceiver(t, 200), harness.NewReceiver(t, 500)
+	const topic = "invoice.paid"
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": ok.URL, "topics": []string{topic}})
+	s.RegisterEndpoint(t, "failing", map[string]any{"url": failing.URL, "topics": []string{topic}, "maxRetries": 0})
+	s.RegisterEndpoint(t, "refused", map[string]any{"url": "http://127.0.0.1:9/hook", "topics": []string{topic}, "maxRetries": 0})
+	s.RegisterEndpoint(t, "held", map[string]any{"url": ok.URL, "topics": []string{topic}})
+	if code, ep := controlEndpoint(s, t, "held", "pause"); code != 200 || ep.State != "paused" {
+		t.Fatalf("pause held = %d %+v", code, ep)
+	}
+	const events = 3
+	var ids []string
+	for i := range events {
+		var out struct {
+			ID string `json:"id"`
+		}
+		if code := harness.Do(t, "POST", s.URL+"/v1/events", map[string]any{"topic": topic, "data": map[string]any{"invoice": "inv-" + strconv.Itoa(i), "amount": 120 + i},
+			"headers": map[string]string{"x-tenant": "acme"}}, &out); code != 202 {
+			t.Fatalf("publish = %d", code)
+		}
+		ids = append(ids, out.ID)
+	}
+	for _, id := range ids {
+		s.WantSuccess(t, "billing", 30*time.Second, id)
+		for _, g := range []string{"failing", "refused"} {
+			if d := s.WaitDelivery(t, id, g, 30*time.Second); d.Status != "error" {
+				t.Fatalf("delivery of %s to %s = %s, want error", id, g, d.Status)
+			}
+		}
+	}
+	ev := harness.Get[harness.EventView](t, s.URL+"/v1/events/"+ids[0])
+	var heldID, billingID string
+	for _, d := range ev.Deliveries {
+		switch d.ConsumerGroup {
+		case "held":
+			heldID = d.ID
+		case "billing":
+			billingID = d.ID
+		}
+	}
+	if heldID == "" || billingID == "" || len(ev.Deliveries) != 4 {
+		t.Fatalf("event %s has deliveries %+v, want one to each of the 4 groups", ids[0], ev.Deliveries)
+	}
+
+	ctx := browser(t, path)
+	page(t, ctx, 30*time.Second, "load the console and see the groups",
+		chromedp.Navigate(s.URL+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#groups tr[data-group="held"]`)))
+	// The chart of each group, drawn from the activity answer: the sum of its bars' counts.
+	sum := func(group, class string) int {
+		return read[int](t, ctx, `[...document.querySelectorAll('#groups tr[data-group="`+group+`"] svg.chart rect.`+class+`')].reduce((n, r) => n + Number(r.dataset.count), 0)`)
+	}
+	until(t, ctx, 20*time.Second, "the charts", `document.querySelectorAll('#groups svg.chart').length === 4`)
+	for _, c := range []struct {
+		group           string
+		ok, bad, queued int
+	}{{"billing", events, 0, 0}, {"failing", 0, events, 0}, {"refused", 0, events, 0}, {"held", 0, 0, events}} {
+		act := harness.Get[struct {
+			Buckets []struct{ Succeeded, Failed int }
+			Pending int
+		}](t, s.URL+"/v1/endpoints/"+c.group+"/activity")
+		succeeded, failed := 0, 0
+		for _, bk := range act.Buckets {
+			succeeded, failed = succeeded+bk.Succeeded, failed+bk.Failed
+		}
+		if len(act.Buckets) != 60 || succeeded != c.ok || failed != c.bad || act.Pending != c.queued {
+			t.Errorf("%s: activity of %d buckets with %d succeeded, %d failed, %d pending; want 60 with %d, %d, %d",
+				c.group, len(act.Buckets), succeeded, failed, act.Pending, c.ok, c.bad, c.queued)
+		}
+		if got := [3]int{sum(c.group, "ok"), sum(c.group, "bad"), sum(c.group, "pend")}; got != [3]int{c.ok, c.bad, c.queued} {
+			t.Errorf("%s: the chart draws %d succeeded, %d failed, %d pending; want %d, %d, %d", c.group, got[0], got[1], got[2], c.ok, c.bad, c.queued)
+		}
+	}
+	until(t, ctx, 10*time.Second, "the figures", `document.querySelector('#groups tr[data-group="refused"] td.failed').textContent === "3"`)
+	if p50 := read[string](t, ctx, `document.querySelector('#groups tr[data-group="refused"] td.p50').textContent`); p50 != "—" {
+		t.Errorf("refused (every attempt refused) shows latency %q, want —", p50)
+	}
+	if p50 := read[string](t, ctx, `document.querySelector('#groups tr[data-group="billing"] td.p50').textContent`); !regexp.MustCompile(`^(< 1 ms|[0-9.]+ m?s)$`).MatchString(p50) {
+		t.Errorf("billing shows latency %q, want a duration", p50)
+	}
+	if state := read[string](t, ctx, `document.querySelector('#groups tr[data-group="held"] td.state').textContent`); !regexp.MustCompile(`^paused since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$`).MatchString(state) {
+		t.Errorf("held's state reads %q, want \"paused since <time> UTC\", paused said once", state)
+	}
+	if updated := read[string](t, ctx, `document.getElementById("updated").textContent`); !regexp.MustCompile(`^updated \d\d:\d\d:\d\d UTC$`).MatchString(updated) {
+		t.Errorf("the header reads %q, want \"updated hh:mm:ss UTC\"", updated)
+	}
+	until(t, ctx, 10*time.Second, "the deliveries", `document.querySelectorAll('#deliveries tbody tr[data-id]').length === 12`)
+	if bad := read[int](t, ctx, `[...document.querySelectorAll('#deliveries tbody tr[data-id] td:first-child')].filter((td) => !/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$/.test(td.textContent)).length`); bad != 0 {
+		t.Errorf("%d created times of the deliveries table are not \"yyyy-mm-dd hh:mm:ss UTC\"", bad)
+	}
+
+	// A held delivery's own URL, loaded fresh in another page, opens it and says why it waits.
+	link := s.URL + "/ui/#/deliveries/" + heldID
+	page(t, ctx, 30*time.Second, "open a delivery by its URL",
+		chromedp.Navigate("about:blank"), chromedp.Navigate(link), chromedp.WaitVisible(chromedp.CSS(`#timeline`)))
+	until(t, ctx, 10*time.Second, "the held delivery's page", `document.getElementById("tl-id").textContent === "`+heldID+`"`)
+	if code := read[string](t, ctx, `document.getElementById("tl-pending").dataset.code`); code != "paused" {
+		t.Errorf("the held delivery's pending reason is %q, want paused", code)
+	}
+	if why := read[string](t, ctx, `document.getElementById("tl-pending").textContent`); !regexp.MustCompile(`^Pending: the endpoint is paused since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$`).MatchString(why) {
+		t.Errorf("the held delivery says %q, want it paused since a UTC time", why)
+	}
+	until(t, ctx, 10*time.Second, "the event beside it", `document.getElementById("ev-data").textContent !== ""`)
+	var data map[string]any
+	if err := json.Unmarshal([]byte(read[string](t, ctx, `document.getElementById("ev-data").textContent`)), &data); err != nil || data["invoice"] != "inv-0" || data["amount"] != float64(120) {
+		t.Errorf("the payload shown = %v (%v), want the first event's", data, err)
+	}
+	if h := read[string](t, ctx, `(document.querySelector('#ev-headers tr[data-header="x-tenant"] td') || {}).textContent || ""`); h != "acme" {
+		t.Errorf("the event's header x-tenant shows %q, want acme", h)
+	}
+	if n := read[int](t, ctx, `document.querySelectorAll('#ev-deliveries tbody tr[data-delivery]').length`); n != 4 {
+		t.Errorf("the event's deliveries list %d, want 4", n)
+	}
+	shot := os.Getenv(consoleScreenshotEnv)
+	if shot == "" {
+		shot = filepath.Join(t.TempDir(), "console.png")
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	png, err := chromedp.Run(sctx, chromedp.FullScreenshot(100)) // quality 100: PNG
+	cancel()
+	if err != nil {
+		t.Fatalf("take a screenshot: %v", err)
+	}
+	if err := os.WriteFile(shot, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot of the console (%d bytes): %s", len(png), shot)
+
+	page(t, ctx, 20*time.Second, "follow the link to the event's billing delivery",
+		chromedp.Click(chromedp.CSS(`#ev-deliveries a[data-other="`+billingID+`"]`)))
+	until(t, ctx, 10*time.Second, "the billing delivery's page", `document.getElementById("tl-id").textContent === "`+billingID+`" && location.hash === "#/deliveries/`+billingID+`"`)
+	until(t, ctx, 10*time.Second, "its status", `document.querySelector('#tl-summary dd[data-field="status"]').textContent === "success"`)
+	if !read[bool](t, ctx, `document.getElementById("tl-pending").hidden`) {
+		t.Errorf("a successful delivery shows a pending reason")
 	}
 }

@@ -215,6 +215,10 @@ func (answerStore) GetDelivery(_ context.Context, id string) (*pulsetype.Deliver
 		return t, []*pulsetype.Attempt{a}, nil
 	case "dlv-cancelled":
 		return fixCancelled(), nil, nil
+	case "dlv-due": // audit: active, unordered, no rate limit; its attempt due since fixLater
+		d := fixPending()
+		d.ID, d.ConsumerGroup, d.OrderingKey = "dlv-due", "audit", ""
+		return d, []*pulsetype.Attempt{fixQueued()}, nil
 	}
 	return nil, nil, pulsetype.ErrNotFound
 }
@@ -266,6 +270,21 @@ func (answerStore) Stats(_ context.Context, groups []string) ([]*pulsetype.Group
 		out = append(out, all[g])
 	}
 	return out, nil
+}
+
+func (answerStore) Activity(_ context.Context, group string) (*pulsetype.GroupActivity, error) {
+	from := pulsetype.ActivityWindow(fixAt)
+	a := &pulsetype.GroupActivity{ConsumerGroup: group, From: from, To: fixAt, Buckets: make([]pulsetype.ActivityCount, pulsetype.ActivityBuckets)}
+	if group == "billing" {
+		oldest := fixAt.Add(-time.Minute)
+		a.Buckets[57], a.Buckets[59] = pulsetype.ActivityCount{Succeeded: 12, Failed: 1}, pulsetype.ActivityCount{Succeeded: 3}
+		a.Pending, a.OldestPendingAt = 12, &oldest
+	}
+	return a, nil
+}
+
+func (answerStore) LineHead(_ context.Context, line pulsetype.Line) (string, error) {
+	return "dlv-pending", nil
 }
 
 func (answerStore) Ping(context.Context) error       { return nil }
@@ -352,6 +371,10 @@ var answerCases = []answerCase{
 	{name: "stats", method: "GET", path: "/v1/stats"},
 	{name: "stats-one", method: "GET", path: "/v1/stats?consumerGroup=billing"},
 	{name: "stats-not-found", method: "GET", path: "/v1/stats?consumerGroup=nope"},
+	{name: "activity", method: "GET", path: "/v1/endpoints/billing/activity"},
+	{name: "activity-empty", method: "GET", path: "/v1/endpoints/audit/activity"},
+	{name: "activity-not-found", method: "GET", path: "/v1/endpoints/nope/activity"},
+	{name: "delivery-due", method: "GET", path: "/v1/deliveries/dlv-due"},
 	{name: "unauthorized", method: "GET", path: "/v1/stats", token: "-"},
 	{name: "read-only-token", method: "POST", path: "/v1/deliveries/dlv-failed/retry", token: "tok-read"},
 	{name: "no-route", method: "GET", path: "/v1/nothing"},

@@ -1,6 +1,8 @@
 // Pulse console: reads and acts through the sidecar's own /v1 API, nothing else. The API token, when the
 // sidecar needs one, is typed by the operator, kept in this tab's sessionStorage (or memory) and sent only as
 // "Authorization: Bearer"; it never goes into a URL. Every value from the API is written with textContent.
+// Every time is shown in UTC and says so ("2026-12-01 12:32:14 UTC"). A delivery's page has its own URL,
+// #/deliveries/<id>, which opens it when loaded.
 "use strict";
 
 (() => {
@@ -17,7 +19,9 @@
     cursors: [""], // cursors[i] is the "after" of page i
     page: 0,
     next: "",
-    open: "", // the delivery whose timeline is shown
+    open: "", // the delivery whose timeline is shown (the one #/deliveries/<id> names)
+    event: null,
+    scrollTo: "", // a delivery opened by its URL, to scroll to once shown
     watch: null, // {id, attempt, until}: a retried delivery being followed
     loading: false,
   };
@@ -124,13 +128,29 @@
     return n;
   }
 
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs, ...children) {
+    const n = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) n.setAttribute(k, String(v));
+    for (const c of children) if (c) n.append(c);
+    return n;
+  }
+
   function clearTable(id) {
     $(id).tBodies[0].replaceChildren();
   }
 
+  // fmtTime shows an RFC 3339 time of the API in UTC, to the second, marked: "2026-12-01 12:32:14 UTC".
   function fmtTime(s) {
     if (!s) return "";
-    return String(s).replace("T", " ").replace("Z", "");
+    const d = new Date(s);
+    if (isNaN(d)) return String(s);
+    return d.toISOString().slice(0, 19).replace("T", " ") + " UTC";
+  }
+
+  // fmtClock shows the time of day of a Date in UTC: "12:32:14 UTC".
+  function fmtClock(d) {
+    return d.toISOString().slice(11, 19) + " UTC";
   }
 
   function fmtAge(ms) {
@@ -150,6 +170,7 @@
 
   function fmtMs(ms) {
     if (ms === undefined || ms === null) return "";
+    if (ms === 0) return "< 1 ms"; // answered within the millisecond (durations are whole milliseconds)
     return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(ms < 10000 ? 2 : 1) + " s";
   }
 
@@ -208,17 +229,57 @@
     if (stats && stats.groups) for (const g of stats.groups) byGroup.set(g.consumerGroup, g);
     $("stats-note").textContent = stats && stats.error
       ? "Figures unavailable: " + stats.error.message
-      : "Succeeded and failed count attempts that ended in the last hour; p50 is the median duration of its latest POSTs.";
-    view.groups = (eps.endpoints || []).map((ep) => ({ ep, st: byGroup.get(ep.consumerGroup) }));
+      : "Succeeded and failed count attempts that ended in the last hour; p50 is the median duration of its latest answered POSTs (— when none got an HTTP answer). The chart shows each minute's succeeded (green) and failed (red) attempts, and the deliveries pending now (amber, right).";
+    const list = eps.endpoints || [];
+    // One bounded call per group: its last hour, minute by minute (GET /v1/endpoints/{group}/activity).
+    const activity = await Promise.all(list.map((ep) => api("GET", v1("/endpoints/" + seg(ep.consumerGroup) + "/activity")).catch((e) => {
+      if (e instanceof APIError && e.status !== 401) return null;
+      throw e;
+    })));
+    view.groups = list.map((ep, i) => ({ ep, st: byGroup.get(ep.consumerGroup), act: activity[i] }));
     renderGroups();
     renderGroupFilter();
   }
 
+  // chart draws a group's last hour as SVG: one column per minute (oldest left), succeeded attempts in
+  // green under failed ones in red, on a common scale; after a gap, the deliveries pending now in amber on
+  // the same scale, capped at the busiest minute's height. Every bar carries its count in data-count and a title.
+  function chart(act) {
+    const W = 3, GAP = 1, H = 36, n = act.buckets.length;
+    const width = n * W + 10 + W * 2;
+    const top = Math.max(1, ...act.buckets.map((b) => b.succeeded + b.failed));
+    const scale = (v) => Math.max(1, Math.round((v / top) * (H - 2)));
+    const g = svg("svg", { class: "chart", width, height: H + 12, viewBox: "0 0 " + width + " " + (H + 12), role: "img",
+      "aria-label": "last hour of " + act.consumerGroup });
+    g.append(svg("title", {}, document.createTextNode(act.consumerGroup + ": attempts per minute, " + fmtTime(act.from) + " to " + fmtTime(act.to))));
+    g.append(svg("line", { class: "axis", x1: 0, y1: H, x2: n * W, y2: H }));
+    act.buckets.forEach((b, i) => {
+      const x = i * W, minute = fmtClock(new Date(b.start)).slice(0, 5) + " UTC";
+      let y = H;
+      for (const [cls, v, what] of [["ok", b.succeeded, "succeeded"], ["bad", b.failed, "failed"]]) {
+        if (!v) continue;
+        const h = scale(v);
+        y -= h;
+        g.append(svg("rect", { class: cls, x, y, width: W - GAP, height: h, "data-minute": i, "data-count": v },
+          svg("title", {}, document.createTextNode(minute + ": " + v + " " + what))));
+      }
+    });
+    if (act.pending > 0) {
+      const h = scale(Math.min(act.pending, top));
+      g.append(svg("rect", { class: "pend", x: n * W + 10, y: H - h, width: W * 2, height: h, "data-count": act.pending },
+        svg("title", {}, document.createTextNode(act.pending + " pending now" + (act.oldestPendingAt ? ", the oldest since " + fmtTime(act.oldestPendingAt) : "")))));
+    }
+    g.append(svg("text", { x: 0, y: H + 10 }, document.createTextNode(fmtClock(new Date(act.from)).slice(0, 5))));
+    g.append(svg("text", { x: n * W - 22, y: H + 10 }, document.createTextNode(fmtClock(new Date(act.buckets[n - 1].start)).slice(0, 5))));
+    return g;
+  }
+
   function renderGroups() {
-    const rows = view.groups.map(({ ep, st }) => {
+    const rows = view.groups.map(({ ep, st, act }) => {
       const state = ep.state || "active";
       let stateText = state;
-      if (state !== "active" && ep.stateReason) stateText += " (" + ep.stateReason + ")";
+      // "paused" says it once: the reason is shown only when it adds to the state (disabled (gone)).
+      if (state !== "active" && ep.stateReason && ep.stateReason !== state) stateText += " (" + ep.stateReason + ")";
       if (state !== "active" && ep.stateSince) stateText += " since " + fmtTime(ep.stateSince);
       const paused = state !== "active";
       const g = ep.consumerGroup;
@@ -227,10 +288,11 @@
         el("td", { class: "url mono", text: redactURL(ep.url) }),
         el("td", { class: "state state-" + state, text: stateText }),
         el("td", { class: "num pending", text: st ? String(st.pending) : "" }),
-        el("td", { class: "num oldest", text: st && st.pending > 0 ? fmtAge(st.oldestPendingAgeMs) : st ? "–" : "" }),
+        el("td", { class: "num oldest", text: st && st.pending > 0 ? fmtAge(st.oldestPendingAgeMs) : st ? "—" : "" }),
         el("td", { class: "num succeeded", text: st ? String(st.succeeded1h) : "" }),
         el("td", { class: "num failed" + (st && st.failed1h > 0 ? " bad" : ""), text: st ? String(st.failed1h) : "" }),
-        el("td", { class: "num p50", text: st && st.latencyP50Ms !== null && st.latencyP50Ms !== undefined ? fmtMs(st.latencyP50Ms) : st ? "–" : "" }),
+        el("td", { class: "num p50", text: st && st.latencyP50Ms !== null && st.latencyP50Ms !== undefined ? fmtMs(st.latencyP50Ms) : st ? "—" : "" }),
+        el("td", { class: "activity" }, act ? chart(act) : null),
         el("td", {},
           el("button", { type: "button", text: paused ? "Resume" : "Pause", "data-action": paused ? "resume" : "pause", "data-group": g,
             onclick: () => setState(g, paused ? "resume" : "pause") }),
@@ -239,7 +301,7 @@
     });
     $("groups").tBodies[0].replaceChildren(...rows);
     if (!rows.length) {
-      $("groups").tBodies[0].append(el("tr", {}, el("td", { colSpan: 9, class: "muted", text: "No consumer group is registered (PUT /v1/endpoints/{consumerGroup})." })));
+      $("groups").tBodies[0].append(el("tr", {}, el("td", { colSpan: 10, class: "muted", text: "No consumer group is registered (PUT /v1/endpoints/{consumerGroup})." })));
     }
   }
 
@@ -281,7 +343,7 @@
     const body = { status: $("replay-status").value };
     for (const k of ["from", "to"]) {
       const v = $("replay-" + k).value;
-      if (v) body[k] = new Date(v).toISOString();
+      if (v) body[k] = new Date(v + (v.length === 16 ? ":00" : "") + "Z").toISOString(); // the fields are UTC
     }
     try {
       const r = await api("POST", v1("/endpoints/" + seg(group) + "/replay"), body);
@@ -323,7 +385,7 @@
   function renderDeliveries(list) {
     const rows = list.map((d) => el("tr", { "data-id": d.id, "data-status": d.status, class: d.id === view.open ? "selected" : "" },
       el("td", { class: "mono", text: fmtTime(d.createdAt) }),
-      el("td", {}, el("button", { class: "link", type: "button", text: d.id, "data-open": d.id, title: "show its attempts", onclick: () => openTimeline(d.id) })),
+      el("td", {}, el("button", { class: "link", type: "button", text: d.id, "data-open": d.id, title: "show its attempts", onclick: () => go(d.id) })),
       el("td", { text: d.consumerGroup }),
       el("td", { text: d.topic }),
       el("td", { class: "status status-" + d.status, text: d.status }),
@@ -361,6 +423,40 @@
 
   // ---- one delivery's attempt timeline ----------------------------------------------------------------
 
+  // deliveryHash is the URL fragment of a delivery's page; openFromHash opens the delivery it names.
+  const deliveryHash = (id) => "#/deliveries/" + encodeURIComponent(id);
+
+  function hashDelivery() {
+    const m = /^#\/deliveries\/(.+)$/.exec(location.hash);
+    if (!m) return "";
+    try {
+      return decodeURIComponent(m[1]);
+    } catch {
+      return "";
+    }
+  }
+
+  // go opens a delivery's page by its URL, so that the address bar holds its link.
+  function go(id) {
+    if (location.hash === deliveryHash(id)) openTimeline(id);
+    else location.hash = deliveryHash(id);
+  }
+
+  function openFromHash() {
+    const id = hashDelivery();
+    if (id && id !== view.open) openTimeline(id);
+    else if (!id && view.open) closeTimeline();
+  }
+
+  function closeTimeline() {
+    view.open = "";
+    view.watch = null;
+    view.event = null;
+    $("timeline").hidden = true;
+    for (const tr of $("deliveries").tBodies[0].rows) tr.classList.remove("selected");
+    if (hashDelivery()) history.replaceState(null, "", location.pathname + location.search);
+  }
+
   async function openTimeline(id) {
     view.open = id;
     for (const tr of $("deliveries").tBodies[0].rows) tr.classList.toggle("selected", tr.dataset.id === id);
@@ -387,6 +483,12 @@
     }
     if (view.open !== id) return; // another one was opened meanwhile
     $("tl-id").textContent = d.id;
+    $("tl-link").href = deliveryHash(d.id);
+    $("tl-link").title = location.origin + location.pathname + deliveryHash(d.id);
+    const why = $("tl-pending");
+    why.hidden = !d.pendingReason;
+    why.textContent = d.pendingReason ? "Pending: " + d.pendingReason.message : "";
+    why.dataset.code = d.pendingReason ? d.pendingReason.code : "";
     const summary = [
       ["event", d.eventId], ["group", d.consumerGroup], ["topic", d.topic], ["ordering key", d.orderingKey],
       ["status", d.status], ["created", fmtTime(d.createdAt)], ["ended", fmtTime(d.endedAt)],
@@ -406,11 +508,38 @@
     $("retry").disabled = d.status === "pending";
     $("retry").title = d.status === "pending" ? "only a terminal delivery can be retried" : "";
     $("timeline").hidden = false;
+    await loadEvent(d);
     if (view.watch && view.watch.id === id) {
       const done = d.status !== "pending" && (d.attempts || []).some((a) => a.attempt >= view.watch.attempt);
       if (done || Date.now() > view.watch.until) view.watch = null;
       else setTimeout(() => loadTimeline().catch(() => {}), 500);
     }
+  }
+
+  // loadEvent shows the event of delivery d beside it (GET /v1/events/{id}): its headers, its payload and
+  // its deliveries, each a link to its own page. An expired event says so.
+  async function loadEvent(d) {
+    let ev = null;
+    try {
+      ev = await api("GET", v1("/events/" + seg(d.eventId)));
+    } catch (e) {
+      if (!(e instanceof APIError) || e.status !== 404) throw e;
+    }
+    if (view.open !== d.id) return;
+    $("ev-id").textContent = d.eventId;
+    $("ev-note").hidden = !!ev;
+    $("ev-note").textContent = ev ? "" : "The event has expired: its payload and headers are gone.";
+    const headers = ev ? Object.entries(ev.headers || {}).sort(([a], [b]) => (a < b ? -1 : 1)) : [];
+    $("ev-headers").tBodies[0].replaceChildren(...(headers.length ? headers.map(([k, v]) => el("tr", { "data-header": k },
+      el("th", { class: "mono", text: k }), el("td", { class: "mono", text: v }))) : [el("tr", {}, el("td", { class: "muted", text: ev ? "none" : "" }))]));
+    $("ev-data").textContent = ev ? JSON.stringify(ev.data, null, 2) : "";
+    const rows = (ev ? ev.deliveries || [] : []).map((o) => el("tr", { "data-delivery": o.id, class: o.id === d.id ? "selected" : "" },
+      el("td", {}, o.id === d.id ? el("span", { class: "mono", text: o.id + " (this one)" })
+        : el("a", { class: "mono", href: deliveryHash(o.id), "data-other": o.id, text: o.id })),
+      el("td", { text: o.consumerGroup }),
+      el("td", { class: "status status-" + o.status, text: o.status }),
+      el("td", { class: "num", text: String(o.attempts) })));
+    $("ev-deliveries").tBodies[0].replaceChildren(...rows);
   }
 
   async function retry() {
@@ -440,7 +569,11 @@
       $("login").hidden = true;
       $("data").hidden = false;
       $("forget").hidden = !token;
-      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      $("updated").textContent = "updated " + fmtClock(new Date());
+      if (view.scrollTo && view.open === view.scrollTo && !$("timeline").hidden) {
+        view.scrollTo = "";
+        $("timeline").scrollIntoView({ block: "start" });
+      }
       if ($("message").textContent.startsWith("This sidecar needs") || $("message").textContent.startsWith("The token was refused")) say("");
     } catch (e) {
       sayError("loading", e);
@@ -457,6 +590,7 @@
       if (!t) return;
       keepToken(t);
       say("");
+      view.open = hashDelivery(); // the token form cleared it: a delivery's URL still opens it
       refresh();
     });
     $("forget").addEventListener("click", () => {
@@ -476,12 +610,10 @@
     $("page-prev").addEventListener("click", () => turnPage("prev"));
     $("page-next").addEventListener("click", () => turnPage("next"));
     $("retry").addEventListener("click", retry);
-    $("tl-close").addEventListener("click", () => {
-      view.open = "";
-      view.watch = null;
-      $("timeline").hidden = true;
-      for (const tr of $("deliveries").tBodies[0].rows) tr.classList.remove("selected");
-    });
+    $("tl-close").addEventListener("click", closeTimeline);
+    window.addEventListener("hashchange", openFromHash);
+    view.open = hashDelivery(); // a delivery's own URL opens it with the first refresh
+    view.scrollTo = view.open;
     $("replay-form").addEventListener("submit", submitReplay);
     $("replay-cancel").addEventListener("click", () => { $("replay-form").hidden = true; });
     setInterval(() => {
