@@ -20,7 +20,6 @@
     page: 0,
     next: "",
     open: "", // the delivery whose timeline is shown (the one #/deliveries/<id> names)
-    event: null,
     scrollTo: "", // a delivery opened by its URL, to scroll to once shown
     watch: null, // {id, attempt, until}: a retried delivery being followed
     loading: false,
@@ -451,7 +450,6 @@
   function closeTimeline() {
     view.open = "";
     view.watch = null;
-    view.event = null;
     $("timeline").hidden = true;
     for (const tr of $("deliveries").tBodies[0].rows) tr.classList.remove("selected");
     if (hashDelivery()) history.replaceState(null, "", location.pathname + location.search);
