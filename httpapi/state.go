@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"errors"
 	"net/http"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -23,10 +24,20 @@ func (s *Server) resumeEndpoint(w http.ResponseWriter, r *http.Request) {
 func (s *Server) setEndpointState(w http.ResponseWriter, r *http.Request, state pulsetype.EndpointState, action, msg string) {
 	group := pathParam(r, "consumerGroup")
 	// A resume of an endpoint the sidecar disabled publishes pulse.endpoint.enabled: its state is read first.
+	// A read that fails for another reason than a missing or undecryptable endpoint answers its error: the
+	// state change would wait for the same database again, and an unreachable one would hold the request
+	// twice PULSE_DATABASE_TIMEOUT.
 	var disabled pulsetype.StateReason
 	if state == pulsetype.EndpointActive && s.opts.Operations != nil {
-		if prev, err := s.store.GetEndpoint(r.Context(), group); err == nil && prev.State == pulsetype.EndpointDisabled {
-			disabled = prev.StateReason
+		prev, err := s.store.GetEndpoint(r.Context(), group)
+		switch {
+		case err == nil:
+			if prev.State == pulsetype.EndpointDisabled {
+				disabled = prev.StateReason
+			}
+		case !errors.Is(err, pulsetype.ErrNotFound) && !errors.Is(err, pulsetype.ErrUndecryptable):
+			s.internalError(w, r, err)
+			return
 		}
 	}
 	ep, err := s.store.SetEndpointState(r.Context(), group, state)

@@ -20,7 +20,10 @@ const groupCommitTimeout = time.Minute
 // round running writes the events queued so far (its own first) in one round (publishRound); calls that
 // arrive meanwhile queue for the next round, which the first of them to be answered starts in a goroutine of
 // its own. Each call returns once its own event's outcome is known. Events with an id already queued wait
-// for a later round, so a round holds distinct ids. It is safe for concurrent use.
+// for a later round, so a round holds distinct ids. A round that found no server (the driver's server
+// selection timeout, PULSE_DATABASE_TIMEOUT, passed) answers the calls queued meanwhile with its error too:
+// a round of their own would wait that timeout again, so a call would answer only after up to twice the
+// bound the API documents for an unreachable database. It is safe for concurrent use.
 type groupCommit struct {
 	store *Store
 
@@ -100,6 +103,12 @@ func (g *groupCommit) round(ctx context.Context) {
 
 	g.mu.Lock()
 	g.queued = append(again, g.queued...)
+	if noServer(err) {
+		for _, c := range g.queued {
+			c.done <- publishOutcome{err: err}
+		}
+		g.queued = nil
+	}
 	next := len(g.queued) > 0
 	g.running = next
 	g.mu.Unlock()

@@ -121,6 +121,13 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
+// noServer reports whether err says the driver found no usable server within its server selection timeout
+// (PULSE_DATABASE_TIMEOUT): the database is unreachable, and a command sent now would wait as long again.
+func noServer(err error) bool {
+	var sse topology.ServerSelectionError
+	return errors.As(err, &sse)
+}
+
 // unavailableCodes are server error codes that mean "not now" rather than "not this request": MongoDB's
 // HostUnreachable 6, HostNotFound 7, NetworkTimeout 89, ShutdownInProgress 91, PrimarySteppedDown 189,
 // ExceededTimeLimit 262, NotWritablePrimary 10107, InterruptedAtShutdown 11600,
