@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
@@ -70,6 +71,22 @@ func (db *privateDB) kill() {
 // long it took.
 func timedStatus(t *testing.T, method, url string, body any) (int, string, string, time.Duration) {
 	t.Helper()
+	a, err := timedRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.code, a.errCode, a.retryAfter, a.took
+}
+
+// timedAnswer is what timedRequest saw.
+type timedAnswer struct {
+	code                int
+	errCode, retryAfter string
+	took                time.Duration
+}
+
+// timedRequest is timedStatus for any goroutine: it returns the request's error instead of failing the test.
+func timedRequest(method, url string, body any) (timedAnswer, error) {
 	var e struct {
 		Error struct{ Code string } `json:"error"`
 	}
@@ -84,12 +101,12 @@ func timedStatus(t *testing.T, method, url string, body any) (int, string, strin
 	resp, err := http.DefaultClient.Do(req)
 	took := time.Since(start)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return timedAnswer{}, fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	_ = json.Unmarshal(raw, &e)
-	return resp.StatusCode, e.Error.Code, resp.Header.Get("Retry-After"), took
+	return timedAnswer{resp.StatusCode, e.Error.Code, resp.Header.Get("Retry-After"), took}, nil
 }
 
 // The database process is killed: publishes and reads answer 503 database_unavailable with Retry-After
@@ -144,6 +161,96 @@ func TestDatabaseDownAnswers503Fast(t *testing.T) {
 		code, _, _, _ := timedStatus(t, "GET", s.URL+"/readyz", nil)
 		return code == 200
 	})
+}
+
+// The database process is killed and many requests arrive at once: every one of them, on every API route
+// that reads or writes the database, answers 503 database_unavailable with Retry-After within
+// PULSE_DATABASE_TIMEOUT plus half of it, as a lone request does. Before, concurrent publishes waited for the
+// group commit round under way and then for their own (up to twice the timeout), and a replay or a resume
+// waited once for its read of the endpoint and once more for its write.
+func TestDatabaseDownConcurrentRequestsAnswer503Fast(t *testing.T) {
+	const timeout = 2 * time.Second
+	b := harness.Setup(t)
+	db := startPrivateDB(t, "127.0.0.1:0", t.TempDir())
+	s := b.Start(b.FastEnv(map[string]string{
+		"PULSE_MONGODB_URI":      db.URI,
+		"PULSE_DATABASE_TIMEOUT": timeout.String(),
+	}))
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
+	id := s.Publish(t, "t", "before")
+	d := s.WaitDelivery(t, id, "g", 30*time.Second)
+
+	db.kill()
+	// The connections pooled before the kill fail at once; a lone request after them waits the timeout.
+	testwait.Eventually(t, 30*time.Second, "a request to answer 503 during the outage", func() bool {
+		code, _, _, _ := timedStatus(t, "GET", s.URL+"/v1/endpoints", nil)
+		return code == 503
+	})
+	_, _, _, lone := timedStatus(t, "GET", s.URL+"/v1/endpoints", nil)
+	t.Logf("a lone GET /v1/endpoints during the outage answered in %s", lone.Round(time.Millisecond))
+
+	endpoint := map[string]any{"url": rcv.URL, "topics": []string{"t"}}
+	routes := []struct {
+		method, path string
+		body         any
+	}{
+		{"POST", "/v1/events", map[string]any{"topic": "t", "data": 1}},
+		{"POST", "/v1/events", []map[string]any{{"topic": "t", "data": 1}, {"topic": "t", "data": 2}}},
+		{"GET", "/v1/events/" + id, nil},
+		{"GET", "/v1/deliveries", nil},
+		{"GET", "/v1/deliveries/" + d.ID, nil},
+		{"POST", "/v1/deliveries/" + d.ID + "/retry", nil},
+		{"POST", "/v1/deliveries/" + d.ID + "/cancel", nil},
+		{"POST", "/v1/endpoints/g/replay", map[string]any{"status": "success"}},
+		{"POST", "/v1/endpoints/g/rotate-secret", map[string]any{}},
+		{"POST", "/v1/endpoints/g/pause", nil},
+		{"POST", "/v1/endpoints/g/resume", nil},
+		{"GET", "/v1/stats", nil},
+		{"GET", "/v1/stats?consumerGroup=g", nil},
+		{"GET", "/v1/endpoints", nil},
+		{"GET", "/v1/endpoints/g", nil},
+		{"PUT", "/v1/endpoints/h", endpoint},
+		{"DELETE", "/v1/endpoints/g", nil},
+		{"GET", "/readyz", nil},
+	}
+	const perRoute = 8
+	type answer struct {
+		route int
+		timedAnswer
+		err error
+	}
+	answers := make(chan answer, perRoute*len(routes))
+	start := make(chan struct{})
+	for i, rt := range routes {
+		for range perRoute {
+			go func() {
+				<-start
+				a, err := timedRequest(rt.method, s.URL+rt.path, rt.body)
+				answers <- answer{i, a, err}
+			}()
+		}
+	}
+	close(start)
+	slowest := make([]time.Duration, len(routes))
+	bound := timeout + timeout/2
+	for range perRoute * len(routes) {
+		a := <-answers
+		rt := routes[a.route]
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		if a.code != 503 || a.errCode != "database_unavailable" || a.retryAfter == "" {
+			t.Errorf("%s %s during the outage = %d %q Retry-After %q, want 503 database_unavailable with Retry-After", rt.method, rt.path, a.code, a.errCode, a.retryAfter)
+		}
+		slowest[a.route] = max(slowest[a.route], a.took)
+	}
+	for i, rt := range routes {
+		t.Logf("%d concurrent %s %s: the slowest answered in %s", perRoute, rt.method, rt.path, slowest[i].Round(time.Millisecond))
+		if slowest[i] > bound {
+			t.Errorf("one of %d concurrent %s %s answered in %s, over PULSE_DATABASE_TIMEOUT %s plus half (a lone request: %s)", perRoute, rt.method, rt.path, slowest[i].Round(time.Millisecond), timeout, lone.Round(time.Millisecond))
+		}
+	}
 }
 
 // The embedded database's disk is full: publishes answer 503 database_unavailable (never a bare 500), and
