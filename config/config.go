@@ -98,8 +98,10 @@ type Config struct {
 	// EndpointsFile is a YAML or JSON list of endpoints registered at start.
 	EndpointsFile string `env:"PULSE_ENDPOINTS_FILE"`
 	// DatabaseTimeout bounds how long a database command waits for a reachable server (the driver's server
-	// selection timeout): while the database is unreachable an API request answers 503 database_unavailable
-	// with Retry-After within it, and at once when the database answers but refuses writes.
+	// selection timeout): while the database is unreachable every API request answers 503
+	// database_unavailable with Retry-After within it, however many arrive together, and at once when the
+	// database answers but refuses writes. A server that accepts connections but never answers is not bounded
+	// by it.
 	DatabaseTimeout time.Duration `env:"PULSE_DATABASE_TIMEOUT" envDefault:"5s"`
 	// SchemaTimeout bounds the start's schema work: creating the collections, building the indexes that are
 	// missing (on a large collection that takes long, waiting for a majority of the voting members) and the

@@ -39,7 +39,7 @@ var variables = []Variable{
 	{"PULSE_EVENT_RETENTION", "`168h`", "how long events are kept after publication, a Go duration; `0` keeps forever"},
 	{"PULSE_HISTORY_RETENTION", "`168h`", "how long terminal deliveries and ended attempts are kept, a Go duration; `0` keeps forever"},
 	{"PULSE_ENDPOINTS_FILE", "empty", "YAML or JSON list of endpoints registered at start and re-applied when it changes (see Endpoints file, in docs/configuration.md)"},
-	{"PULSE_DATABASE_TIMEOUT", "`5s`", "how long a database command waits for a reachable server (the driver's server selection timeout, overriding `serverSelectionTimeoutMS` of the URI): while the database is unreachable, API requests answer 503 `database_unavailable` within it; 100ms to 5m"},
+	{"PULSE_DATABASE_TIMEOUT", "`5s`", "how long a database command waits for a reachable server (the driver's server selection timeout, overriding `serverSelectionTimeoutMS` of the URI): while the database is unreachable, every API request answers 503 `database_unavailable` within it, however many arrive together (publishes waiting for a group commit round that found no server answer with it); a server that accepts connections but never answers is not bounded by it; 100ms to 5m"},
 	{"PULSE_SCHEMA_TIMEOUT", "`1h`", "bound of the start's schema work: missing indexes (built with `commitQuorum: majority` on a replica set) and one-time migrations, each logging its progress; a migration stopped by it resumes at the next start; 1m to 48h"},
 	{"PULSE_SHUTDOWN_TIMEOUT", "`25s`", "grace for in-flight deliveries after SIGTERM; 0 to 1h"},
 	{"PULSE_LOG_LEVEL", "`info`", "`debug`, `info`, `warn` or `error`"},
