@@ -3,6 +3,7 @@ package mongo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -67,5 +68,43 @@ func TestServerSelectionTimeout(t *testing.T) {
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("ServerTime failed after %s, want about the 200ms server selection timeout", d)
+	}
+}
+
+// With no server listening, concurrent publishes of one event each share group commit rounds, and each
+// fails as unavailable within the server selection timeout plus half of it, as a lone command does: the
+// publishes queued behind a round that found no server answer with it rather than waiting the timeout
+// again in a round of their own.
+func TestConcurrentPublishesFailWithinServerSelectionTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Second
+	client, err := Connect("mongodb://127.0.0.1:1/?connectTimeoutMS=100", ConnectOptions{ServerSelectionTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	s := New(client, Options{Database: "unused"})
+	const publishes = 16
+	took := make(chan time.Duration, publishes)
+	errs := make(chan error, publishes)
+	start := make(chan struct{})
+	for i := range publishes {
+		go func() {
+			<-start
+			began := time.Now()
+			_, err := s.Publish(context.Background(), []*pulsetype.Event{{ID: fmt.Sprintf("e%d", i), Topic: "t", Data: []byte(`1`)}})
+			took <- time.Since(began)
+			errs <- err
+		}()
+	}
+	close(start)
+	for range publishes {
+		d, err := <-took, <-errs
+		if !errors.Is(err, pulsetype.ErrUnavailable) {
+			t.Errorf("Publish = %v, want ErrUnavailable", err)
+		}
+		if d > timeout+timeout/2 {
+			t.Errorf("a concurrent Publish failed after %s, want within the %s server selection timeout plus half", d, timeout)
+		}
 	}
 }
