@@ -72,7 +72,9 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	}
 	l := s.newLease(owner)
 	ids := idsOf(attempts, func(a *pulsetype.Attempt) string { return a.ID })
-	res, err := s.history.UpdateMany(ctx, unleased(bson.M{"$in": ids}), bson.M{"$set": l.historySet()})
+	// Re-issued on a retryable error with the same lease: a second try matches only what the first did not
+	// lease, so its count falls short and the read-back by token below finds every attempt either try won.
+	res, err := s.updateMany(ctx, s.history, unleased(bson.M{"$in": ids}), bson.M{"$set": l.historySet()})
 	if err != nil {
 		return nil, wrap("claim attempts", err)
 	}
@@ -103,7 +105,8 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	}
 	if len(out) > 0 {
 		leased := idsOf(out, func(a *pulsetype.Attempt) string { return a.ID })
-		if _, err := s.queue.UpdateMany(ctx, bson.M{"_id": bson.M{"$in": leased}}, bson.M{"$set": l.queueSet()}); err != nil {
+		// Re-issued on a retryable error: the copy of a lease only this call holds sets the same values again.
+		if _, err := s.updateMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": leased}}, bson.M{"$set": l.queueSet()}); err != nil {
 			return nil, wrap("copy leases to the queue", err)
 		}
 	}
@@ -141,7 +144,9 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	filter := fence(leases...)
 	// $max: renewals may land out of order (the heartbeat does not wait for one before it sends the next), and
 	// an earlier one landing last must not shorten the lease a later one granted.
-	res, err := s.history.UpdateMany(ctx, filter, bson.M{"$max": bson.M{fieldLeasedUntil: now.Add(s.opts.LeaseTimeout), fieldHeartbeatAt: now}})
+	// Re-issued on a retryable error: $max sets the same values again, and the fence matches every lease
+	// still held whichever try applied, so the count below is the same.
+	res, err := s.updateMany(ctx, s.history, filter, bson.M{"$max": bson.M{fieldLeasedUntil: now.Add(s.opts.LeaseTimeout), fieldHeartbeatAt: now}})
 	if err != nil {
 		return nil, wrap("renew leases", err)
 	}

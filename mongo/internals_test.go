@@ -56,6 +56,8 @@ var internalCases = []storetest.Case{
 	{Name: "EnsureSchemaRefusesIndexVariants", Run: internal(testEnsureSchemaRefusesIndexVariants)},
 	{Name: "TTLFallbackComesFromTheServer", Run: internal(testTTLFallbackComesFromTheServer)},
 	{Name: "EnsureSchemaRefusesUserWithoutIndexRights", Run: internal(testEnsureSchemaRefusesUserWithoutIndexRights)},
+	// reissue_test.go
+	{Name: "ClaimsAndRenewalsAreReissued", Run: internal(testClaimsAndRenewalsAreReissued)},
 	// sealing_test.go
 	{Name: "EndpointSecretsEncryptedAtRest", Run: internal(testEndpointSecretsEncryptedAtRest)},
 	// connect_test.go

@@ -202,7 +202,7 @@ func (s *Store) unqueueEnded(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := s.queue.DeleteMany(ctx, bson.M{"_id": bson.M{"$in": ids}}); err != nil {
+	if _, err := s.deleteMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": ids}}); err != nil {
 		return wrap("remove queue documents of ended deliveries", err)
 	}
 	return nil

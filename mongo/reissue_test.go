@@ -2,10 +2,21 @@ package mongo
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"net"
+	"sync"
 	"testing"
+	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+
+	"github.com/pulse-sidecar/pulse/internal/devdb"
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // The store re-issues a write the driver does not retry (updateMany, deleteMany, a bulk holding them) when it
@@ -49,4 +60,250 @@ func TestReissue(t *testing.T) {
 	if !retryableWrite(stepdown) || !retryableWrite(labelled) || retryableWrite(duplicate) || retryableWrite(errors.New("x")) {
 		t.Error("retryableWrite classifies a stepdown, a labelled error, a duplicate key and a plain error wrongly")
 	}
+}
+
+// A claim and a renewal whose reply is lost after the server applied them (a network error: the driver never
+// retries a multi-document update) are re-issued, and the re-issue is idempotent: the claim's second try
+// matches none of the attempts its first leased, and the read-back by its token returns them all, their
+// queue documents carrying the lease; a lost reply of that queue copy is re-issued too; the renewal's $max
+// sets the same expiry again and reports no lease lost.
+func testClaimsAndRenewalsAreReissued(t *testing.T, e *env) {
+	b := e.setup(t)
+	direct := b.store(nil, nil)
+	b.putEndpoint(direct, "g", "t-history", "t-queue", "t-renew")
+	proxy := startLossyProxy(t, b.srv.URI)
+	s := New(b.srv.Connect(options.Client().SetHosts([]string{proxy.addr}).SetDirect(true)), b.options(nil))
+	const n = 3
+
+	for _, lose := range []string{"history", "queue"} {
+		t.Run("claim, its "+lose+" update's reply lost", func(t *testing.T) {
+			attempts := storetest.FanOutN(t, b.ctx, direct, n, "t-"+lose)
+			sent := proxy.updates(testPrefix + "." + lose)
+			proxy.loseNext(testPrefix + "." + lose)
+			got, err := s.ClaimAttempts(b.ctx, "owner", attempts)
+			if err != nil {
+				t.Fatalf("ClaimAttempts = %v, want the claim re-issued", err)
+			}
+			if d := proxy.updates(testPrefix+"."+lose) - sent; d != 2 {
+				t.Errorf("%s updates sent = %d, want 2 (the one whose reply was lost, and its re-issue)", lose, d)
+			}
+			if len(got) != n {
+				t.Fatalf("ClaimAttempts leased %d of %d attempts", len(got), n)
+			}
+			for _, a := range got {
+				if a.FencingToken == "" || a.FencingToken != got[0].FencingToken || a.LeaseOwner != "owner" {
+					t.Errorf("attempt %s leased by %q under %q, want owner under one token %q", a.ID, a.LeaseOwner, a.FencingToken, got[0].FencingToken)
+				}
+				if h := b.historyDoc(a.ID); h.FencingToken != a.FencingToken {
+					t.Errorf("history of %s holds token %q, want %q", a.ID, h.FencingToken, a.FencingToken)
+				}
+				if c := b.count("queue", bson.M{"_id": a.ID, fieldFencingToken: a.FencingToken}); c != 1 {
+					t.Errorf("queue document of %s carries the lease %d times, want 1", a.ID, c)
+				}
+			}
+		})
+	}
+
+	t.Run("renewal, its reply lost", func(t *testing.T) {
+		claimed, err := direct.ClaimAttempts(b.ctx, "owner", storetest.FanOutN(t, b.ctx, direct, n, "t-renew"))
+		if err != nil || len(claimed) != n {
+			t.Fatalf("ClaimAttempts = %d attempts, %v", len(claimed), err)
+		}
+		keys := make([]pulsetype.LeaseKey, n)
+		for i, a := range claimed {
+			keys[i] = a.Key()
+		}
+		b.clock.Advance(time.Second)
+		sent := proxy.updates(testPrefix + ".history")
+		proxy.loseNext(testPrefix + ".history")
+		lost, err := s.Renew(b.ctx, keys)
+		if err != nil || len(lost) != 0 {
+			t.Fatalf("Renew = lost %v, %v; want the renewal re-issued and no lease lost", lost, err)
+		}
+		if d := proxy.updates(testPrefix+".history") - sent; d != 2 {
+			t.Errorf("history updates sent = %d, want 2 (the one whose reply was lost, and its re-issue)", d)
+		}
+		want := b.clock.Now().Add(30 * time.Second)
+		for _, a := range claimed {
+			if h := b.historyDoc(a.ID); h.LeasedUntil == nil || !h.LeasedUntil.Equal(want) {
+				t.Errorf("lease of %s runs until %v, want %v", a.ID, h.LeasedUntil, want)
+			}
+		}
+	})
+}
+
+// lossyProxy forwards the MongoDB wire protocol to one server and can lose the reply of the next update
+// command on a collection: the update runs on the server, then the client's connection is closed before
+// the reply reaches it, as when the network breaks or the primary steps down after a write applied. It
+// counts the update commands it forwarded, per collection. It is safe for concurrent use.
+type lossyProxy struct {
+	addr string
+	ln   net.Listener
+	wg   sync.WaitGroup
+
+	mu    sync.Mutex
+	lose  map[string]bool // collection -> lose the reply of its next update
+	sent  map[string]int  // collection -> update commands forwarded
+	conns map[net.Conn]bool
+}
+
+// startLossyProxy starts a lossyProxy in front of the first host of uri; it is closed in t.Cleanup. It
+// skips t when uri names several hosts or a DNS seed list (a replica set's members would be discovered
+// behind the proxy's back).
+func startLossyProxy(t *testing.T, uri string) *lossyProxy {
+	t.Helper()
+	cs, err := connstring.Parse(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs.Hosts) != 1 || cs.Scheme == connstring.SchemeMongoDBSRV {
+		t.Skipf("the test database %s has several hosts: a proxy in front of one cannot lose its replies", uri)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &lossyProxy{addr: ln.Addr().String(), ln: ln, lose: map[string]bool{}, sent: map[string]int{}, conns: map[net.Conn]bool{}}
+	p.wg.Add(1)
+	go p.accept(cs.Hosts[0])
+	t.Cleanup(p.close)
+	return p
+}
+
+// loseNext makes the proxy lose the reply of the next update command on coll.
+func (p *lossyProxy) loseNext(coll string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lose[coll] = true
+}
+
+// updates returns how many update commands on coll the proxy forwarded.
+func (p *lossyProxy) updates(coll string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sent[coll]
+}
+
+func (p *lossyProxy) accept(upstream string) {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.DialTimeout("tcp", upstream, 10*time.Second)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		if !p.track(c, up) {
+			return
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer p.untrack(c, up)
+			p.relay(c, up)
+		}()
+	}
+}
+
+// relay forwards requests and replies until either side closes or a reply is lost.
+func (p *lossyProxy) relay(client, upstream net.Conn) {
+	for {
+		req, err := devdb.ReadMessage(client)
+		if err != nil {
+			return
+		}
+		coll, moreToCome := updateOf(req)
+		lost := false
+		if coll != "" {
+			p.mu.Lock()
+			p.sent[coll]++
+			lost, p.lose[coll] = p.lose[coll], false
+			p.mu.Unlock()
+		}
+		if _, err := upstream.Write(req); err != nil || moreToCome {
+			if err != nil {
+				return
+			}
+			continue
+		}
+		reply, err := devdb.ReadMessage(upstream)
+		if err != nil || lost { // the update ran; its reply never reaches the client
+			return
+		}
+		if _, err := client.Write(reply); err != nil {
+			return
+		}
+	}
+}
+
+// updateOf returns, for an OP_MSG holding an update command, its collection, and the message's moreToCome
+// flag.
+func updateOf(msg []byte) (coll string, moreToCome bool) {
+	const opMsg = 2013
+	if len(msg) < 21 || binary.LittleEndian.Uint32(msg[12:16]) != opMsg {
+		return "", false
+	}
+	flags := binary.LittleEndian.Uint32(msg[16:20])
+	moreToCome = flags&2 != 0
+	end := len(msg)
+	if flags&1 != 0 {
+		end -= 4 // the checksum
+	}
+	for i := 20; i < end; {
+		kind := msg[i]
+		i++
+		if i+4 > end {
+			break
+		}
+		size := int(int32(binary.LittleEndian.Uint32(msg[i : i+4])))
+		if size < 5 || i+size > end {
+			break
+		}
+		if kind == 0 { // the body: its first element names the command
+			if els, err := bson.Raw(msg[i : i+size]).Elements(); err == nil && len(els) > 0 && els[0].Key() == "update" {
+				coll, _ = els[0].Value().StringValueOK()
+			}
+			return coll, moreToCome
+		}
+		i += size
+	}
+	return "", moreToCome
+}
+
+func (p *lossyProxy) track(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+		return false
+	}
+	for _, c := range cs {
+		p.conns[c] = true
+	}
+	return true
+}
+
+func (p *lossyProxy) untrack(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+}
+
+func (p *lossyProxy) close() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
 }

@@ -33,7 +33,7 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 		coll   *mongo.Collection
 		filter bson.M
 	}{{s.events, bson.M{"$or": bson.A{expired, staged}}}, {s.deliveries, expired}, {s.history, expired}} {
-		res, err := c.coll.DeleteMany(ctx, c.filter)
+		res, err := s.deleteMany(ctx, c.coll, c.filter)
 		if err != nil {
 			return total, wrap("sweep "+c.coll.Name(), err)
 		}
