@@ -26,6 +26,7 @@ func TestReissue(t *testing.T) {
 	t.Parallel()
 	stepdown := mongo.CommandError{Code: 10107, Name: "NotWritablePrimary", Message: "not primary"}
 	labelled := mongo.CommandError{Code: 1, Labels: []string{"RetryableWriteError"}}
+	network := mongo.CommandError{Labels: []string{"NetworkError"}, Message: "connection closed"}
 	duplicate := mongo.WriteException{WriteErrors: []mongo.WriteError{{Code: 11000, Message: "dup"}}}
 	for _, tt := range []struct {
 		name      string
@@ -34,6 +35,7 @@ func TestReissue(t *testing.T) {
 		wantErr   error
 	}{
 		{"a stepdown, then success", []error{stepdown}, 2, nil},
+		{"a lost reply (a network error), then success", []error{network}, 2, nil},
 		{"a labelled error twice, then success", []error{labelled, labelled}, 3, nil},
 		{"a stepdown every time", []error{stepdown, stepdown, stepdown, stepdown}, reissueTries, stepdown},
 		{"a duplicate key", []error{duplicate}, 1, duplicate},
@@ -57,8 +59,8 @@ func TestReissue(t *testing.T) {
 			}
 		})
 	}
-	if !retryableWrite(stepdown) || !retryableWrite(labelled) || retryableWrite(duplicate) || retryableWrite(errors.New("x")) {
-		t.Error("retryableWrite classifies a stepdown, a labelled error, a duplicate key and a plain error wrongly")
+	if !retryableWrite(stepdown) || !retryableWrite(labelled) || !retryableWrite(network) || retryableWrite(duplicate) || retryableWrite(errors.New("x")) {
+		t.Error("retryableWrite classifies a stepdown, a labelled error, a network error, a duplicate key and a plain error wrongly")
 	}
 }
 
