@@ -169,7 +169,7 @@ func TestDatabaseDownAnswers503Fast(t *testing.T) {
 // group commit round under way and then for their own (up to twice the timeout), and a replay or a resume
 // waited once for its read of the endpoint and once more for its write.
 func TestDatabaseDownConcurrentRequestsAnswer503Fast(t *testing.T) {
-	const timeout = 2 * time.Second
+	const timeout = 3 * time.Second // long enough that a busy machine's delays stay far below half of it
 	b := harness.Setup(t)
 	db := startPrivateDB(t, "127.0.0.1:0", t.TempDir())
 	s := b.Start(b.FastEnv(map[string]string{
