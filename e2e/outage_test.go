@@ -208,6 +208,7 @@ func TestDatabaseDownConcurrentRequestsAnswer503Fast(t *testing.T) {
 		{"POST", "/v1/endpoints/g/resume", nil},
 		{"GET", "/v1/stats", nil},
 		{"GET", "/v1/stats?consumerGroup=g", nil},
+		{"GET", "/v1/endpoints/g/activity", nil},
 		{"GET", "/v1/endpoints", nil},
 		{"GET", "/v1/endpoints/g", nil},
 		{"PUT", "/v1/endpoints/h", endpoint},
