@@ -283,21 +283,26 @@ func TestStolenLeaseResultIsNotWritten(t *testing.T) {
 	}
 }
 
-// Heartbeats keep a long webhook call alive: it takes 5 × the lease timeout, two replicas run, and the event
+// Heartbeats keep a long webhook call alive: it takes 3 × the lease timeout, two replicas run, and the event
 // is POSTed once. The replicas' clocks are 5 minutes ahead and behind: leases follow the database's clock.
+// The lease is 3 s, not 1 s: a renewal on a busy 2-core machine can take longer than a second's lease allows.
 func TestHeartbeatKeepsLongCallAliveAcrossSkewedReplicas(t *testing.T) {
 	b := harness.Setup(t)
-	lease := map[string]string{"PULSE_LOCK_TIMEOUT": "1s"}
+	const leaseTimeout = 3 * time.Second
+	lease := map[string]string{"PULSE_LOCK_TIMEOUT": leaseTimeout.String()}
 	s1 := b.Start(b.FastEnv(lease, map[string]string{"PULSE_TEST_CLOCK_SKEW": "-5m"}))
 	b.Start(b.FastEnv(lease, map[string]string{"PULSE_TEST_CLOCK_SKEW": "5m"}))
 	rcv := newBlockingReceiver(t)
 	s1.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
 	id := s1.Publish(t, "t", 1) // published by the replica whose clock is behind: still discovered at once
 	waitClosed(t, rcv.started, 20*time.Second, "the first POST")
-	time.Sleep(5 * time.Second) // the receiver's work: 5 × the lease timeout (not a wait for an outcome)
+	time.Sleep(3 * leaseTimeout) // the receiver's work: 3 × the lease timeout (not a wait for an outcome)
 	rcv.answer <- 200
 	d := s1.WaitDelivery(t, id, "g", 20*time.Second)
 	if d.Status != "success" || len(d.Attempts) != 1 {
+		for _, a := range d.Attempts {
+			t.Logf("attempt %d: %+v (error %+v)", a.Attempt, a, a.Error)
+		}
 		t.Fatalf("delivery = %+v, want success on attempt 1 (the lease was renewed, not reaped)", d)
 	}
 	rcv.WantPOSTs(t, 1, "")
