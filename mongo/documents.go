@@ -30,8 +30,12 @@ type eventDoc struct {
 	TraceState  string `bson:"tracestate,omitempty"`
 	// Fanout is true until deliveries and first attempts exist for every subscribed consumer group.
 	Fanout bool `bson:"fanout,omitempty"`
-	// Staged marks events of an array publish that is not yet committed; they are invisible.
-	Staged    bool       `bson:"staged,omitempty"`
+	// Staged marks events of a publish that is not yet committed; they are invisible.
+	Staged bool `bson:"staged,omitempty"`
+	// Batch is the id shared by the events of one array publish (absent for a single event), kept after the
+	// commit: the repair rolls an array forward by it when some of its events are committed and others are
+	// still staged (rollForward).
+	Batch     string     `bson:"batch,omitempty"`
 	ExpiresAt *time.Time `bson:"expiresAt,omitempty"`
 }
 

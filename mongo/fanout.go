@@ -162,6 +162,8 @@ func (s *Store) unqueueDuplicates(ctx context.Context, attempts []any, err error
 // than age: events whose publisher died before fanning them out (docs/delivery.md, "Recovery after a
 // crash"). It reads the outbox, never the retained events, and removes outbox documents left without a
 // mark: of events whose marks were cleared, and, after StagedTimeout, of publishes that never committed.
+// An event still staged whose array has a committed event is committed first and fanned out with the
+// others (rollForward).
 // Until then it puts aside the documents of events still staged or missing (deferredUntil, deferFactor ×
 // age from now), so that a crowd of them never hides a newer interrupted fan-out; it reads on past a page of
 // such documents, up to maxFanOutPages pages. It returns how many first attempts it inserted.
@@ -201,6 +203,9 @@ func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit in
 	if err != nil {
 		return 0, false, err
 	}
+	if err := s.rollForwardStaged(ctx, docs); err != nil {
+		return 0, false, err
+	}
 	var events []*pulsetype.Event
 	var done, aside []string
 	for _, m := range marks {
@@ -227,4 +232,25 @@ func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit in
 	}
 	readOn := len(aside) == limit
 	return len(inserted), readOn, s.ClearFanOut(ctx, done)
+}
+
+// rollForwardStaged rolls forward the arrays of the staged events among docs (rollForward) and replaces, in
+// docs, each event it committed by its committed document.
+func (s *Store) rollForwardStaged(ctx context.Context, docs map[string]*eventDoc) error {
+	batches := map[string]bool{}
+	for _, d := range docs {
+		if d.Staged && d.Batch != "" {
+			batches[d.Batch] = true
+		}
+	}
+	committed, err := s.rollForward(ctx, slices.Collect(maps.Keys(batches)))
+	if err != nil {
+		return err
+	}
+	for id, d := range committed {
+		if _, ok := docs[id]; ok {
+			docs[id] = d
+		}
+	}
+	return nil
 }

@@ -82,6 +82,8 @@ var internalCases = []storetest.Case{
 	{Name: "GroupCommitWritesConcurrentPublishesTogether", Run: internal(testGroupCommitWritesConcurrentPublishesTogether), Race: true},
 	{Name: "RepairScanWorksFromTheQueue", Run: internal(testRepairScanWorksFromTheQueue)},
 	{Name: "EnsureSchemaQueuesEarlierWork", Run: internal(testEnsureSchemaQueuesEarlierWork)},
+	// arrays_test.go
+	{Name: "PartlyCommittedArrayRollsForward", Run: internal(testPartlyCommittedArrayRollsForward)},
 	// paging_test.go
 	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
 	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},

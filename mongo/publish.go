@@ -105,8 +105,14 @@ type publishOutcome struct {
 func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all bool) ([]publishOutcome, error) {
 	out := make([]publishOutcome, len(events))
 	docs := make([]any, len(events))
+	batch := ""
+	if all {
+		batch = newBatchID() // the array's events roll forward together (rollForward)
+	}
 	for i, e := range events {
-		docs[i] = s.newEventDoc(e, true)
+		d := s.newEventDoc(e, true)
+		d.Batch = batch
+		docs[i] = d
 		out[i].published.Event = e
 	}
 	taken := map[int]bool{}

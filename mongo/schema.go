@@ -30,6 +30,9 @@ var indexSpecs = []indexSpec{
 	// Serves the sweep of staged events of array publishes that never committed ({staged: true, createdAt <
 	// now - StagedTimeout}), run every minute by every replica: without it each sweep reads every event.
 	{coll: "events", name: "pulse_events_staged", keys: bson.D{{Key: "staged", Value: 1}, {Key: "createdAt", Value: 1}}},
+	// Serves the members of an array publish ({batch: {$in: [...]}}), which the repair reads to roll a partly
+	// committed array forward (rollForward); events of single publishes carry no batch.
+	{coll: "events", name: "pulse_events_batch", keys: bson.D{{Key: "batch", Value: 1}}},
 	{coll: "subscriptions", name: "pulse_subscriptions_topics", keys: bson.D{{Key: "topics", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_group_event_unique", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "eventId", Value: 1}}, unique: true},
 	// Serves the deliveries of an event (GET /v1/events/{id}), by consumer group: the unique index starts

@@ -35,6 +35,7 @@ var scatterPlan = map[string]string{
 	"history delete eq= range=expiresAt not= sort=":               "the sweep of expired attempts (servers without TTL indexes)",
 	"events delete eq= range= not= sort=":                         "the sweep of expired and staged events ($or: expiresAt, staged)",
 	"events find eq=topic range=_id not=staged sort=_id":          "backfill walk by topic from a cursor (_id range on a hashed key)",
+	"events find eq=staged range=createdAt not=batch sort=":       "the sweep's read of the staged events of arrays, to roll partly committed ones forward (pulse_events_staged)",
 	"events find eq=fanout range= not= sort=fanout,createdAt,_id": "the one-time queue migration: events marked for fan-out",
 	// The API's reads across groups, and GET /v1/stats's attempt figures (history is keyed by delivery).
 	"deliveries find eq= range= not= sort=createdAt,_id":                                                   "GET /v1/deliveries newest first, every group",

@@ -1,0 +1,122 @@
+package mongo
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/pulse-sidecar/pulse/mongo/storetest"
+	"github.com/pulse-sidecar/pulse/pulsetype"
+)
+
+// stageArray writes an array publish of n events on topic t as publishRound does up to its commit (the
+// events staged with one batch id, then their outbox documents) and returns the events' ids.
+func (b *bundle) stageArray(s *Store, name string, n int) []string {
+	b.t.Helper()
+	events := make([]*pulsetype.Event, n)
+	for i := range events {
+		events[i] = storetest.Event(fmt.Sprintf("%s-%d", name, i), "t", fmt.Sprintf(`{"i":%d}`, i))
+	}
+	s.stamp(events)
+	batch := newBatchID()
+	docs, marks := make([]any, n), make([]any, n)
+	ids := make([]string, n)
+	for i, e := range events {
+		d := s.newEventDoc(e, true)
+		d.Batch = batch
+		docs[i], ids[i] = d, e.ID
+		marks[i] = &outboxDoc{ID: e.ID, Topic: e.Topic, CreatedAt: e.CreatedAt}
+	}
+	if _, err := s.events.InsertMany(b.ctx, docs); err != nil {
+		b.t.Fatalf("insert staged events: %v", err)
+	}
+	if _, err := s.outbox.InsertMany(b.ctx, marks, options.InsertMany().SetOrdered(false)); err != nil {
+		b.t.Fatalf("insert outbox documents: %v", err)
+	}
+	return ids
+}
+
+// visible returns how many of ids GetEvent finds (committed, unexpired).
+func (b *bundle) visible(s *Store, ids []string) int {
+	b.t.Helper()
+	n := 0
+	for _, id := range ids {
+		_, err := s.GetEvent(b.ctx, id)
+		switch {
+		case err == nil:
+			n++
+		case !errors.Is(err, pulsetype.ErrNotFound):
+			b.t.Fatalf("GetEvent(%s): %v", id, err)
+		}
+	}
+	return n
+}
+
+// An array publish whose commit stopped part-way (here: the commit of its first event only, as an
+// updateMany interrupted by a stepdown leaves it) is rolled forward by the fan-out repair: every event of
+// it is committed and fanned out. An array of which no event is committed is left staged (its publish may
+// still commit it) and removed by the sweep after StagedTimeout; a partly committed array that the
+// fan-out repair has not reached by then is committed by the sweep instead of removed, and fanned out by
+// the next repair.
+func testPartlyCommittedArrayRollsForward(t *testing.T, e *env) {
+	b := e.setup(t)
+	s := b.store(nil, nil)
+	b.putEndpoint(s, "g", "t")
+
+	partial := b.stageArray(s, "partial", 3)
+	if _, err := s.commitEvents(b.ctx, partial[:1]); err != nil {
+		t.Fatalf("commit the first event: %v", err)
+	}
+	uncommitted := b.stageArray(s, "uncommitted", 2)
+	if got := b.visible(s, partial); got != 1 {
+		t.Fatalf("%d of the partly committed array visible before the repair, want 1 (test premise)", got)
+	}
+
+	b.clock.Advance(2 * s.opts.LeaseTimeout)
+	n, err := s.FanOutStale(b.ctx, s.opts.LeaseTimeout, 100)
+	if err != nil {
+		t.Fatalf("FanOutStale: %v", err)
+	}
+	if n != 3 {
+		t.Errorf("FanOutStale inserted %d first attempts, want 3 (every event of the partly committed array)", n)
+	}
+	if got := b.visible(s, partial); got != 3 {
+		t.Errorf("%d of 3 events of the partly committed array visible after the repair, want 3", got)
+	}
+	if got := b.count("deliveries", bson.M{"eventId": bson.M{"$in": partial}}); got != 3 {
+		t.Errorf("%d deliveries of the partly committed array, want 3", got)
+	}
+	if got := b.count("events", bson.M{"_id": bson.M{"$in": uncommitted}, "staged": true}); got != 2 {
+		t.Errorf("%d of 2 events of the uncommitted array still staged after the repair, want 2", got)
+	}
+
+	late := b.stageArray(s, "late", 2)
+	if _, err := s.commitEvents(b.ctx, late[1:]); err != nil {
+		t.Fatalf("commit the last event: %v", err)
+	}
+	b.clock.Advance(StagedTimeout + s.opts.LeaseTimeout)
+	if _, err := s.Sweep(b.ctx); err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	if got := b.count("events", bson.M{"_id": bson.M{"$in": uncommitted}}); got != 0 {
+		t.Errorf("%d events of the uncommitted array left after the sweep, want 0", got)
+	}
+	if got := b.visible(s, late); got != 2 {
+		t.Errorf("%d of 2 events of the partly committed array visible after the sweep, want 2 (committed, not removed)", got)
+	}
+	if got := b.visible(s, partial); got != 3 {
+		t.Errorf("%d of 3 events of the array rolled forward visible after the sweep, want 3", got)
+	}
+	if _, err := s.FanOutStale(b.ctx, s.opts.LeaseTimeout, 100); err != nil {
+		t.Fatalf("FanOutStale: %v", err)
+	}
+	if got := b.count("deliveries", bson.M{"eventId": bson.M{"$in": late}}); got != 2 {
+		t.Errorf("%d deliveries of the array the sweep committed, want 2", got)
+	}
+	if got := b.count("outbox", bson.M{}); got != 0 {
+		t.Errorf("%d outbox documents left, want 0", got)
+	}
+}
