@@ -22,7 +22,7 @@ func TestBenchPrintsFigures(t *testing.T) {
 	if err := run(t.Context(), args, func(k string) string { return env[k] }, &out); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
-	line := regexp.MustCompile(`(?m)^bench: deliveries=20 duplicates=0 seconds=[0-9.]+ deliveries_per_s=[0-9.]+ p50_ms=[0-9.]+ p99_ms=[0-9.]+ db_commands_per_delivery=([0-9.]+) raw_db_ops_per_s=[0-9.]+ efficiency=[0-9.]+ sidecar_cpu_us_per_delivery=([0-9]+) process_cpu_us_per_delivery=([0-9]+) peak_rss_mib=[0-9.]+ publish_p50_ms=[0-9.]+ publish_p99_ms=[0-9.]+ deliveries_per_raw_op=[0-9.]+ log_warnings=\d+ log_errors=\d+ lease_losses=\d+$`)
+	line := regexp.MustCompile(`(?m)^bench: deliveries=20 duplicates=0 seconds=[0-9.]+ deliveries_per_s=[0-9.]+ p50_ms=[0-9.]+ p99_ms=[0-9.]+ db_commands_per_delivery=([0-9.]+) raw_db_ops_per_s=[0-9.]+ efficiency=[0-9.]+ sidecar_cpu_us_per_delivery=([0-9]+) process_cpu_us_per_delivery=([0-9]+) peak_rss_mib=[0-9.]+ publish_p50_ms=[0-9.]+ publish_p99_ms=[0-9.]+ deliveries_per_raw_op=[0-9.]+ log_warnings=\d+ log_errors=\d+ lease_losses=\d+ docs_written_per_delivery=([0-9.]+)$`)
 	m := line.FindStringSubmatch(out.String())
 	if m == nil {
 		t.Fatalf("no machine line with 20 deliveries and 0 duplicates in:\n%s", out.String())
@@ -30,13 +30,17 @@ func TestBenchPrintsFigures(t *testing.T) {
 	if cmds, _ := strconv.ParseFloat(m[1], 64); cmds <= 0 {
 		t.Errorf("db_commands_per_delivery = %s: the command monitor counted nothing", m[1])
 	}
+	// Each delivery inserts at least its delivery and its attempt.
+	if docs, _ := strconv.ParseFloat(m[4], 64); docs < 2 {
+		t.Errorf("docs_written_per_delivery = %s, want at least 2 (a delivery and an attempt inserted each)", m[4])
+	}
 	// The sidecars' share of the CPU is a part of the process's (internal/bench tests how it is split).
 	sidecar, _ := strconv.Atoi(m[2])
 	process, _ := strconv.Atoi(m[3])
 	if sidecar <= 0 || sidecar > process {
 		t.Errorf("sidecar_cpu_us_per_delivery = %d, process_cpu_us_per_delivery = %d: want 0 < sidecar ≤ process", sidecar, process)
 	}
-	if !regexp.MustCompile(`(?m)^\s+db insert pulse\.events\s+\d+ \(`).MatchString(out.String()) {
+	if !regexp.MustCompile(`(?m)^\s+db insert pulse\.outbox\s+\d+ \(`).MatchString(out.String()) {
 		t.Errorf("the table lists no commands by name and collection:\n%s", out.String())
 	}
 }

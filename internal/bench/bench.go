@@ -56,6 +56,7 @@ type result struct {
 	PublishP50ms            float64 // publish request → 202
 	PublishP99ms            float64
 	CommandsPerDelivery     float64
+	DocsWrittenPerDelivery  float64 // documents inserted, updated and deleted (the command replies' counts; docsWritten)
 	RawOpsPerSecond         float64
 	Efficiency              float64
 	PerRawOp                float64 // deliveries/s ÷ raw updates/s
@@ -157,7 +158,7 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	go harness(ctx, func(context.Context) { _ = rsrv.Serve(ln) })
 	defer rsrv.Close()
 
-	var commands atomic.Int64
+	var commands, written atomic.Int64
 	var byNameMu sync.Mutex
 	byName := map[string]int64{}
 	timeByName := map[string]time.Duration{}
@@ -184,8 +185,11 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 				byNameMu.Unlock()
 			}
 		},
-		Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) { took(e.RequestID, e.Duration) },
-		Failed:    func(_ context.Context, e *event.CommandFailedEvent) { took(e.RequestID, e.Duration) },
+		Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) {
+			written.Add(docsWritten(e.CommandName, e.Reply))
+			took(e.RequestID, e.Duration)
+		},
+		Failed: func(_ context.Context, e *event.CommandFailedEvent) { took(e.RequestID, e.Duration) },
 	}
 	logs := newLogCounter()
 	env := map[string]string{"PULSE_MONGODB_URI": o.uri, "PULSE_DATABASE": dbName, "PULSE_LISTEN": "127.0.0.1:0", "PULSE_LOG_LEVEL": "warn"}
@@ -234,7 +238,7 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	if err != nil {
 		return result{}, err
 	}
-	cpu0, start, cmd0 := cpuTime(), time.Now(), commands.Load()
+	cpu0, start, cmd0, written0 := cpuTime(), time.Now(), commands.Load(), written.Load()
 	harness(ctx, func(ctx context.Context) {
 		// A client of its own, so that its connections are dialled by (and labelled as) the harness.
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -259,7 +263,7 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	if err != nil {
 		return result{}, err
 	}
-	cmds := commands.Load() - cmd0
+	cmds, docs := commands.Load()-cmd0, written.Load()-written0
 	counting.Store(false)
 	idle, idleCommands := -1.0, 0.0
 	if o.idle > 0 {
@@ -281,7 +285,7 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 		Deliveries: rcv.distinct() - before, Duplicates: rcv.total() - rcv.distinct(), Seconds: elapsed.Seconds(),
 		P50ms: percentile(lat, 0.50), P99ms: percentile(lat, 0.99),
 		PublishP50ms: percentile(publat, 0.50), PublishP99ms: percentile(publat, 0.99),
-		CommandsPerDelivery: float64(cmds) / float64(want), RawOpsPerSecond: raw,
+		CommandsPerDelivery: float64(cmds) / float64(want), DocsWrittenPerDelivery: float64(docs) / float64(want), RawOpsPerSecond: raw,
 		ProcessCPUusPerDelivery: float64(cpu.Microseconds()) / float64(want), PeakRSSMiB: peakRSSMiB(),
 		IdleDBCPUPercent: idle, IdleCommandsPerSecond: idleCommands,
 	}
@@ -342,6 +346,7 @@ func printResult(w io.Writer, r result, o flags) {
 		{"latency p50 (publish → POST)", fmt.Sprintf("%.1f ms", r.P50ms)}, {"latency p99", fmt.Sprintf("%.1f ms", r.P99ms)},
 		{"publish p50 (request → 202)", fmt.Sprintf("%.1f ms", r.PublishP50ms)}, {"publish p99", fmt.Sprintf("%.1f ms", r.PublishP99ms)},
 		{"db commands per delivery", fmt.Sprintf("%.2f", r.CommandsPerDelivery)},
+		{"db documents written per delivery", fmt.Sprintf("%.2f", r.DocsWrittenPerDelivery)},
 		{"raw db updates by _id/s", fmt.Sprintf("%.1f", r.RawOpsPerSecond)}, {"efficiency", fmt.Sprintf("%.2f", r.Efficiency)},
 		{"deliveries per raw update", fmt.Sprintf("%.3f", r.PerRawOp)},
 		{"sidecar CPU per delivery", fmt.Sprintf("%.0f µs", r.CPUusPerDelivery)},
@@ -365,9 +370,9 @@ func printResult(w io.Writer, r result, o flags) {
 		fmt.Fprintf(w, "  %-40s %d (%.2f per delivery, %.1f ms mean round trip)\n", "  db "+name, n,
 			float64(n)/float64(max(r.Deliveries, 1)), float64(r.TimeByCommand[name].Microseconds())/1000/float64(n))
 	}
-	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f process_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f publish_p50_ms=%.1f publish_p99_ms=%.1f deliveries_per_raw_op=%.3f log_warnings=%d log_errors=%d lease_losses=%d",
+	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f process_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f publish_p50_ms=%.1f publish_p99_ms=%.1f deliveries_per_raw_op=%.3f log_warnings=%d log_errors=%d lease_losses=%d docs_written_per_delivery=%.2f",
 		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.ProcessCPUusPerDelivery, r.PeakRSSMiB,
-		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors, r.LeaseLosses)
+		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors, r.LeaseLosses, r.DocsWrittenPerDelivery)
 	if r.IdleDBCPUPercent >= 0 {
 		fmt.Fprintf(w, " idle_db_cpu_pct=%.2f idle_db_commands_per_s=%.2f", r.IdleDBCPUPercent, r.IdleCommandsPerSecond)
 	}

@@ -158,3 +158,26 @@ func sidecarShare(r io.Reader) (float64, error) {
 	}
 	return float64(total-harness) / float64(total), nil
 }
+
+// docsWritten returns the documents a write command's reply says it inserted, changed or deleted: n of an
+// insert or a delete, nModified plus the upserted documents of an update, and of a findAndModify the
+// document it wrote (lastErrorObject.n; an update that matched but changed nothing counts too, as its reply
+// cannot tell). Each is a document MongoDB's oplog records. Any other command, or a reply without these
+// fields, counts 0.
+func docsWritten(command string, reply bson.Raw) int64 {
+	count := func(v bson.RawValue) int64 {
+		n, _ := v.AsInt64OK()
+		return n
+	}
+	switch strings.ToLower(command) {
+	case "insert", "delete":
+		return count(reply.Lookup("n"))
+	case "update":
+		up, _ := reply.Lookup("upserted").ArrayOK()
+		ups, _ := up.Values()
+		return count(reply.Lookup("nModified")) + int64(len(ups))
+	case "findandmodify":
+		return count(reply.Lookup("lastErrorObject", "n"))
+	}
+	return 0
+}

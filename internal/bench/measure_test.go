@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // processCPU reads the same CPU time from /proc/<pid>/stat that getrusage reports for this process.
@@ -70,5 +72,36 @@ func TestLogCounter(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(kinds, "\n"), "1× error reconciler: repair failed (boom)") {
 		t.Fatalf("kinds = %q", kinds)
+	}
+}
+
+// docsWritten reads the documents a write wrote from its reply: inserts and deletes by n, updates by
+// nModified plus their upserts, a findAndModify by lastErrorObject.n; reads write none.
+func TestDocsWrittenCountsFromReplies(t *testing.T) {
+	t.Parallel()
+	reply := func(d bson.D) bson.Raw {
+		raw, err := bson.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	for _, c := range []struct {
+		command string
+		reply   bson.D
+		want    int64
+	}{
+		{"insert", bson.D{{Key: "n", Value: int32(3)}, {Key: "ok", Value: 1.0}}, 3},
+		{"delete", bson.D{{Key: "n", Value: int64(2)}, {Key: "ok", Value: 1.0}}, 2},
+		{"update", bson.D{{Key: "n", Value: int32(5)}, {Key: "nModified", Value: int32(4)}, {Key: "ok", Value: 1.0}}, 4},
+		{"update", bson.D{{Key: "n", Value: int32(2)}, {Key: "nModified", Value: int32(1)},
+			{Key: "upserted", Value: bson.A{bson.D{{Key: "index", Value: int32(1)}, {Key: "_id", Value: "x"}}}}, {Key: "ok", Value: 1.0}}, 2},
+		{"findAndModify", bson.D{{Key: "lastErrorObject", Value: bson.D{{Key: "n", Value: int32(1)}, {Key: "updatedExisting", Value: false}}}, {Key: "ok", Value: 1.0}}, 1},
+		{"findAndModify", bson.D{{Key: "lastErrorObject", Value: bson.D{{Key: "n", Value: int32(0)}}}, {Key: "value", Value: nil}, {Key: "ok", Value: 1.0}}, 0},
+		{"find", bson.D{{Key: "cursor", Value: bson.D{{Key: "firstBatch", Value: bson.A{}}}}, {Key: "ok", Value: 1.0}}, 0},
+	} {
+		if got := docsWritten(c.command, reply(c.reply)); got != c.want {
+			t.Errorf("docsWritten(%s, %v) = %d, want %d", c.command, c.reply, got, c.want)
+		}
 	}
 }
