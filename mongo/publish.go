@@ -3,6 +3,7 @@ package mongo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -83,7 +84,7 @@ type publishOutcome struct {
 }
 
 // publishRound stores events (distinct ids, each with its CreatedAt and ExpiresAt set) in at most six
-// commands:
+// commands (a round of one event that is not an array in two, see publishSingle):
 //
 //  1. one insert of the documents, staged (invisible; a duplicate key means the id is taken);
 //  2. one read of the documents whose ids were taken, compared with what is published: the same content
@@ -103,6 +104,9 @@ type publishOutcome struct {
 // document a concurrent round removed before its commit has errPublishRace: the caller runs it again. The
 // returned error is the database's, for the whole round.
 func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all bool) ([]publishOutcome, error) {
+	if !all && len(events) == 1 {
+		return s.publishSingle(ctx, events[0])
+	}
 	out := make([]publishOutcome, len(events))
 	docs := make([]any, len(events))
 	batch := ""
@@ -145,7 +149,7 @@ func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all
 	var adopted []string // ids another publish staged with the same content, committed here too
 	if len(taken) > 0 {
 		var err error
-		adopted, err = s.resolveTaken(ctx, events, taken, out)
+		adopted, _, err = s.resolveTaken(ctx, events, taken, out)
 		if err != nil {
 			undo()
 			return nil, err
@@ -208,15 +212,16 @@ func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all
 
 // resolveTaken reads the stored documents of the events at the indexes of taken (ids already used) and sets
 // their outcomes: Existing, pulsetype.ErrIDConflict, or errPublishRace (gone meanwhile; an expired one is
-// removed first). It returns the ids of those still staged with the same content, for the caller to commit.
-func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, taken map[int]bool, out []publishOutcome) (adopted []string, err error) {
+// removed first). It returns the ids of those still staged with the same content, for the caller to commit,
+// and the documents it read, by id.
+func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, taken map[int]bool, out []publishOutcome) (adopted []string, existing map[string]*eventDoc, err error) {
 	ids := make([]string, 0, len(taken))
 	for i := range taken {
 		ids = append(ids, events[i].ID)
 	}
-	existing, err := s.findEvents(ctx, ids)
+	existing, err = s.findEvents(ctx, ids)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	now := s.now()
 	for i := range taken {
@@ -228,7 +233,7 @@ func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, tak
 		case expired(ex.ExpiresAt, now):
 			// Gone for every reader; remove it so the id can be published again.
 			if _, err := s.events.DeleteOne(ctx, bson.M{"_id": e.ID, "expiresAt": ex.ExpiresAt}); err != nil {
-				return nil, wrap("remove expired event", err)
+				return nil, nil, wrap("remove expired event", err)
 			}
 			out[i].err = errPublishRace
 		case !sameContent(ex, e):
@@ -239,7 +244,110 @@ func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, tak
 			out[i].published = pulsetype.Published{Event: ex.event(), Existing: true}
 		}
 	}
-	return adopted, nil
+	return adopted, existing, nil
+}
+
+// publishSingle is publishRound for one event that is not an array, in two commands:
+//
+//  1. one insert of its outbox document (a duplicate is one an earlier try, or another publish of the id,
+//     wrote, and stays);
+//  2. one findAndModify that inserts the event visible, with its fanout mark, and stamps createdAt in the
+//     same write: an upsert whose query, {_id, createdAt: {$exists: false}}, matches no stored event (each
+//     has a createdAt), so that it inserts the document its update describes ($setOnInsert, and
+//     $currentDate for createdAt, which an upsert applies to the document it inserts), or, when the id is
+//     taken, fails with a duplicate key error (code 11000) and writes nothing. The server does not retry
+//     such an upsert itself: it does so only for a query of equalities on the unique index's fields alone.
+//
+// A taken id costs more: the read of resolveTaken, then, for an event staged by another publish with the
+// same content, the recall of its outbox document and its commit (commitEvents); for an event published and
+// fanned out before (a re-publish), the removal of the outbox document this call inserted; for an id used
+// with other content, that document is given the stored event's topic, ordering key and createdAt, as that
+// event's publish would have written it (its own insert may have found this one).
+func (s *Store) publishSingle(ctx context.Context, e *pulsetype.Event) ([]publishOutcome, error) {
+	out := []publishOutcome{{published: pulsetype.Published{Event: e}}}
+	_, err := s.outbox.InsertOne(ctx, &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt})
+	if err != nil && !mongo.IsDuplicateKeyError(err) {
+		return nil, wrap("insert outbox document", err)
+	}
+	markInserted := err == nil
+	insert, err := onInsert(s.newEventDoc(e, false))
+	if err != nil {
+		return nil, err
+	}
+	var d eventDoc
+	err = s.events.FindOneAndUpdate(ctx, bson.M{"_id": e.ID, "createdAt": bson.M{"$exists": false}},
+		bson.M{"$setOnInsert": insert, "$currentDate": bson.M{"createdAt": true}},
+		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&d)
+	if err == nil {
+		e.CreatedAt = d.CreatedAt.UTC()
+		return out, nil
+	}
+	if !mongo.IsDuplicateKeyError(err) {
+		return nil, wrap("insert event", err)
+	}
+	adopted, existing, err := s.resolveTaken(ctx, []*pulsetype.Event{e}, map[int]bool{0: true}, out)
+	if err != nil {
+		return nil, err
+	}
+	ex := existing[e.ID]
+	switch {
+	case !markInserted:
+	case out[0].err == nil && len(adopted) == 0 && !ex.Fanout:
+		// Published and fanned out before: the document this call inserted stands for nothing.
+		if _, err := s.outbox.DeleteOne(ctx, bson.M{"_id": e.ID}); err != nil {
+			return nil, wrap("remove outbox document", err)
+		}
+	case errors.Is(out[0].err, pulsetype.ErrIDConflict):
+		set := bson.M{"topic": ex.Topic, "createdAt": ex.CreatedAt}
+		update := bson.M{"$set": set}
+		if ex.OrderingKey != "" {
+			set["orderingKey"] = ex.OrderingKey
+		} else {
+			update["$unset"] = bson.M{"orderingKey": ""}
+		}
+		if _, err := s.outbox.UpdateOne(ctx, bson.M{"_id": e.ID}, update); err != nil {
+			return nil, wrap("correct outbox document", err)
+		}
+	}
+	if len(adopted) == 0 {
+		return out, nil
+	}
+	// Another publish staged it: its outbox document may have been put aside by the fan-out repair
+	// meanwhile (FanOutStale), and must be seen again once it is committed.
+	if _, err := s.updateMany(ctx, s.outbox, bson.M{"_id": e.ID}, bson.M{"$unset": bson.M{"deferredUntil": ""}}); err != nil {
+		return nil, wrap("recall outbox document", err)
+	}
+	stamps, err := s.commitEvents(ctx, adopted)
+	if err != nil {
+		return nil, err
+	}
+	t, ok := stamps[e.ID]
+	if !ok {
+		out[0].err = errPublishRace // removed by a concurrent publish before it was committed
+		return out, nil
+	}
+	e.CreatedAt = t
+	out[0].published = pulsetype.Published{Event: e, Existing: true}
+	return out, nil
+}
+
+// onInsert returns the fields of d but _id and createdAt, for the $setOnInsert of publishSingle's upsert.
+func onInsert(d *eventDoc) (bson.D, error) {
+	raw, err := bson.Marshal(d)
+	if err != nil {
+		return nil, fmt.Errorf("encode event: %w", err)
+	}
+	var fields bson.D
+	if err := bson.Unmarshal(raw, &fields); err != nil {
+		return nil, fmt.Errorf("encode event: %w", err)
+	}
+	out := fields[:0]
+	for _, f := range fields {
+		if f.Key != "_id" && f.Key != "createdAt" {
+			out = append(out, f)
+		}
+	}
+	return out, nil
 }
 
 // commitEvents commits the staged events ids (step 4 of publishRound) and returns the createdAt of each one

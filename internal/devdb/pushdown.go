@@ -3,6 +3,7 @@ package devdb
 import (
 	"fmt"
 	"net"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -17,8 +18,9 @@ import (
 // operation comes between them), and answers as the command would have.
 //
 // Served: find without sort, skip, hint or collation (projection of fields included or excluded); update
-// and delete statements without upsert, collation, hint or sort; findAndModify of one id without upsert. Any
-// other command, or a filter with more than maxAnchoredIDs ids, goes upstream as it is.
+// and delete statements without upsert, collation, hint or sort; findAndModify of one id without upsert, and
+// the insert-only upsert findAndModify of one id (see pushdownInsertOnly). Any other command, or a filter
+// with more than maxAnchoredIDs ids, goes upstream as it is.
 
 // maxAnchoredIDs bounds the ids of a filter the proxy serves one at a time: beyond it, reading the
 // collection once is as cheap.
@@ -332,8 +334,11 @@ func bsonDoc(d bson.D) []byte {
 // findAndModify that matched nothing.
 func pushdownFindAndModify(upstream net.Conn, m *message) ([]byte, bool, error) {
 	q, ok := m.body.Lookup("query").DocumentOK()
-	if !ok || truthy(m.body.Lookup("upsert")) || has(m.body, "collation") || has(m.body, "hint") || has(m.body, "let") {
+	if !ok || has(m.body, "collation") || has(m.body, "hint") || has(m.body, "let") {
 		return nil, false, nil
+	}
+	if truthy(m.body.Lookup("upsert")) {
+		return pushdownInsertOnly(upstream, m, q)
 	}
 	ids, ok := anchoredIDs(q)
 	if !ok || len(ids) != 1 {
@@ -367,4 +372,92 @@ func pushdownFindAndModify(upstream net.Conn, m *message) ([]byte, bool, error) 
 	}
 	reply, err := exchange(upstream, req)
 	return reply, true, err
+}
+
+// pushdownInsertOnly serves an upsert findAndModify whose query is {_id: id} (a string) beside conditions
+// {field: {$exists: false}} only, with an update of operators: the shape of an insert whose fields the
+// update sets and stamps ($setOnInsert, $currentDate), refused as a duplicate key when the id is taken by a
+// document the query does not match. Upstream, FerretDB would read every document of the collection for it.
+// Per id, one aggregate finds the document with that id; when there is none, or the whole query matches it,
+// the command goes upstream with {_id: id} as its query (the $exists conditions add no field to an inserted
+// document, as on MongoDB); otherwise the answer is the duplicate key error MongoDB gives (code 11000),
+// with nothing written.
+func pushdownInsertOnly(upstream net.Conn, m *message, q bson.Raw) ([]byte, bool, error) {
+	if !onlyFields(m.body, "findAndModify", "findandmodify", "query", "update", "upsert", "new", "fields", "bypassDocumentValidation", "txnNumber") {
+		return nil, false, nil
+	}
+	if u, ok := m.body.Lookup("update").DocumentOK(); !ok || !operatorsOnly(u) {
+		return nil, false, nil
+	}
+	var id bson.RawValue
+	for _, e := range elements(q) {
+		v := e.Value()
+		switch {
+		case e.Key() == "_id" && v.Type == bson.TypeString:
+			id = v
+		case e.Key() != "_id" && isExistsFalse(v):
+		default:
+			return nil, false, nil
+		}
+	}
+	if id.Type != bson.TypeString {
+		return nil, false, nil
+	}
+	coll := m.body.Index(0).Value()
+	idOnly := bson.Raw(bsonDoc(bson.D{{Key: "_id", Value: 1}}))
+	doc, failed, err := matchOne(upstream, m, coll, id, bson.Raw(bsonDoc(bson.D{})), idOnly)
+	if failed != nil || err != nil {
+		return failed, true, err
+	}
+	if doc != nil {
+		doc, failed, err = matchOne(upstream, m, coll, id, q, idOnly)
+		if failed != nil || err != nil {
+			return failed, true, err
+		}
+		if doc == nil { // the id is taken by a document the query does not match: the insert fails
+			db, _ := m.body.Lookup("$db").StringValueOK()
+			name, _ := coll.StringValueOK()
+			reply, err := replyMsg(m.requestID, bson.D{{Key: "ok", Value: 0.0},
+				{Key: "errmsg", Value: "E11000 duplicate key error collection: " + db + "." + name},
+				{Key: "code", Value: int32(11000)}, {Key: "codeName", Value: "DuplicateKey"}})
+			return reply, true, err
+		}
+	}
+	cmd := bson.D{}
+	for _, e := range elements(m.body) {
+		switch e.Key() {
+		case "query":
+			cmd = append(cmd, bson.E{Key: "query", Value: bson.D{{Key: "_id", Value: id}}})
+		case "txnNumber":
+		default:
+			cmd = append(cmd, bson.E{Key: e.Key(), Value: e.Value()})
+		}
+	}
+	req, err := requestMsg(m.requestID, cmd)
+	if err != nil {
+		return nil, true, fmt.Errorf("pushdown findAndModify: %w", err)
+	}
+	reply, err := exchange(upstream, req)
+	return reply, true, err
+}
+
+// operatorsOnly reports whether every field of an update document is an update operator ($set, ...).
+func operatorsOnly(u bson.Raw) bool {
+	es := elements(u)
+	for _, e := range es {
+		if !strings.HasPrefix(e.Key(), "$") {
+			return false
+		}
+	}
+	return len(es) > 0
+}
+
+// isExistsFalse reports whether v is the condition {$exists: false}.
+func isExistsFalse(v bson.RawValue) bool {
+	d, ok := v.DocumentOK()
+	if !ok {
+		return false
+	}
+	es := elements(d)
+	return len(es) == 1 && es[0].Key() == "$exists" && !truthy(es[0].Value())
 }

@@ -74,7 +74,7 @@ func TestPushdownServesAnchoredFiltersByID(t *testing.T) {
 
 // The same commands through a proxy with pushdown and one without, on a real FerretDB, answer alike and
 // leave the same documents: finds (with projection and limit), multi and single updates, deletes,
-// findAndModify that matches and that does not, and an unordered bulk write.
+// findAndModify that matches and that does not, insert-only upserts, and an unordered bulk write.
 func TestPushdownAnswersAsFerretDB(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -156,6 +156,19 @@ func pushdownScript(ctx context.Context, t *testing.T, coll *mongo.Collection) [
 	note("findOneAndUpdate ", doc, err)
 	err = coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: "d19"}, {Key: "s", Value: "x"}}, bson.D{{Key: "$set", Value: bson.D{{Key: "t", Value: 1}}}}).Err()
 	note("findOneAndUpdate unmatched ", err)
+	// Insert-only upserts: of a new id, of an id taken by a document the query does not match (a duplicate
+	// key, nothing written), and of an id whose document the query matches (an update).
+	insertOnly := func(id string, absent string) {
+		var doc bson.D
+		err := coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: id}, {Key: absent, Value: bson.D{{Key: "$exists", Value: false}}}},
+			bson.D{{Key: "$setOnInsert", Value: bson.D{{Key: "n", Value: 1000}}}, {Key: "$set", Value: bson.D{{Key: "v", Value: "up"}}}},
+			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&doc)
+		note("insert-only upsert ", id, " ", doc, " duplicate ", mongo.IsDuplicateKeyError(err), " ", err == nil)
+	}
+	insertOnly("d90", "n")
+	insertOnly("d90", "n")
+	insertOnly("d01", "n")
+	insertOnly("d02", "zz")
 	del, err := coll.DeleteMany(ctx, bson.D{{Key: "_id", Value: in("d20", "d21", "d22", "d23")}, {Key: "n", Value: bson.D{{Key: "$gte", Value: 21}}}})
 	note("deleteMany ", del, err)
 	del, err = coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: in("d24", "d25")}, {Key: "s", Value: "y"}})
