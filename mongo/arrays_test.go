@@ -3,7 +3,9 @@ package mongo
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -118,5 +120,54 @@ func testPartlyCommittedArrayRollsForward(t *testing.T, e *env) {
 	}
 	if got := b.count("outbox", bson.M{}); got != 0 {
 		t.Errorf("%d outbox documents left, want 0", got)
+	}
+}
+
+// A publish of one event alone is two commands: the insert of its outbox document and the upsert that
+// inserts the event visible with its createdAt stamped by the database. A re-publish of it after its
+// fan-out, and a publish of its id with other content, answer from the stored event and leave no outbox
+// document behind; the stored event is untouched.
+func testSinglePublishIsTwoCommands(t *testing.T, e *env) {
+	b := e.setup(t)
+	s, log := b.monitoredStore()
+	log.reset()
+	before := time.Now().Add(-time.Minute) // the database's clock stamps createdAt, not the fake clock
+	out, err := s.Publish(b.ctx, []*pulsetype.Event{storetest.Event("one", "t", `{"n":1}`)})
+	if err != nil || len(out) != 1 || out[0].Existing {
+		t.Fatalf("Publish = %+v, %v; want one new event", out, err)
+	}
+	if got, want := log.sent(), []string{"insert", "findAndModify"}; !slices.Equal(got, want) {
+		t.Errorf("a publish of one event sent %q, want %q", got, want)
+	}
+	stamped := out[0].Event.CreatedAt
+	if stamped.Before(before) || stamped.Equal(b.clock.Now()) {
+		t.Errorf("createdAt = %s, want the database's time of the write (fake clock at %s)", stamped, b.clock.Now())
+	}
+	got, err := s.GetEvent(b.ctx, "one")
+	if err != nil || !got.CreatedAt.Equal(stamped) || string(got.Data) != `{"n":1}` {
+		t.Fatalf("GetEvent = %+v, %v; want the event with createdAt %s", got, err, stamped)
+	}
+	if n := b.count("outbox", bson.M{"_id": "one"}); n != 1 {
+		t.Fatalf("%d outbox documents for the event, want 1 until its fan-out", n)
+	}
+	if _, err := s.FanOut(b.ctx, []*pulsetype.Event{got}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ClearFanOut(b.ctx, []string{"one"}); err != nil {
+		t.Fatal(err)
+	}
+
+	again, err := s.Publish(b.ctx, []*pulsetype.Event{storetest.Event("one", "t", `{"n":1}`)})
+	if err != nil || !again[0].Existing || !again[0].Event.CreatedAt.Equal(stamped) {
+		t.Errorf("re-publish = %+v, %v; want the stored event, Existing", again, err)
+	}
+	if _, err := s.Publish(b.ctx, []*pulsetype.Event{storetest.Event("one", "u", `{"n":2}`)}); !errors.Is(err, pulsetype.ErrIDConflict) {
+		t.Errorf("publish of the id with other content = %v, want ErrIDConflict", err)
+	}
+	if n := b.count("outbox", bson.M{}); n != 0 {
+		t.Errorf("%d outbox documents after the re-publish and the conflict, want 0", n)
+	}
+	if got, err := s.GetEvent(b.ctx, "one"); err != nil || got.Topic != "t" || !got.CreatedAt.Equal(stamped) {
+		t.Errorf("GetEvent after the conflict = %+v, %v; want the first event untouched", got, err)
 	}
 }

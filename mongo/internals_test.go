@@ -84,6 +84,7 @@ var internalCases = []storetest.Case{
 	{Name: "EnsureSchemaQueuesEarlierWork", Run: internal(testEnsureSchemaQueuesEarlierWork)},
 	// arrays_test.go
 	{Name: "PartlyCommittedArrayRollsForward", Run: internal(testPartlyCommittedArrayRollsForward)},
+	{Name: "SinglePublishIsTwoCommands", Run: internal(testSinglePublishIsTwoCommands)},
 	// paging_test.go
 	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
 	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},

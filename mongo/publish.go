@@ -260,9 +260,10 @@ func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, tak
 //
 // A taken id costs more: the read of resolveTaken, then, for an event staged by another publish with the
 // same content, the recall of its outbox document and its commit (commitEvents); for an event published and
-// fanned out before (a re-publish), the removal of the outbox document this call inserted; for an id used
-// with other content, that document is given the stored event's topic, ordering key and createdAt, as that
-// event's publish would have written it (its own insert may have found this one).
+// fanned out before (a re-publish, or an id used with other content), the removal of the outbox document
+// this call inserted; for an id used with other content by an event still staged or being fanned out, that
+// document is given the stored event's topic, ordering key and createdAt, as that event's publish would have
+// written it (its own insert may have found this one).
 func (s *Store) publishSingle(ctx context.Context, e *pulsetype.Event) ([]publishOutcome, error) {
 	out := []publishOutcome{{published: pulsetype.Published{Event: e}}}
 	_, err := s.outbox.InsertOne(ctx, &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt})
@@ -292,8 +293,9 @@ func (s *Store) publishSingle(ctx context.Context, e *pulsetype.Event) ([]publis
 	ex := existing[e.ID]
 	switch {
 	case !markInserted:
-	case out[0].err == nil && len(adopted) == 0 && !ex.Fanout:
-		// Published and fanned out before: the document this call inserted stands for nothing.
+	case ex != nil && !ex.Staged && !ex.Fanout && (out[0].err == nil || errors.Is(out[0].err, pulsetype.ErrIDConflict)):
+		// Published and fanned out before (with this content or other): the document this call inserted
+		// stands for nothing.
 		if _, err := s.outbox.DeleteOne(ctx, bson.M{"_id": e.ID}); err != nil {
 			return nil, wrap("remove outbox document", err)
 		}
