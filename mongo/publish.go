@@ -15,17 +15,19 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// Publishing: an event is stored staged, its outbox document written, then committed by a write that
-// stamps its createdAt (docs/delivery.md, "Publishing").
+// Publishing: an event's outbox document is written before the write that makes the event visible and
+// stamps its createdAt: for one event alone an upsert, for an array or a round of several a staged insert
+// and a commit (docs/delivery.md, "Publishing").
 
 // Publish stores events, all or none, durable when it returns; each must carry its id. The database stamps
-// createdAt in the write that makes an event visible (docs/delivery.md, "Publishing"): the events are
-// inserted staged (invisible), their outbox documents written, then each is committed by an update filtered
-// on staged (see publishRound); a crash before the commit leaves staged events that the sweeper removes.
-// Concurrent calls with one event each share one round (groupCommit), each returning once its own event is
-// durable, with its own outcome. ExpiresAt is set here and the events carry fanout=true until FanOut created
-// their deliveries. It returns pulsetype.ErrIDConflict when an id is already used with other content
-// (nothing is stored then).
+// createdAt in the write that makes an event visible (docs/delivery.md, "Publishing"): an array's events are
+// inserted staged (invisible, sharing a batch id), their outbox documents written, then each is committed by
+// an update filtered on staged (see publishRound); a crash before the commit leaves staged events that the
+// sweeper removes, and one during it an array that the repair rolls forward (rollForward). Concurrent calls
+// with one event each share one round (groupCommit), each returning once its own event is durable, with its
+// own outcome; a round of one event is two commands (publishSingle). ExpiresAt is set here and the events
+// carry fanout=true until FanOut created their deliveries. It returns pulsetype.ErrIDConflict when an id is
+// already used with other content (nothing is stored then).
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
 	if len(events) == 1 {
 		p, err := s.publishes.publish(ctx, events[0])
