@@ -20,8 +20,7 @@ type Store interface {
 	ClearFanOut(ctx context.Context, eventIDs []string) error
 	ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error)
 	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)
-	ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (*pulsetype.Attempt, time.Duration, error)
-	OrderingKeys(ctx context.Context, group, topic string) ([]string, error)
+	ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (pulsetype.HeadClaims, error)
 	ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error
 	FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error)
 	FollowUps(ctx context.Context, cs []pulsetype.Completion) error
@@ -83,6 +82,8 @@ const (
 	maxClaimBatch = 16
 	// maxReadyClaim bounds the locally created attempts leased in one round trip.
 	maxReadyClaim = 64
+	// maxLineClaim bounds the heads of an ordered group's lines leased in one round (ClaimHeads).
+	maxLineClaim = 64
 	// maxReady and maxReadyBytes bound the locally created, not yet claimed attempts kept in memory with
 	// their events; beyond them attempts are left to polling.
 	maxReady      = 4096

@@ -210,46 +210,39 @@ func (s *memStore) ClaimBatch(_ context.Context, owner string, exclude []string,
 	return out, nil
 }
 
-func (s *memStore) ClaimHead(_ context.Context, owner string, line pulsetype.Line) (*pulsetype.Attempt, time.Duration, error) {
-	s.called("ClaimHead")
+func (s *memStore) ClaimHeads(_ context.Context, p pulsetype.ClaimHeadsParams) (pulsetype.HeadClaims, error) {
+	s.called("ClaimHeads")
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var head *memDelivery
+	heads := map[string]*memDelivery{} // by ordering key: the oldest pending delivery of the line
 	for _, d := range s.deliveries {
-		if d.ConsumerGroup != line.ConsumerGroup || d.Topic != line.Topic || d.orderingKey != line.OrderingKey || d.status != pulsetype.StatusPending {
+		if d.ConsumerGroup != p.ConsumerGroup || d.Topic != p.Topic || d.status != pulsetype.StatusPending {
 			continue
 		}
-		if head == nil || cmp.Or(d.created.Compare(head.created), cmp.Compare(d.EventID, head.EventID)) < 0 {
-			head = d
+		if h := heads[d.orderingKey]; h == nil || cmp.Or(d.created.Compare(h.created), cmp.Compare(d.EventID, h.EventID)) < 0 {
+			heads[d.orderingKey] = d
 		}
 	}
-	if head == nil {
-		return nil, 0, nil
-	}
-	var current *pulsetype.Attempt
-	for _, a := range s.attempts {
-		if a.DeliveryID == head.DeliveryID && (current == nil || a.Number > current.Number) {
-			current = a
+	var out pulsetype.HeadClaims
+	token := s.tokenLocked()
+	for _, key := range slices.Sorted(maps.Keys(heads)) {
+		if len(out.Attempts) == p.Limit {
+			break
+		}
+		var current *pulsetype.Attempt
+		for _, a := range s.attempts {
+			if a.DeliveryID == heads[key].DeliveryID && (current == nil || a.Number > current.Number) {
+				current = a
+			}
+		}
+		if current == nil {
+			continue
+		}
+		if a := s.leaseLocked(current, p.Owner, token); a != nil {
+			out.Attempts = append(out.Attempts, a)
 		}
 	}
-	if current == nil {
-		return nil, 0, nil
-	}
-	return s.leaseLocked(current, owner, s.tokenLocked()), 0, nil
-}
-
-func (s *memStore) OrderingKeys(_ context.Context, group, topic string) ([]string, error) {
-	s.called("OrderingKeys")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	keys := []string{""}
-	for _, d := range s.deliveries {
-		if d.ConsumerGroup == group && d.Topic == topic && d.status == pulsetype.StatusPending && !slices.Contains(keys, d.orderingKey) {
-			keys = append(keys, d.orderingKey)
-		}
-	}
-	slices.Sort(keys[1:])
-	return keys, nil
+	return out, nil
 }
 
 func (s *memStore) ReleaseAttempt(_ context.Context, a *pulsetype.Attempt) error {

@@ -42,6 +42,10 @@ type loop struct {
 	lastPoll time.Time
 	reap     chore
 	repair   chore
+	// lineAfter is, per (consumer group, topic) of an ordered group with more lines than one ClaimHeads
+	// reads, the ordering key its next claim continues after.
+	lineAfter map[[2]string]string
+	lastRound map[string]round // the latest round of head claims of each ordered group (see roundGap)
 }
 
 // chore is a step the loop runs every period (jittered), sooner while it finds work.

@@ -177,7 +177,7 @@ func TestLoopOrderedLine(t *testing.T) {
 	if !slices.Equal(got, want) || snd.peakAll != 1 {
 		t.Fatalf("POSTed %v with up to %d at once, want %v one at a time", got, snd.peakAll, want)
 	}
-	if store.count("ClaimHead") == 0 {
+	if store.count("ClaimHeads") == 0 {
 		t.Fatal("the ordered line was not claimed by its head")
 	}
 }

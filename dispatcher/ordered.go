@@ -2,16 +2,11 @@ package dispatcher
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
-
-// lineClaimers bounds the head-of-line claims of one (group, topic) that run at once: each costs a few
-// database round trips, and a group with many ordering keys would otherwise claim its lines one after another.
-const lineClaimers = 8
 
 // moved is the set of consumer groups whose head of line may have moved (an attempt ended or was created,
 // or a head settles) since the loop last looked. It is safe for concurrent use.
@@ -54,82 +49,97 @@ func (l *loop) claimOrdered(ctx context.Context, poll bool) []string {
 		if !poll && !kicked[group] || l.endpoints.isInactive(group) {
 			continue
 		}
+		if wait := l.roundGap(group); !poll && wait > 0 {
+			l.kickAfter(group, wait)
+			continue
+		}
+		start := time.Now()
 		for _, topic := range topics {
 			if !l.claimLines(ctx, group, topic) {
 				break
 			}
 		}
+		if l.lastRound == nil {
+			l.lastRound = map[string]round{}
+		}
+		l.lastRound[group] = round{ended: time.Now(), took: time.Since(start)}
 	}
 	return groups
 }
 
-// claimLines claims the head of every line (ordering key) of an ordered group's topic that has pending
-// deliveries, up to lineClaimers at once, starting at a random key so that lines past the group's free slots
-// are not always the same ones. Claims in progress count against the group's slots (a claim that finds a
-// head moves to in flight, one that finds none gives its slot back). It blocks until every claim it started
-// has returned, and reports false when the group has no free slot left (or ctx ended).
+// round is when an ordered group's latest round of head claims ended and how long it took.
+type round struct {
+	ended time.Time
+	took  time.Duration
+}
+
+// roundGap returns how long an ordered group's next round of head claims waits, without a poll: while
+// heads this process leased in the group's latest round still run, until as long after that round as it
+// took (at most maxRoundGap). A round that starts at once after another finds only the lines that finished
+// during it; waiting lets the lines the last round leased finish and join the next, so a round claims the
+// heads of most lines rather than rounds alternating between two shares of them. A group with nothing in
+// flight here (a single line, or every head done) starts at once.
+func (l *loop) roundGap(group string) time.Duration {
+	last, ok := l.lastRound[group]
+	if !ok || l.slots.running(group) == 0 {
+		return 0
+	}
+	return time.Until(last.ended.Add(min(last.took, maxRoundGap)))
+}
+
+// maxRoundGap bounds roundGap.
+const maxRoundGap = 250 * time.Millisecond
+
+// kickAfter marks group moved and wakes the loop after d.
+func (l *loop) kickAfter(group string, d time.Duration) {
+	time.AfterFunc(d, func() {
+		l.moved.add(group)
+		signal(l.kick)
+	})
+}
+
+// claimLines claims, in one round of the store's (ClaimHeads), the heads of the lines (ordering keys) of an
+// ordered group's topic that the group's free worker slots and rate-limit tokens admit, and runs them with
+// the events the round read. A group with more lines than one round reads is read on from where the
+// round stopped, in the next turn. It reports false when the group has no free slot left (or ctx ended).
 func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
-	keys, err := l.store.OrderingKeys(ctx, group, topic)
+	limit := 0
+	for limit < maxLineClaim && l.slots.admit(group, limit, limit) && l.limits.allows(group, limit) {
+		limit++
+	}
+	if limit == 0 || ctx.Err() != nil {
+		return false
+	}
+	at := [2]string{group, topic}
+	claimed, err := l.store.ClaimHeads(ctx, pulsetype.ClaimHeadsParams{Owner: l.owner, ConsumerGroup: group, Topic: topic,
+		Limit: limit, After: l.lineAfter[at]})
 	if err != nil {
-		l.logErr(ctx, err, "list ordering keys")
-		return true
+		l.logErr(ctx, err, "claim heads of lines")
 	}
-	if len(keys) == 0 {
-		return true
-	}
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		claiming int // claims running; guarded by mu
-	)
-	defer wg.Wait()
-	sem := make(chan struct{}, lineClaimers)
-	start := rand.IntN(len(keys))
-	for i := range keys {
-		sem <- struct{}{}
-		for {
-			mu.Lock()
-			admit := l.slots.admit(group, claiming, claiming) && l.limits.allows(group, claiming)
-			if admit {
-				claiming++
-			}
-			busy := claiming
-			mu.Unlock()
-			if admit {
-				break
-			}
-			if busy == 0 || ctx.Err() != nil {
-				<-sem
-				return false
-			}
-			wg.Wait() // the running claims may give their slots back
+	if claimed.Next != "" {
+		if l.lineAfter == nil {
+			l.lineAfter = map[[2]string]string{}
 		}
-		line := pulsetype.Line{ConsumerGroup: group, Topic: topic, OrderingKey: keys[(start+i)%len(keys)]}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			a, wait, err := l.store.ClaimHead(ctx, l.owner, line)
-			if a != nil {
-				if l.limits.take(group) {
-					l.exec.launch(job{a: a})
-				} else if err := l.store.ReleaseAttempt(ctx, a); err != nil { // its token went to another line
-					l.logErr(ctx, err, "release head of a rate-limited line")
-				}
-			}
-			mu.Lock()
-			claiming--
-			mu.Unlock()
-			if err != nil {
-				l.logErr(ctx, err, "claim head of line")
-			}
-			if wait > 0 { // the head settles by itself: look again then
-				time.AfterFunc(wait, func() {
-					l.moved.add(group)
-					signal(l.kick)
-				})
-			}
-		}()
+		l.lineAfter[at] = claimed.Next
+		l.moved.add(group) // the lines after it: next turn
+		signal(l.kick)
+	} else {
+		delete(l.lineAfter, at)
 	}
-	return true
+	if claimed.Wait > 0 { // a head settles by itself: look again then
+		l.kickAfter(group, claimed.Wait)
+	}
+	jobs := make([]job, 0, len(claimed.Attempts))
+	for _, a := range claimed.Attempts {
+		if !l.limits.take(group) { // its token went to another claim meanwhile
+			if err := l.store.ReleaseAttempt(ctx, a); err != nil {
+				l.logErr(ctx, err, "release head of a rate-limited line")
+			}
+			continue
+		}
+		ev, known := claimed.Events[a.EventID] // one the claim did not read, the executor reads
+		jobs = append(jobs, job{a: a, ev: ev, evKnown: known, token: true, release: l.exec.slots.acquire(group)})
+	}
+	l.exec.launchBatch(ctx, jobs)
+	return l.slots.admit(group, 0, 0)
 }

@@ -63,6 +63,13 @@ func (s *slots) admitLocked(group string, taken, free int) bool {
 	return free > s.reserve() || busy == 0 && !time.Now().Before(s.slowUntil[group])
 }
 
+// running returns how many POSTs of group are in flight.
+func (s *slots) running(group string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inflight[group]
+}
+
 // full reports whether group has its maxConcurrency of POSTs in flight.
 func (s *slots) full(group string) bool {
 	s.mu.Lock()

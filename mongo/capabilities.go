@@ -39,6 +39,11 @@ type Capabilities struct {
 	// store's indexes (FerretDB v1: its SQLite handler pushes down only {_id: x}, its PostgreSQL handler only
 	// equalities), so fewer queries beat narrower ones (Stats).
 	ScansFilters bool
+	// FirstOfGroups: the server's $group stage has the $first accumulator, so the heads of an ordered group's
+	// lines are read with one aggregation that keeps the first queue document of each line (headsOfLines);
+	// without it they come from one bounded read of the lines' queue documents in line order
+	// (headsOfLinesByScan). FerretDB v1 lacks it (it implements $count and $sum only).
+	FirstOfGroups bool
 }
 
 // ferretDBMaxUpdateStatements is MaxUpdateStatements on FerretDB. FerretDB v1 keeps every statement's query
@@ -48,7 +53,8 @@ const ferretDBMaxUpdateStatements = 16
 
 // DetectCapabilities asks the server what it can do, without changing the store: TTL and partial indexes
 // by creating one of each on a scratch collection of its own (see probeIndexes), change streams by hello
-// (a replica set member or mongos; CommitQuorum there too, except on FerretDB), and MaxUpdateStatements and ScansFilters by buildInfo
+// (a replica set member or mongos; CommitQuorum there too, except on FerretDB), FirstOfGroups by an aggregation
+// of nothing that asks for it (supportsFirstOfGroups), and MaxUpdateStatements and ScansFilters by buildInfo
 // (ferretDBMaxUpdateStatements and true where it reports a ferretdbVersion, else 0 and false). It returns a
 // *PermissionError when the user may not create or drop the scratch collection, and other failures wrapped.
 func (s *Store) DetectCapabilities(ctx context.Context) (Capabilities, error) {
@@ -67,6 +73,9 @@ func (s *Store) DetectCapabilities(ctx context.Context) (Capabilities, error) {
 		caps.MaxUpdateStatements, caps.ScansFilters = ferretDBMaxUpdateStatements, true
 	}
 	if caps.ChangeStreams, err = s.supportsChangeStreams(ctx); err != nil {
+		return Capabilities{}, err
+	}
+	if caps.FirstOfGroups, err = s.supportsFirstOfGroups(ctx); err != nil {
 		return Capabilities{}, err
 	}
 	caps.CommitQuorum = caps.ChangeStreams && info.FerretDBVersion == ""
@@ -171,6 +180,26 @@ func (s *Store) supportsChangeStreams(ctx context.Context) (bool, error) {
 		wait *= 2
 	}
 	return false, fmt.Errorf("detect capabilities: hello failed %d times: %w", helloTries, err)
+}
+
+// supportsFirstOfGroups reports whether the server runs a $group with the $first accumulator: it asks for
+// the first document of an empty selection of the queue (a filter no document matches, served by _id). Code
+// 238 NotImplemented means no (FerretDB v1); other failures are returned wrapped.
+func (s *Store) supportsFirstOfGroups(ctx context.Context) (bool, error) {
+	cur, err := s.queue.Aggregate(ctx, bson.A{
+		bson.M{"$match": bson.M{"_id": ""}},
+		bson.M{"$group": bson.M{"_id": "$orderingKey", "head": bson.M{"$first": "$$ROOT"}}},
+	})
+	if err == nil {
+		err = cur.Close(ctx)
+	}
+	switch {
+	case isNotImplemented(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("detect capabilities: $group with $first: %w", err)
+	}
+	return true, nil
 }
 
 // isNotImplemented reports whether err is the server's code 238 NotImplemented (FerretDB's answer for TTL

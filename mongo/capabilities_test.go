@@ -95,8 +95,10 @@ func testDetectCapabilities(t *testing.T, e *env) {
 	}
 	// A server whose explain shows no index scan evaluates filters by reading (ScansFilters), and is the
 	// FerretDB v1 whose update commands the store bounds; one that shows index scans is neither.
+	// A server that shows index scans is a MongoDB, whose $group has $first (FirstOfGroups); FerretDB v1's
+	// has not.
 	want := Capabilities{TTLIndexes: e.features.TTLIndexes, PartialIndexes: e.features.PartialIndexes,
-		ChangeStreams: e.features.ChangeStreams, ScansFilters: !e.features.IndexPlans}
+		ChangeStreams: e.features.ChangeStreams, ScansFilters: !e.features.IndexPlans, FirstOfGroups: e.features.IndexPlans}
 	if want.ScansFilters {
 		want.MaxUpdateStatements = ferretDBMaxUpdateStatements
 	}

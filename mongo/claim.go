@@ -2,11 +2,9 @@ package mongo
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -111,25 +109,6 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 		}
 	}
 	return out, nil
-}
-
-// claimByID leases one attempt if it is still pending and unleased, and copies the lease to its queue
-// document; it returns nil when another replica leased it first. The lease runs from the call.
-func (s *Store) claimByID(ctx context.Context, owner, id string) (*pulsetype.Attempt, error) {
-	l := s.newLease(owner)
-	var doc attemptDoc
-	err := s.history.FindOneAndUpdate(ctx, unleased(id), bson.M{"$set": l.historySet()},
-		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, wrap("claim attempt", err)
-	}
-	if _, err := s.queue.UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": l.queueSet()}); err != nil {
-		return nil, wrap("copy lease to the queue", err)
-	}
-	return doc.attempt(), nil
 }
 
 // Renew extends the given leases to now + lease timeout (never shortening one: a later renewal may have

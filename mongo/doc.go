@@ -29,6 +29,6 @@
 //     is never dropped (docs/delivery.md, "Collections, retention and startup safety");
 //   - driver errors are translated here: mongo.ErrNoDocuments never leaves this package;
 //   - what the server can do (Capabilities: TTL and partial indexes, change streams, statements per update
-//     command, whether filters scan) is fixed once, when EnsureSchema builds the store with it; no other call asks which server
+//     command, whether filters scan, $group's $first) is fixed once, when EnsureSchema builds the store with it; no other call asks which server
 //     it talks to.
 package mongo

@@ -356,7 +356,7 @@ func hotPathStore(t *testing.T, b *bundle, monitor *mevent.CommandMonitor) *Stor
 }
 
 // hotPathWorkload runs every path of the store once or more: registration and its changes, publish (one and
-// many), fan-out, claims (by id, by batch, one, an ordered line's head), renewal, release, results and
+// many), fan-out, claims (of given attempts, by batch, one, the heads of an ordered group's lines), renewal, release, results and
 // follow-ups, reaping, the repair scans, backfill, reads of the API (events, deliveries, lists, stats,
 // pending counts), cancel, retry, replay, endpoint states and health, secret rotation, the sweep, ending a
 // group's work on a PUT that drops a topic and on delete.
@@ -416,12 +416,10 @@ func hotPathWorkload(t *testing.T, b *bundle, s *Store) {
 	b.clock.Advance(time.Minute)
 	_, err = s.ClaimBatch(ctx, "w", []string{"o"}, 4)
 	must("ClaimBatch", err)
-	_, err = s.OrderingKeys(ctx, "o", "t")
-	must("OrderingKeys", err)
-	_, _, err = s.ClaimHead(ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t"})
-	must("ClaimHead", err)
-	_, _, err = s.ClaimHead(ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t", OrderingKey: "k"})
-	must("ClaimHead keyed", err)
+	_, err = s.ClaimHeads(ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8})
+	must("ClaimHeads", err)
+	_, err = s.ClaimHeads(ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8, After: "a"})
+	must("ClaimHeads after a key", err)
 	b.clock.Advance(time.Hour)
 	_, err = s.ReapOne(ctx)
 	must("ReapOne", err)

@@ -85,6 +85,8 @@ var internalCases = []storetest.Case{
 	// arrays_test.go
 	{Name: "PartlyCommittedArrayRollsForward", Run: internal(testPartlyCommittedArrayRollsForward)},
 	{Name: "SinglePublishIsTwoCommands", Run: internal(testSinglePublishIsTwoCommands)},
+	// lines_test.go
+	{Name: "ClaimHeadsCostIsPerRound", Run: internal(testClaimHeadsCostIsPerRound)},
 	// paging_test.go
 	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
 	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},

@@ -3,7 +3,10 @@ package mongo
 import (
 	"context"
 	"errors"
+	"maps"
+	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -14,7 +17,9 @@ import (
 )
 
 // Ordered lines: the head of a (consumer group, topic, ordering key) line is claimed only when no earlier
-// event of the line can still appear (docs/delivery.md, "Ordered lines").
+// event of the line can still appear (docs/delivery.md, "Ordered lines"). The heads of many lines are
+// claimed in one round (ClaimHeads); the reads of the lines are in lineheads.go, the check of earlier
+// events in linechecks.go.
 
 // OrderSettle is how long after its createdAt an event may be POSTed at the head of an ordered consumer
 // group. createdAt is stamped by the database inside the write that makes the event visible (see
@@ -23,222 +28,231 @@ import (
 // database clock, with a wide margin.
 const OrderSettle = 100 * time.Millisecond
 
-// maxOrderCheck bounds how many unfinished fan-outs one head-of-line check examines.
-const maxOrderCheck = 100
+// MaxLineKeys bounds the lines (ordering keys) of one (consumer group, topic) that one ClaimHeads reads; a
+// group with more is read on in the next claims (HeadClaims.Next).
+const MaxLineKeys = 1000
 
-// ClaimHead leases the head attempt of an ordered consumer group's line (docs/delivery.md, "Ordered
-// lines"): the current attempt of the line's oldest pending delivery, when it is unleased and due, its group
-// is active, and no earlier event of the line can still appear. It returns nil when the head is running,
-// waiting, blocked or absent; wait > 0 says when to look again without other news. The line is read from
-// the queue, which holds pending work only: one query of the line's first queue documents (index
-// pulse_queue_line), one read of their deliveries, one of the subscription, one of the head's attempt by id
-// and, when the head is due, those of earlierMayAppear; errors are the database's, wrapped.
-func (s *Store) ClaimHead(ctx context.Context, owner string, line pulsetype.Line) (a *pulsetype.Attempt, wait time.Duration, err error) {
-	head, q, passed, err := s.lineHead(ctx, line)
-	if head == nil || err != nil {
-		return nil, 0, err
+// ClaimHeads leases the heads of many lines of an ordered consumer group's topic in one round
+// (docs/delivery.md, "Ordered lines"): the current attempt of each line's oldest pending delivery, when it
+// is unleased and due, the group is active, the event is past its settle window (OrderSettle) and no earlier
+// event of the line can still appear (earlierMayAppear, queuedBefore); at most p.Limit of them, picked at
+// random among the lines that pass. A head of an earlier registration of the group is ended instead
+// (endStaleHead). It is safe for concurrent use, also by replicas: the lease is ClaimAttempts' fenced
+// updateMany, so a head is leased once, and a look at a line changes nothing that a racing look relies on.
+//
+// A round costs, however many lines it looks at: one read of the lines' first queue documents
+// (headsOfLines), and nothing more when none is due, ended or waiting for a retry; then at once one read of
+// the subscription, one of those documents' deliveries by id and one of the due lines' unfinished fan-outs
+// (unfinishedBefore); one read of the group's deliveries of the earlier events found there (and of their
+// events, only when some lack one); one read of the picked heads' lines before them (queuedBefore); and the
+// claim (two updateMany, and a read-back when another replica won some). A line whose first queue document
+// is of an ended delivery is looked at alone (lineHead: two or three commands more for it), and so are the
+// lines past the bound of the fan-out query. A line whose first document carries a lease is running and is
+// not looked at: if that lease is a stale copy (its claimer died between the two writes of an end), the
+// reaper or the repair scan corrects it. It returns what it leased, possibly nothing, and when to look again
+// (HeadClaims); errors are the database's, wrapped.
+func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (pulsetype.HeadClaims, error) {
+	var out pulsetype.HeadClaims
+	if p.Limit <= 0 {
+		return out, nil
 	}
-	var sub subscriptionDoc
-	err = s.subscriptions.FindOne(ctx, bson.M{"_id": line.ConsumerGroup},
-		options.FindOne().SetProjection(bson.M{"backfill": 1, "topics": 1, "filter": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1, "state": 1})).Decode(&sub)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, 0, nil // deleted: its pending deliveries are being ended
-	}
+	firsts, next, err := s.headsOfLines(ctx, p.ConsumerGroup, p.Topic, p.After)
 	if err != nil {
-		return nil, 0, wrap("read subscription", err)
+		return out, err
 	}
-	var at attemptDoc
-	err = s.history.FindOne(ctx, bson.M{"_id": q.ID}).Decode(&at)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, 0, nil // being created; the repair scan creates it after a crash
-	}
-	if err != nil {
-		return nil, 0, wrap("find head attempt", err)
-	}
-	if head.Incarnation != sub.Incarnation {
-		// A delivery of an earlier registration of the group (deleted and registered again while its POST
-		// ran): it must not hold up the new registration's line, whenever its retry would come due.
-		return nil, time.Millisecond, s.endStaleHead(ctx, head, &at)
-	}
-	if sub.State != "" && sub.State != pulsetype.EndpointActive {
-		return nil, 0, nil // paused or disabled: the line waits for resume
-	}
-	if settled := head.EventCreatedAt.Add(OrderSettle); s.now().Before(settled) {
-		return nil, settled.Sub(s.now()), nil
-	}
+	out.Next = next
 	now := s.now()
-	if at.Status == pulsetype.StatusPending && leaseCopyStale(q, &at) {
-		// Leased without its copy in the queue (its claimer died between the two writes): copied now, so
-		// that the reaper finds the lease once it expires and the line moves on.
-		if err := s.hintQueue(ctx, []*attemptDoc{&at}); err != nil {
-			return nil, 0, err
+	var look, due []*queueDoc // the first documents whose deliveries are read; those of them due and settled
+	for i := range firsts {
+		q := &firsts[i]
+		switch settled := q.EventCreatedAt.Add(OrderSettle); {
+		case q.Ended, q.NextAttemptAt.After(now) && q.LeasedUntil == nil:
+			look = append(look, q) // its delivery may have ended, or be of an earlier registration (see pendingHeads)
+		case q.LeasedUntil != nil:
+			// Running: its worker moves the line on.
+		case now.Before(settled):
+			out.Wait = minWait(out.Wait, settled.Sub(now))
+		default:
+			due = append(due, q)
 		}
 	}
-	if at.Status != pulsetype.StatusPending || at.LeasedUntil != nil || at.NextAttemptAt.After(now) {
-		return nil, 0, nil
+	rand.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
+	due = due[:min(len(due), p.Limit)] // picked at random: a line past the limit waits for a later round
+	look = append(look, due...)
+	if len(look) == 0 {
+		return out, nil
 	}
-	if blocked, err := s.earlierMayAppear(ctx, line, &sub, head); err != nil || blocked {
-		return nil, 0, err
+	var (
+		sub                             subscriptionDoc
+		deliveries                      []deliveryDoc
+		marks                           []outboxDoc
+		covered                         map[string]time.Time
+		subErr, readErr, markErr, evErr error
+		wg                              sync.WaitGroup
+	)
+	wg.Go(func() {
+		subErr = s.subscriptions.FindOne(ctx, bson.M{"_id": p.ConsumerGroup},
+			options.FindOne().SetProjection(bson.M{"backfill": 1, "topics": 1, "filter": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1, "state": 1})).Decode(&sub)
+	})
+	wg.Go(func() {
+		ids := distinct(idsOf(look, func(q *queueDoc) string { return q.DeliveryID }))
+		deliveries, readErr = findAll[deliveryDoc](ctx, s.deliveries, "read deliveries of lines", bson.M{"_id": bson.M{"$in": ids}})
+	})
+	if len(due) > 0 {
+		wg.Go(func() { marks, covered, markErr = s.unfinishedBefore(ctx, p.Topic, due) })
+		wg.Go(func() {
+			out.Events, evErr = s.GetEvents(ctx, idsOf(due, func(q *queueDoc) string { return q.EventID }))
+		})
 	}
-	// An earlier event's fan-out may have finished between the line's read and earlierMayAppear's (the repair
-	// of an interrupted fan-out: its queue documents written, then its outbox document removed): its queue
-	// document, written first, is found by one more read of the line.
-	if earlier, err := s.queuedBefore(ctx, line, head, passed); err != nil || earlier {
-		return nil, time.Millisecond, err
+	wg.Wait()
+	if errors.Is(subErr, mongo.ErrNoDocuments) {
+		return out, nil // deleted: its pending deliveries are being ended
 	}
-	a, err = s.claimByID(ctx, owner, at.ID) // the lease runs from now, after the checks' round trips
-	return a, 0, err
-}
-
-// queuedBefore reports whether the line's queue holds a document of an event before head's (by the event's
-// createdAt, then id) other than passed (the ids of those lineHead passed over: of ended deliveries), with one
-// query of the line's first queue documents.
-func (s *Store) queuedBefore(ctx context.Context, line pulsetype.Line, head *deliveryDoc, passed []string) (bool, error) {
-	filter := lineFilter(line)
-	filter["eventCreatedAt"] = bson.M{"$lte": head.EventCreatedAt}
-	queued, err := findAll[queueDoc](ctx, s.queue, "read the head of line again", filter,
-		options.Find().SetSort(lineOrder).SetLimit(int64(len(passed)+1)).SetProjection(bson.M{"eventCreatedAt": 1, "eventId": 1}))
-	if err != nil {
-		return false, err
+	if err := errors.Join(wrap("read subscription", subErr), readErr, markErr, evErr); err != nil {
+		return out, err
 	}
-	for _, q := range queued {
-		before := q.EventCreatedAt.Before(head.EventCreatedAt) || q.EventCreatedAt.Equal(head.EventCreatedAt) && q.EventID < head.EventID
-		if before && !slices.Contains(passed, q.ID) {
-			return true, nil
+	for _, q := range due { // read, and not visible or expired any more: known to be gone
+		if _, ok := out.Events[q.EventID]; !ok {
+			out.Events[q.EventID] = nil
 		}
 	}
-	return false, nil
-}
-
-// lineFilter selects the queue documents of line.
-func lineFilter(line pulsetype.Line) bson.M {
-	return bson.M{"consumerGroup": line.ConsumerGroup, "topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)}
-}
-
-// lineOrder is the order of a line's queue documents (index pulse_queue_line): by the event's createdAt, then
-// its id, the latest attempt of each first.
-var lineOrder = bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1},
-	{Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}
-
-// lineScan bounds the queue documents one look at a line's head reads: deliveries that ended while their
-// queue documents wait to be removed come before the pending head.
-const lineScan = 8
-
-// lineHead returns the line's oldest pending delivery, the queue document of its latest attempt and the ids
-// of the queue documents before it (of ended deliveries), or nil when the line has none among its first
-// lineScan queue documents. It removes the queue documents it finds of ended deliveries whose attempts have
-// ended (normally removed by the writer that ended them).
-func (s *Store) lineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, []string, error) {
-	head, q, ended, err := s.readLineHead(ctx, line)
+	heads, stale, err := s.pendingHeads(ctx, look, deliveries, &sub, now, &out)
 	if err != nil {
-		return nil, nil, nil, err
+		return out, err
 	}
-	return head, q, ended, s.unqueueEnded(ctx, ended)
-}
-
-// LineHead returns the id of the line's oldest pending delivery, the one its ordered consumer group POSTs
-// next (docs/delivery.md, "Ordered lines"), or "" when the line's first lineScan queue documents hold none.
-// It only reads: one query of pulse_queue_line and one read of those documents' deliveries by id. The
-// inspection API tells with it a delivery behind the head of its line.
-func (s *Store) LineHead(ctx context.Context, line pulsetype.Line) (string, error) {
-	head, _, _, err := s.readLineHead(ctx, line)
-	if head == nil || err != nil {
-		return "", err
+	if len(stale) > 0 {
+		// Deliveries of an earlier registration of the group (deleted and registered again while their POSTs
+		// ran): they must not hold up the new registration's lines, whenever their retries would come due.
+		if err := s.endStaleHeads(ctx, stale); err != nil {
+			return out, err
+		}
+		out.Wait = minWait(out.Wait, time.Millisecond)
 	}
-	return head.ID, nil
-}
-
-// readLineHead is lineHead without its removals.
-func (s *Store) readLineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, []string, error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "find head of line", lineFilter(line),
-		options.Find().SetSort(lineOrder).SetLimit(lineScan))
-	if err != nil || len(queued) == 0 {
-		return nil, nil, nil, err
+	if len(heads) == 0 || sub.State != "" && sub.State != pulsetype.EndpointActive {
+		return out, nil // paused or disabled: the lines wait for resume
 	}
-	ids := make([]string, 0, len(queued))
-	for _, q := range queued {
-		if !slices.Contains(ids, q.DeliveryID) {
-			ids = append(ids, q.DeliveryID)
+	// Heads found behind documents of ended deliveries (lineHead) come later than what the fan-out query
+	// covered: their lines' fan-outs are read up to them.
+	var later []*queueDoc
+	for _, h := range heads {
+		if bound, ok := covered[h.q.OrderingKey]; !ok || h.q.EventCreatedAt.After(bound) {
+			later = append(later, h.q)
 		}
 	}
-	deliveries, err := findAll[deliveryDoc](ctx, s.deliveries, "read deliveries of a line", bson.M{"_id": bson.M{"$in": ids}})
-	if err != nil {
-		return nil, nil, nil, err
+	if len(later) > 0 {
+		more, _, err := s.unfinishedBefore(ctx, p.Topic, later)
+		if err != nil {
+			return out, err
+		}
+		marks = append(marks, more...)
 	}
-	byID := map[string]*deliveryDoc{}
+	blocked, err := s.earlierMayAppear(ctx, &sub, heads, marks)
+	if err != nil {
+		return out, err
+	}
+	heads = slices.DeleteFunc(heads, func(h *lineHeadDoc) bool { return blocked[h.q.ID] })
+	heads = heads[:min(len(heads), p.Limit)] // those found behind ended deliveries come last
+	if len(heads) == 0 {
+		return out, nil
+	}
+	// An earlier event's fan-out may have finished between the lines' read and the fan-outs' (the repair of an
+	// interrupted fan-out: its queue documents written, then its outbox document removed): its queue
+	// document, written first, is found by one more read of the lines.
+	moved, err := s.queuedBefore(ctx, heads)
+	if err != nil {
+		return out, err
+	}
+	if len(moved) > 0 {
+		heads = slices.DeleteFunc(heads, func(h *lineHeadDoc) bool { return moved[h.q.ID] })
+		out.Wait = minWait(out.Wait, time.Millisecond)
+	}
+	attempts := make([]*pulsetype.Attempt, len(heads))
+	for i, h := range heads {
+		attempts[i] = h.q.attempt()
+	}
+	out.Attempts, err = s.ClaimAttempts(ctx, p.Owner, attempts) // the leases run from now, after the checks' round trips
+	maps.DeleteFunc(out.Events, func(id string, _ *pulsetype.Event) bool {
+		return !slices.ContainsFunc(out.Attempts, func(a *pulsetype.Attempt) bool { return a.EventID == id })
+	})
+	return out, err
+}
+
+// minWait returns the shorter of two waits, 0 standing for none.
+func minWait(a, b time.Duration) time.Duration {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
+}
+
+// lineHeadDoc is the pending head of a line as a look at it found it: the delivery, the queue document of
+// its latest attempt, and the ids of the queue documents before it in the line (of ended deliveries; set
+// only when the line was looked at alone, by lineHead).
+type lineHeadDoc struct {
+	d      *deliveryDoc
+	q      *queueDoc
+	passed []string
+}
+
+// pendingHeads returns, of the lines' first queue documents look and their deliveries (as read), the
+// pending heads that may be claimed (unleased, due and settled; a later settle is noted in out.Wait) and
+// those of an earlier registration than sub's. A document whose delivery does not exist yet is of a fan-out
+// under way (queued before written): its line waits. A document whose delivery ended heads a line that is
+// looked at alone (lineHead): the pending head behind it is found there. One whose attempt ended while its
+// delivery is pending waits for the delivery's next step, and one waiting for its retry for the retry
+// (polling finds it when it is due).
+func (s *Store) pendingHeads(ctx context.Context, look []*queueDoc, deliveries []deliveryDoc, sub *subscriptionDoc, now time.Time,
+	out *pulsetype.HeadClaims) (heads, stale []*lineHeadDoc, err error) {
+	byID := make(map[string]*deliveryDoc, len(deliveries))
 	for i := range deliveries {
 		byID[deliveries[i].ID] = &deliveries[i]
 	}
-	var ended []string
-	for i := range queued {
-		q := &queued[i]
-		d, ok := byID[q.DeliveryID]
+	for _, q := range look {
+		h := &lineHeadDoc{d: byID[q.DeliveryID], q: q}
 		switch {
-		case !ok:
-			return nil, nil, nil, nil // its fan-out is under way (queued before written): wait for it
-		case d.Status == pulsetype.StatusPending:
-			return d, q, ended, nil // every document before it is of an ended delivery
+		case h.d == nil:
+			continue // its fan-out is under way: wait for it
+		case h.d.Status != pulsetype.StatusPending:
+			line := pulsetype.Line{ConsumerGroup: q.ConsumerGroup, Topic: q.Topic, OrderingKey: q.OrderingKey}
+			if h.d, h.q, h.passed, err = s.lineHead(ctx, line); err != nil {
+				return nil, nil, err
+			}
+			if h.d == nil {
+				continue
+			}
+		}
+		switch settled := h.q.EventCreatedAt.Add(OrderSettle); {
+		case h.d.Incarnation != sub.Incarnation:
+			stale = append(stale, h)
+		case h.q.Ended, h.q.LeasedUntil != nil, h.q.NextAttemptAt.After(now):
+		case now.Before(settled):
+			out.Wait = minWait(out.Wait, settled.Sub(now))
 		default:
-			ended = append(ended, q.ID)
+			heads = append(heads, h)
 		}
 	}
-	return nil, nil, ended, nil
+	return heads, stale, nil
 }
 
-// unqueueEnded removes the queue documents ids (of deliveries that ended) whose attempts are not pending: one
-// that is (the attempt of a cancelled delivery still in flight) stays queued for the reaper.
-func (s *Store) unqueueEnded(ctx context.Context, ids []string) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	running, err := findAll[attemptDoc](ctx, s.history, "find running attempts of ended deliveries",
-		bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending}, options.Find().SetProjection(bson.M{"_id": 1}))
+// endStaleHeads reads the current attempts of the heads of an earlier registration (one query by id) and
+// ends each delivery with endStaleHead. An attempt not found is being created (the repair scan creates it
+// after a crash): its delivery waits.
+func (s *Store) endStaleHeads(ctx context.Context, stale []*lineHeadDoc) error {
+	ids := idsOf(stale, func(h *lineHeadDoc) string { return h.q.ID })
+	attempts, err := findAll[attemptDoc](ctx, s.history, "find head attempts of an earlier registration", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return err
 	}
-	ids = slices.DeleteFunc(ids, func(id string) bool {
-		return slices.ContainsFunc(running, func(a attemptDoc) bool { return a.ID == id })
-	})
-	if len(ids) == 0 {
-		return nil
-	}
-	if _, err := s.deleteMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": ids}}); err != nil {
-		return wrap("remove queue documents of ended deliveries", err)
-	}
-	return nil
-}
-
-// MaxLineKeys bounds the ordering keys OrderingKeys returns for one (consumer group, topic).
-const MaxLineKeys = 1000
-
-// OrderingKeys returns the ordering keys of the pending deliveries of a consumer group's topic, "" (the
-// events without a key) first and always present, then the others in ascending order, at most MaxLineKeys of
-// them (an arbitrary subset when there are more: the rest wait for a later turn); the
-// dispatcher claims the head of each of these lines. It costs one aggregation of the queue ($match on index
-// pulse_queue_line, then $group by key); errors are the database's, wrapped.
-func (s *Store) OrderingKeys(ctx context.Context, group, topic string) ([]string, error) {
-	cur, err := s.queue.Aggregate(ctx, bson.A{
-		bson.M{"$match": bson.M{"consumerGroup": group, "topic": topic}},
-		bson.M{"$group": bson.M{"_id": "$orderingKey"}},
-		bson.M{"$limit": MaxLineKeys + 1},
-	})
-	if err != nil {
-		return nil, wrap("list ordering keys", err)
-	}
-	var rows []struct {
-		Key *string `bson:"_id"`
-	}
-	if err := cur.All(ctx, &rows); err != nil {
-		return nil, wrap("list ordering keys", err)
-	}
-	out := []string{""}
-	for _, r := range rows {
-		if r.Key != nil && *r.Key != "" {
-			out = append(out, *r.Key)
+	for _, h := range stale {
+		i := slices.IndexFunc(attempts, func(a attemptDoc) bool { return a.ID == h.q.ID })
+		if i < 0 {
+			continue
+		}
+		if err := s.endStaleHead(ctx, h.d, &attempts[i]); err != nil {
+			return err
 		}
 	}
-	slices.Sort(out[1:])
-	return out[:min(len(out), MaxLineKeys+1)], nil
+	return nil
 }
 
 // endStaleHead ends a pending delivery that belongs to an earlier registration of its group, and its current
@@ -269,47 +283,4 @@ func keyFilter(key string) any {
 		return nil
 	}
 	return key
-}
-
-// earlierMayAppear reports whether an event of the line (topic and ordering key) before the head delivery's
-// event (createdAt, then id) that the group of sub will receive may still lack its delivery: the group's
-// backfill is unfinished, or an earlier event of the line still marked for fan-out has no delivery for the
-// group (see ClaimHead). It costs one query of the line's unfinished fan-outs (the outbox, index
-// pulse_outbox_line) and, when there are some, one read of their events and one of the group's deliveries of
-// them, both by id. An outbox document whose event is not committed yet counts for nothing: its commit
-// stamps a createdAt later than this check.
-func (s *Store) earlierMayAppear(ctx context.Context, line pulsetype.Line, sub *subscriptionDoc, head *deliveryDoc) (bool, error) {
-	if sub.Backfill != nil {
-		return true, nil
-	}
-	marks, err := findAll[outboxDoc](ctx, s.outbox, "find earlier unfinished fan-outs",
-		bson.M{"topic": line.Topic, "orderingKey": keyFilter(line.OrderingKey)},
-		options.Find().SetSort(bson.D{{Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "createdAt", Value: 1}}).SetLimit(maxOrderCheck))
-	if err != nil || len(marks) == 0 {
-		return false, err
-	}
-	ids := idsOf(marks, func(m outboxDoc) string { return m.ID })
-	events, err := s.findEvents(ctx, ids)
-	if err != nil {
-		return false, err
-	}
-	var deliveries []string
-	for _, e := range events {
-		if !e.Fanout || e.Staged {
-			continue
-		}
-		earlier := e.CreatedAt.Before(head.EventCreatedAt) || e.CreatedAt.Equal(head.EventCreatedAt) && e.ID < head.EventID
-		if earlier && sub.wants(pulsetype.InputOf(e.event()), &s.filters) { // the whole event: a filter reads its data
-			deliveries = append(deliveries, DeliveryID(sub.ID, e.ID))
-		}
-	}
-	if len(deliveries) == 0 {
-		return false, nil
-	}
-	found, err := findAll[deliveryDoc](ctx, s.deliveries, "find deliveries of earlier events", bson.M{"_id": bson.M{"$in": deliveries}},
-		options.Find().SetProjection(bson.M{"_id": 1}))
-	if err != nil {
-		return false, err
-	}
-	return len(found) < len(deliveries), nil
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"testing"
 )
 
@@ -46,13 +45,6 @@ var scatterPlan = map[string]string{
 	"history aggregate eq=consumerGroup,status range=endedAt not=error.code sort=":                         "GET /v1/stats: the same, by error code",
 	"history find eq=consumerGroup,status range=endedAt,httpStatus not=durationMs,error.code sort=endedAt": "GET /v1/stats: latencies of the window",
 	"history find eq=consumerGroup,status range=endedAt not= sort=endedAt":                                 "GET /v1/endpoints/{group}/activity: the hour's attempts",
-}
-
-// knownBeforeIssue26 are the query shapes that break a per-command rule on MongoDB 6.0 and 7.0 today and that
-// the change of issue 26 (the head-of-line claim, made legal on sharded clusters before 7.1) removes: a
-// findAndModify on history by _id alone (claimByID).
-var knownBeforeIssue26 = map[string]bool{
-	"history findAndModify eq=_id,lockedUntil,status range= not= sort=": true,
 }
 
 // shardRule checks one query against the shard key of its collection by MongoDB's rules per command
@@ -128,7 +120,6 @@ func testShardPlanCoversHotQueries(t *testing.T, e *env) {
 	for _, kind := range slices.Sorted(maps.Keys(kinds)) {
 		shapes := kinds[kind]
 		t.Run(kind, func(t *testing.T) {
-			var known []string
 			for _, shape := range slices.Sorted(maps.Keys(shapes)) {
 				switch v := shapes[shape]; {
 				case v == "":
@@ -137,14 +128,9 @@ func testShardPlanCoversHotQueries(t *testing.T, e *env) {
 					scattered++
 				case v == "scatter":
 					t.Errorf("hot query %q is neither targeted by its collection's shard key nor listed as scatter in the plan", shape)
-				case knownBeforeIssue26[shape]:
-					known = append(known, shape+": "+v)
 				default:
 					t.Errorf("hot query %q breaks a rule of sharded collections: %s", shape, v)
 				}
-			}
-			if len(known) > 0 && !t.Failed() {
-				t.Skipf("issue 26 (the head-of-line claim legal on sharded clusters before 7.1) is not on main yet: %s", strings.Join(known, "; "))
 			}
 		})
 	}

@@ -27,3 +27,28 @@ type ReplayParams struct {
 	Status        Status
 	From, To      time.Time
 }
+
+// ClaimHeadsParams are the arguments of a store's ClaimHeads: the ordered consumer group's topic whose lines
+// are looked at, the lease owner, and how many heads the claim may lease at most (the group's free worker
+// slots and rate-limit tokens). After continues a group with more lines than one claim reads (see
+// HeadClaims.Next): only the lines whose ordering key sorts after it are read; "" starts at the first line
+// (the events without a key).
+type ClaimHeadsParams struct {
+	Owner                string
+	ConsumerGroup, Topic string
+	Limit                int
+	After                string
+}
+
+// HeadClaims is what a store's ClaimHeads leased: the head attempts of distinct lines (at most the
+// params' Limit, each under the lease the claim took); the events of those heads that the claim read, by id
+// (nil: no longer visible, or expired), a head whose event it did not read being absent; Wait > 0 when a
+// line's head can be looked at again after that long without other news (a head inside its settle window,
+// or a line that moved during the look); and Next, the ordering key to pass as ClaimHeadsParams.After in the
+// next claim when the lines read reached the store's bound ("" when every line was read).
+type HeadClaims struct {
+	Attempts []*Attempt
+	Events   map[string]*Event
+	Wait     time.Duration
+	Next     string
+}

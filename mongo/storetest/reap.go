@@ -147,8 +147,8 @@ func testLeaseWithoutItsQueueCopyIsReaped(t *testing.T, e *Env) {
 		return reaped
 	}
 	// The ordered line's head: its look at the line copies the lease.
-	if a, _, err := s.ClaimHead(b.ctx, "w", pulsetype.Line{ConsumerGroup: "o", Topic: "t"}); err != nil || a != nil {
-		t.Fatalf("ClaimHead = %v, %v; want nothing (the head is leased)", a, err)
+	if got, err := s.ClaimHeads(b.ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 1}); err != nil || len(got.Attempts) > 0 {
+		t.Fatalf("ClaimHeads = %v, %v; want nothing (the head is leased)", got.Attempts, err)
 	}
 	b.clock.Advance(2 * time.Second) // the dead claimer's lease expires
 	if reaped := reap(); !reaped["o"] || reaped["u"] {
