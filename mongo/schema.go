@@ -39,9 +39,10 @@ var indexSpecs = []indexSpec{
 	// with consumerGroup, so it cannot.
 	{coll: "deliveries", name: "pulse_deliveries_event", keys: bson.D{{Key: "eventId", Value: 1}, {Key: "consumerGroup", Value: 1}}},
 	{coll: "deliveries", name: "pulse_deliveries_status_id", keys: bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}},
-	// Serves the head of a line of an ordered consumer group (topic and ordering key; ClaimHead) and the
-	// ordering keys with pending deliveries (OrderingKeys). It replaces pulse_deliveries_acquisition (the
-	// head per topic), which a database created by an earlier version still holds unused: drop it at will.
+	// Served the head of a line of an ordered consumer group before the queue existed (the queue's
+	// pulse_queue_line serves ClaimHeads now); kept and checked. It replaced pulse_deliveries_acquisition
+	// (the head per topic), which a database created by an earlier version still holds unused: drop it at
+	// will.
 	{coll: "deliveries", name: "pulse_deliveries_line", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "status", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}}},
 	// Serve GET /v1/deliveries newest first, with and without a consumer group.
 	{coll: "deliveries", name: "pulse_deliveries_created", keys: bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}},
@@ -60,7 +61,8 @@ var indexSpecs = []indexSpec{
 	{coll: "history", name: "pulse_history_expires_at_ttl", keys: bson.D{{Key: "expiresAt", Value: 1}}, ttl: true},
 	// The queue (pending work, see queueDoc): claims ({lockedUntil: null, nextAttemptAt ≤ now}) and the
 	// reaper ({lockedUntil < now}); the repair scan and the queue documents of one delivery; the heads of the
-	// lines of ordered consumer groups and their ordering keys.
+	// lines of ordered consumer groups (ClaimHeads: the first document of each line, a line read alone, the
+	// lines before their heads).
 	{coll: "queue", name: "pulse_queue_acquisition", keys: bson.D{{Key: fieldLeasedUntil, Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
 	{coll: "queue", name: "pulse_queue_delivery", keys: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}},
 	{coll: "queue", name: "pulse_queue_line", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}},
