@@ -74,21 +74,24 @@ func (s *Store) unfinishedBefore(ctx context.Context, topic string, heads []*que
 
 // earlierMayAppear returns the heads (by the id of their queue documents; pending deliveries of the lines of
 // one topic) before whose events (createdAt, then id) an event of the same line that the group of sub will
-// receive may still lack its delivery: the group's backfill is unfinished, or an event of marks (the
-// lines' unfinished fan-outs, see unfinishedBefore) before the head has no delivery for the group while
-// still marked for fan-out, and the group receives it. It costs, when marks hold other events than the
-// heads' up to OrderSettle past them (see unfinishedBefore), one read of the group's deliveries of them by
-// id and, for those that lack one, one read of their events, whose committed createdAt decides.
-// An outbox document whose event is not committed yet counts for nothing: its commit stamps a createdAt
-// later than this check. A fan-out that finishes between the read of the deliveries and that of the events
-// wrote its queue documents first: queuedBefore, which follows, finds them.
-func (s *Store) earlierMayAppear(ctx context.Context, sub *subscriptionDoc, heads []*lineHeadDoc, marks []outboxDoc) (map[string]bool, error) {
-	blocked := map[string]bool{}
+// receive may still lack its delivery (blocked): the group's backfill is unfinished, or an event of marks
+// (the lines' unfinished fan-outs, see unfinishedBefore) before the head has no delivery for the group,
+// is committed and the group receives it; and the heads before which such an event's delivery is pending
+// (earlier: its fan-out finished during the look, after the lines were read). It runs beside queuedBefore,
+// which may read the lines before such a fan-out writes its queue documents, so it holds the line on what
+// it finds itself: an earlier event's delivery found pending, or missing while the event is committed and
+// wanted, whether or not its fanout mark is still set (a fan-out that finished after the read of the
+// deliveries clears it). It costs, when marks hold other events than the heads' up to OrderSettle past
+// them (see unfinishedBefore), one read of the group's deliveries of them by id and, for those that lack
+// one, one read of their events, whose committed createdAt decides. An outbox document whose event is not
+// committed yet (staged) counts for nothing: its commit stamps a createdAt later than this check.
+func (s *Store) earlierMayAppear(ctx context.Context, sub *subscriptionDoc, heads []*lineHeadDoc, marks []outboxDoc) (blocked, earlier map[string]bool, err error) {
+	blocked, earlier = map[string]bool{}, map[string]bool{}
 	if sub.Backfill != nil {
 		for _, h := range heads {
 			blocked[h.q.ID] = true
 		}
-		return blocked, nil
+		return blocked, earlier, nil
 	}
 	headOf := make(map[string]*lineHeadDoc, len(heads)) // by ordering key
 	for _, h := range heads {
@@ -98,41 +101,46 @@ func (s *Store) earlierMayAppear(ctx context.Context, sub *subscriptionDoc, head
 		id   string       // the event's
 		head *lineHeadDoc // the head of its line
 	}
-	earlier := map[string]earlierEvent{} // by the group's delivery id of the event
+	candidates := map[string]earlierEvent{} // by the group's delivery id of the event
 	for _, m := range marks {
 		h := headOf[m.OrderingKey]
 		if h != nil && m.ID != h.q.EventID && !m.CreatedAt.After(h.q.EventCreatedAt.Add(OrderSettle)) {
-			earlier[DeliveryID(sub.ID, m.ID)] = earlierEvent{id: m.ID, head: h}
+			candidates[DeliveryID(sub.ID, m.ID)] = earlierEvent{id: m.ID, head: h}
 		}
 	}
-	if len(earlier) == 0 {
-		return blocked, nil
+	if len(candidates) == 0 {
+		return blocked, earlier, nil
 	}
 	found, err := findAll[deliveryDoc](ctx, s.deliveries, "find deliveries of earlier events",
-		bson.M{"_id": bson.M{"$in": slices.Collect(maps.Keys(earlier))}}, options.Find().SetProjection(bson.M{"_id": 1}))
+		bson.M{"_id": bson.M{"$in": slices.Collect(maps.Keys(candidates))}}, options.Find().SetProjection(bson.M{"status": 1, "eventCreatedAt": 1}))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, d := range found {
-		delete(earlier, d.ID)
+		c := candidates[d.ID]
+		delete(candidates, d.ID)
+		before := d.EventCreatedAt.Before(c.head.q.EventCreatedAt) || d.EventCreatedAt.Equal(c.head.q.EventCreatedAt) && c.id < c.head.q.EventID
+		if before && d.Status == pulsetype.StatusPending {
+			earlier[c.head.q.ID] = true
+		}
 	}
-	if len(earlier) == 0 {
-		return blocked, nil
+	if len(candidates) == 0 {
+		return blocked, earlier, nil
 	}
-	missing := make(map[string]*lineHeadDoc, len(earlier)) // by event id
-	for _, e := range earlier {
-		missing[e.id] = e.head
+	missing := make(map[string]*lineHeadDoc, len(candidates)) // by event id
+	for _, c := range candidates {
+		missing[c.id] = c.head
 	}
 	events, err := s.findEvents(ctx, slices.Collect(maps.Keys(missing)))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for id, e := range events {
 		h := missing[id]
 		before := e.CreatedAt.Before(h.q.EventCreatedAt) || e.CreatedAt.Equal(h.q.EventCreatedAt) && e.ID < h.q.EventID
-		if before && e.Fanout && !e.Staged && sub.wants(pulsetype.InputOf(e.event()), &s.filters) { // the whole event: a filter reads its data
+		if before && !e.Staged && sub.wants(pulsetype.InputOf(e.event()), &s.filters) { // the whole event: a filter reads its data
 			blocked[h.q.ID] = true
 		}
 	}
-	return blocked, nil
+	return blocked, earlier, nil
 }

@@ -35,17 +35,18 @@ const MaxLineKeys = 1000
 // ClaimHeads leases the heads of many lines of an ordered consumer group's topic in one round
 // (docs/delivery.md, "Ordered lines"): the current attempt of each line's oldest pending delivery, when it
 // is unleased and due, the group is active, the event is past its settle window (OrderSettle) and no earlier
-// event of the line can still appear (earlierMayAppear, queuedBefore); at most p.Limit of them, picked at
-// random among the lines that pass. A head of an earlier registration of the group is ended instead
+// event of the line can still appear (earlierMayAppear, queuedBefore); at most p.Limit of them, the lines
+// looked at picked at random among the due ones (the others wait for a later round). A head of an earlier registration of the group is ended instead
 // (endStaleHead). It is safe for concurrent use, also by replicas: the lease is ClaimAttempts' fenced
 // updateMany, so a head is leased once, and a look at a line changes nothing that a racing look relies on.
 //
 // A round costs, however many lines it looks at: one read of the lines' first queue documents
 // (headsOfLines), and nothing more when none is due, ended or waiting for a retry; then at once one read of
-// the subscription, one of those documents' deliveries by id and one of the due lines' unfinished fan-outs
-// (unfinishedBefore); one read of the group's deliveries of the earlier events found there (and of their
-// events, only when some lack one); one read of the picked heads' lines before them (queuedBefore); and the
-// claim (two updateMany, and a read-back when another replica won some). A line whose first queue document
+// the subscription, one of those documents' deliveries by id, one of the picked due lines' unfinished
+// fan-outs (unfinishedBefore) and one of their events (HeadClaims.Events); then at once one read of the
+// group's deliveries of the earlier events found there (and after it of their events, only when some lack
+// one) and one read of the picked heads' lines before them (queuedBefore); and the claim (two updateMany, and a read-back when
+// another replica won some): nine commands when every line passes (claimRoundCommands in the tests). A line whose first queue document
 // is of an ended delivery is looked at alone (lineHead: two or three commands more for it), and so are the
 // lines past the bound of the fan-out query. A line whose first document carries a lease is running and is
 // not looked at: if that lease is a stale copy (its claimer died between the two writes of an end), the
@@ -146,25 +147,28 @@ func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (p
 		}
 		marks = append(marks, more...)
 	}
-	blocked, err := s.earlierMayAppear(ctx, &sub, heads, marks)
-	if err != nil {
+	heads = heads[:min(len(heads), p.Limit)] // those found behind ended deliveries come last
+	// The check of the earlier events the fan-outs name and one more read of the lines, at once. The read
+	// again finds an earlier event whose fan-out finished between the lines' read and the fan-outs' (the
+	// repair of an interrupted fan-out: its queue documents written, then its outbox document removed): its
+	// queue document is written first. An earlier event whose fan-out finishes during these two reads holds
+	// its line in earlierMayAppear (see there).
+	var (
+		blocked, earlier, moved map[string]bool
+		checkErr, lineErr       error
+	)
+	wg.Go(func() { blocked, earlier, checkErr = s.earlierMayAppear(ctx, &sub, heads, marks) })
+	wg.Go(func() { moved, lineErr = s.queuedBefore(ctx, heads) })
+	wg.Wait()
+	if err := errors.Join(checkErr, lineErr); err != nil {
 		return out, err
 	}
-	heads = slices.DeleteFunc(heads, func(h *lineHeadDoc) bool { return blocked[h.q.ID] })
-	heads = heads[:min(len(heads), p.Limit)] // those found behind ended deliveries come last
+	if len(moved) > 0 || len(earlier) > 0 {
+		out.Wait = minWait(out.Wait, time.Millisecond) // the line moved during the look: look again at once
+	}
+	heads = slices.DeleteFunc(heads, func(h *lineHeadDoc) bool { return blocked[h.q.ID] || earlier[h.q.ID] || moved[h.q.ID] })
 	if len(heads) == 0 {
 		return out, nil
-	}
-	// An earlier event's fan-out may have finished between the lines' read and the fan-outs' (the repair of an
-	// interrupted fan-out: its queue documents written, then its outbox document removed): its queue
-	// document, written first, is found by one more read of the lines.
-	moved, err := s.queuedBefore(ctx, heads)
-	if err != nil {
-		return out, err
-	}
-	if len(moved) > 0 {
-		heads = slices.DeleteFunc(heads, func(h *lineHeadDoc) bool { return moved[h.q.ID] })
-		out.Wait = minWait(out.Wait, time.Millisecond)
 	}
 	attempts := make([]*pulsetype.Attempt, len(heads))
 	for i, h := range heads {
