@@ -19,7 +19,7 @@ type Store interface {
 	FanOutClaiming(ctx context.Context, owner string, events []*pulsetype.Event, claim func(group string) bool) ([]*pulsetype.Attempt, error)
 	ClearFanOut(ctx context.Context, eventIDs []string) error
 	ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error)
-	ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error)
+	DueAttempts(ctx context.Context, groups []string, limit int) ([]*pulsetype.Attempt, error)
 	ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (pulsetype.HeadClaims, error)
 	ReleaseAttempt(ctx context.Context, a *pulsetype.Attempt) error
 	FinishAttempts(ctx context.Context, cs []pulsetype.Completion) ([]bool, error)

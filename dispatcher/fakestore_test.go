@@ -28,7 +28,7 @@ type memStore struct {
 	attempts   map[string]*pulsetype.Attempt
 	tokens     int
 	calls      map[string]int
-	polls      []time.Time // when ClaimBatch ran
+	polls      []time.Time // when DueAttempts ran
 	finished   [][]string  // attempt ids of each FinishAttempts call
 	// finishGate, when set, is received from before each FinishAttempts writes (one value per call).
 	finishGate chan struct{}
@@ -183,20 +183,48 @@ func (s *memStore) ClaimAttempts(_ context.Context, owner string, attempts []*pu
 	return out, nil
 }
 
-func (s *memStore) ClaimBatch(_ context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error) {
-	s.called("ClaimBatch")
+// DueAttempts returns copies of up to limit pending, unleased, due attempts of groups (nil: any group),
+// most overdue first, as the mongo store's does.
+func (s *memStore) DueAttempts(_ context.Context, groups []string, limit int) ([]*pulsetype.Attempt, error) {
+	s.called("DueAttempts")
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.polls = append(s.polls, time.Now())
+	now := time.Now()
+	var out []*pulsetype.Attempt
+	for _, a := range s.dueLocked(groups) {
+		if len(out) == limit {
+			break
+		}
+		if a.Status == pulsetype.StatusPending && !a.NextAttemptAt.After(now) && (a.LeasedUntil == nil || !a.LeasedUntil.After(now)) {
+			c := *a
+			out = append(out, &c)
+		}
+	}
+	return out, nil
+}
+
+// dueLocked returns the attempts of groups (nil: any group), by nextAttemptAt and id; s.mu is held.
+func (s *memStore) dueLocked(groups []string) []*pulsetype.Attempt {
 	var due []*pulsetype.Attempt
 	for _, a := range s.attempts {
-		if !slices.Contains(exclude, a.ConsumerGroup) {
+		if groups == nil || slices.Contains(groups, a.ConsumerGroup) {
 			due = append(due, a)
 		}
 	}
 	slices.SortFunc(due, func(a, b *pulsetype.Attempt) int {
 		return cmp.Or(a.NextAttemptAt.Compare(b.NextAttemptAt), cmp.Compare(a.ID, b.ID))
 	})
+	return due
+}
+
+// ClaimBatch leases up to limit due attempts of groups (nil: any group), most overdue first: a helper of
+// the tests (the dispatcher claims through DueAttempts and ClaimAttempts).
+func (s *memStore) ClaimBatch(_ context.Context, owner string, groups []string, limit int) ([]*pulsetype.Attempt, error) {
+	s.called("ClaimBatch")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	due := s.dueLocked(groups)
 	token := s.tokenLocked()
 	var out []*pulsetype.Attempt
 	for _, a := range due {

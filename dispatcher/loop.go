@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -39,6 +40,7 @@ type loop struct {
 
 	// Owned by the loop's goroutine.
 	backlog  bool // the database may hold due attempts this process had no capacity for
+	window   dueWindow
 	lastPoll time.Time
 	reap     chore
 	repair   chore
@@ -141,7 +143,7 @@ func (l *loop) turn(ctx context.Context, poll bool) bool {
 	l.claimReady(ctx)
 	if poll || l.backlog {
 		l.lastPoll = time.Now()
-		l.claimDue(ctx, ordered)
+		l.claimDue(ctx, ordered, poll)
 	}
 	return worked
 }
@@ -296,12 +298,28 @@ func (l *loop) takeReady() []job {
 }
 
 // claimDue leases due attempts found by polling the database, a batch per round trip while capacity lasts,
-// and reads their events with one query per batch. ordered groups are left to the head-of-line claim.
-func (l *loop) claimDue(ctx context.Context, ordered []string) {
+// and reads their events with one query per batch. The attempts come from the due window (dueWindow): one
+// read of the database (Store.DueAttempts) for the consumer groups that may take part, every known group
+// but the ordered ones (left to the head-of-line claim) and the paused or disabled ones, or every group
+// when none is left out; each batch is then claimed from it by id (Store.ClaimAttempts), without the groups
+// that may not take a worker slot now (maxConcurrency, the reserve, rate limits). When the window holds
+// attempts of those groups only, one more read finds the due attempts of the others (on a poll only, so at
+// most once a poll interval): it joins the window.
+func (l *loop) claimDue(ctx context.Context, ordered []string, poll bool) {
 	for ctx.Err() == nil {
 		known := l.endpoints.groups()
+		out := append(slices.Clone(ordered), l.endpoints.inactive()...)
+		var wanted map[string]bool // nil: every group
+		if len(out) > 0 {
+			wanted = make(map[string]bool, len(known))
+			for _, g := range known {
+				wanted[g] = true
+			}
+			for _, g := range out {
+				delete(wanted, g)
+			}
+		}
 		exclude, free := l.slots.capacity(known)
-		exclude = append(append(exclude, ordered...), l.endpoints.inactive()...)
 		// A rate-limited group takes part while it has tokens, and a batch never takes more of its attempts
 		// than it has tokens (as with maxConcurrency).
 		for _, g := range l.limits.limited(known) {
@@ -315,31 +333,82 @@ func (l *loop) claimDue(ctx context.Context, ordered []string) {
 			l.backlog = true
 			return
 		}
-		batch, err := l.store.ClaimBatch(ctx, l.owner, exclude, min(free, maxClaimBatch))
+		admit := func(group string) bool { return (wanted == nil || wanted[group]) && !slices.Contains(exclude, group) }
+		w := &l.window
+		now := time.Now()
+		if !w.covers(wanted, now) {
+			if wanted != nil && len(wanted) == 0 {
+				w.fill(nil, wanted, now)
+				l.backlog = false
+				return
+			}
+			due, err := l.store.DueAttempts(ctx, groupList(wanted), w.size())
+			if err != nil {
+				l.logErr(ctx, err, "read due attempts")
+				return
+			}
+			w.fill(due, wanted, now)
+		}
+		w.keep(wanted)
+		batch := w.take(min(free, maxClaimBatch), admit)
+		if len(batch) == 0 && len(w.items) > 0 && poll {
+			// Every attempt left is of a group that may not take a slot now: find the others' due ones.
+			others := map[string]bool{}
+			for _, g := range known {
+				if admit(g) {
+					others[g] = true
+				}
+			}
+			if len(others) > 0 {
+				due, err := l.store.DueAttempts(ctx, groupList(others), w.size())
+				if err != nil {
+					l.logErr(ctx, err, "read due attempts")
+					return
+				}
+				w.merge(due)
+				batch = w.take(min(free, maxClaimBatch), admit)
+			}
+			poll = false
+		}
+		if len(batch) == 0 {
+			l.backlog = len(w.items) > 0 // claimed from the window once a slot or a token is free
+			return
+		}
+		leased, err := l.store.ClaimAttempts(ctx, l.owner, batch)
 		if err != nil {
 			l.logErr(ctx, err, "claim")
 			return
 		}
-		if len(batch) == 0 {
-			l.backlog = false
-			return
+		if len(leased) == 0 {
+			if len(w.items) == 0 {
+				return // read again on the next poll, as a read that finds nothing
+			}
+			continue // others leased them first, or they ended: the next picks of the window
 		}
-		ids := make([]string, len(batch))
-		for i, a := range batch {
+		ids := make([]string, len(leased))
+		for i, a := range leased {
 			ids[i] = a.EventID
 		}
 		events, err := l.store.GetEvents(ctx, ids)
 		if err != nil {
 			l.logErr(ctx, err, "read events of claimed attempts") // each executor reads its own
 		}
-		jobs := make([]job, len(batch))
-		for i, a := range batch {
+		jobs := make([]job, len(leased))
+		for i, a := range leased {
 			jobs[i] = job{a: a, ev: events[a.EventID], evKnown: err == nil}
 		}
 		// Groups found ordered only now stay out of this turn's claims: their attempts were given back and
 		// would be claimed again at once.
 		ordered = append(ordered, l.launchAll(ctx, jobs)...)
 	}
+}
+
+// groupList returns the groups of a set, sorted (nil for nil: every group).
+func groupList(groups map[string]bool) []string {
+	if groups == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(groups))
 }
 
 // launchAll hands leased attempts to the executor, except those of a group this process did not know as

@@ -226,9 +226,9 @@ func TestLoopLeasesNothingWhileLeaseWritesAreSlow(t *testing.T) {
 	// The loop's next fan-out comes in a later turn: by then the first turn's claims, if any, were made.
 	d.Published(events("b", "t", 2))
 	testwait.Eventually(t, 10*time.Second, "the second fan-out", func() bool { return store.count("FanOut") == 2 })
-	if started, _ := snd.posts(); started != 0 || store.count("ClaimAttempts") != 0 || store.count("ClaimBatch") != 0 || store.succeeded("g") != 0 {
-		t.Fatalf("under slow lease writes: %d POSTs, %d ClaimAttempts, %d ClaimBatch, %d deliveries; want nothing leased",
-			started, store.count("ClaimAttempts"), store.count("ClaimBatch"), store.succeeded("g"))
+	if started, _ := snd.posts(); started != 0 || store.count("ClaimAttempts") != 0 || store.count("DueAttempts") != 0 || store.succeeded("g") != 0 {
+		t.Fatalf("under slow lease writes: %d POSTs, %d ClaimAttempts, %d DueAttempts, %d deliveries; want nothing leased",
+			started, store.count("ClaimAttempts"), store.count("DueAttempts"), store.succeeded("g"))
 	}
 	keeper.Observe(time.Millisecond)
 	d.Wake()

@@ -13,39 +13,58 @@ import (
 // Claiming: attempts are leased from the queue under one fresh fencing token per claim (see lease.go),
 // renewed while they run, and given back unstarted.
 
-// Claim leases the single most overdue claimable attempt (ClaimBatch with limit 1); it returns (nil, nil)
-// when nothing is due.
-func (s *Store) Claim(ctx context.Context, owner string, exclude []string) (*pulsetype.Attempt, error) {
-	out, err := s.ClaimBatch(ctx, owner, exclude, 1)
+// Claim leases the single most overdue claimable attempt of the consumer groups groups (nil or empty: of
+// any group) (ClaimBatch with limit 1); it returns (nil, nil) when nothing is due.
+func (s *Store) Claim(ctx context.Context, owner string, groups []string) (*pulsetype.Attempt, error) {
+	out, err := s.ClaimBatch(ctx, owner, groups, 1)
 	if len(out) == 0 {
 		return nil, err
 	}
 	return out[0], err
 }
 
-// ClaimBatch leases up to limit claimable attempts (pending, no lease, nextAttemptAt ≤ now) of consumer
-// groups not in exclude, most overdue first, in two round trips: one query of the queue reads a window of
-// candidates (three times limit, at most 64), then one fenced claim leases a random limit of them (see
-// ClaimAttempts). Replicas read the same most-overdue window; the random pick spreads them over it. It returns
-// the attempts it leased, possibly none.
-func (s *Store) ClaimBatch(ctx context.Context, owner string, exclude []string, limit int) ([]*pulsetype.Attempt, error) {
-	now := s.now()
-	filter := bson.M{fieldLeasedUntil: nil, "nextAttemptAt": bson.M{"$lte": now}, "ended": bson.M{"$ne": true}}
-	if len(exclude) > 0 {
-		filter["consumerGroup"] = bson.M{"$nin": exclude}
-	}
-	docs, err := findAll[queueDoc](ctx, s.queue, "find claimable attempts", filter, options.Find().
-		SetSort(bson.D{{Key: fieldLeasedUntil, Value: 1}, {Key: "nextAttemptAt", Value: 1}}).
-		SetLimit(int64(min(3*limit, 64))))
+// ClaimBatch leases up to limit claimable attempts of the consumer groups groups (nil or empty: of any
+// group), most overdue first, in two round trips: DueAttempts reads a window of candidates (three times
+// limit, at most 64), then one fenced claim leases a random limit of them (see ClaimAttempts). Replicas read
+// the same most-overdue window; the random pick spreads them over it. It returns the attempts it leased,
+// possibly none.
+func (s *Store) ClaimBatch(ctx context.Context, owner string, groups []string, limit int) ([]*pulsetype.Attempt, error) {
+	docs, err := s.DueAttempts(ctx, groups, min(3*limit, 64))
 	if err != nil {
 		return nil, err
 	}
 	rand.Shuffle(len(docs), func(i, j int) { docs[i], docs[j] = docs[j], docs[i] })
-	candidates := make([]*pulsetype.Attempt, 0, min(limit, len(docs)))
-	for _, d := range docs[:min(limit, len(docs))] {
-		candidates = append(candidates, d.attempt())
+	return s.ClaimAttempts(ctx, owner, docs[:min(limit, len(docs))])
+}
+
+// DueAttempts reads, with one query of the queue, up to limit claimable attempts (pending, no lease,
+// nextAttemptAt ≤ now, not ended) of the consumer groups groups (nil or empty: of any group), most overdue
+// first, as the pending unleased attempts they stand for; it leases none (ClaimAttempts does, by id). With
+// groups the query names them ({consumerGroup: {$in: groups}}, never the groups left out), and on MongoDB it
+// is hinted to pulse_queue_group_due, whose leading key makes the server read only those groups' due
+// attempts, each group's range in due order, merged (MongoDB merges up to 200 groups' ranges for a sort;
+// beyond that it sorts the due attempts of the groups named); without groups pulse_queue_acquisition serves
+// it. A server that scans (FerretDB) reads the queue once per call whatever limit is, so a caller that
+// drains a backlog reads a large window once and claims from it by id (dispatcher.dueWindow). Errors are
+// the database's, wrapped.
+func (s *Store) DueAttempts(ctx context.Context, groups []string, limit int) ([]*pulsetype.Attempt, error) {
+	filter := bson.M{fieldLeasedUntil: nil, "nextAttemptAt": bson.M{"$lte": s.now()}, "ended": bson.M{"$ne": true}}
+	opts := options.Find().SetSort(bson.D{{Key: fieldLeasedUntil, Value: 1}, {Key: "nextAttemptAt", Value: 1}}).SetLimit(int64(limit))
+	if len(groups) > 0 {
+		filter["consumerGroup"] = bson.M{"$in": groups}
+		if !s.caps.ScansFilters {
+			opts.SetHint(queueGroupDueIndex)
+		}
 	}
-	return s.ClaimAttempts(ctx, owner, candidates)
+	docs, err := findAll[queueDoc](ctx, s.queue, "find claimable attempts", filter, opts)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*pulsetype.Attempt, len(docs))
+	for i := range docs {
+		out[i] = docs[i].attempt()
+	}
+	return out, nil
 }
 
 // attempt returns the queue document as the pending, unleased attempt it stands for.

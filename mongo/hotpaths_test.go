@@ -285,7 +285,8 @@ var unindexedByDesign = map[string]string{
 // TestHotQueriesUseAnIndex (in TestStoreInternals) runs every path of the store (hotPathWorkload) with a
 // command monitor, and checks each query it sends (filter, sort, hint) against the indexes EnsureSchema
 // creates: an index whose leading keys are the query's equality fields, then its sort (or, without a sort,
-// a range), or a shape listed in unindexedByDesign with its reason. The embedded database scans for most
+// a range), or a shape listed in unindexedByDesign with its reason. No query may leave consumer groups out
+// with a negation ($nin, $ne): it names the groups it wants. The embedded database scans for most
 // filters, so explain cannot show this there; the rule is checked on the shapes themselves.
 func testHotQueriesUseAnIndex(t *testing.T, e *env) {
 	b := e.setup(t)
@@ -296,6 +297,11 @@ func testHotQueriesUseAnIndex(t *testing.T, e *env) {
 	shapes := map[string]string{} // shape: the index serving it, or "" when none does
 	for _, q := range queries {
 		p := predicatesOf(q.Filter)
+		if p.neg["consumerGroup"] {
+			// An index range cannot skip what a negation leaves out: the server walks the keys of the groups
+			// left out (ordered, paused, saturated: maybe most of the due work) before it finds the others.
+			t.Errorf("%s: the filter %s leaves consumer groups out with a negation; name the groups wanted ($in)", q.shape(p), q.Filter)
+		}
 		if len(p.or) > 0 {
 			for i, branch := range p.or {
 				branch.merge(predicates{eq: p.eq, exact: p.exact, rng: p.rng, neg: p.neg})
@@ -406,7 +412,7 @@ func hotPathWorkload(t *testing.T, b *bundle, s *Store) {
 	_, err = s.FinishAttempts(ctx, cs)
 	must("FinishAttempts", err)
 	must("FollowUps", s.FollowUps(ctx, cs))
-	one, err := s.Claim(ctx, "w", []string{"o"})
+	one, err := s.Claim(ctx, "w", []string{"g", "e"})
 	must("Claim", err)
 	if one != nil {
 		must("FinishAttempt", s.FinishAttempt(ctx, one, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 200, Duration: time.Millisecond}))
@@ -414,8 +420,10 @@ func hotPathWorkload(t *testing.T, b *bundle, s *Store) {
 		must("EndDelivery", err)
 	}
 	b.clock.Advance(time.Minute)
-	_, err = s.ClaimBatch(ctx, "w", []string{"o"}, 4)
+	_, err = s.ClaimBatch(ctx, "w", []string{"g", "e"}, 4)
 	must("ClaimBatch", err)
+	_, err = s.DueAttempts(ctx, nil, 64)
+	must("DueAttempts of every group", err)
 	_, err = s.ClaimHeads(ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8})
 	must("ClaimHeads", err)
 	_, err = s.ClaimHeads(ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8, After: "a"})

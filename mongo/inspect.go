@@ -72,9 +72,32 @@ func (s *Store) decodeDeliveries(ctx context.Context, cur *mongo.Cursor) ([]*pul
 
 func expired(at *time.Time, now time.Time) bool { return at != nil && !at.After(now) }
 
-// PendingByGroup counts pending deliveries by consumer group, with one aggregation (served by
-// pulse_deliveries_status_id) and one query for the registered groups, which read 0 when nothing is pending.
+// PendingByGroup counts pending deliveries by consumer group, for /metrics (every PendingCountMaxAge on
+// each replica that is scraped). On MongoDB it reads the registered groups (ids only) and counts each
+// group's pending deliveries with a count hinted to pulse_deliveries_group_status_created, whose leading
+// keys are the count's equalities: the server counts index keys and fetches no delivery. A group that is no
+// longer registered is not counted there (its pending deliveries are being ended: DeleteEndpoint, the
+// repair scan). A server that scans its collections (Capabilities.ScansFilters: FerretDB) would read the
+// deliveries once per group; there one aggregation counts every group's in one read, and a group with
+// pending deliveries that is no longer registered is counted too. A registered group with nothing pending
+// reads 0.
 func (s *Store) PendingByGroup(ctx context.Context) (map[string]int64, error) {
+	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(groups))
+	if !s.caps.ScansFilters {
+		for _, g := range groups {
+			n, err := s.deliveries.CountDocuments(ctx, bson.M{"consumerGroup": g.ID, "status": pulsetype.StatusPending},
+				options.Count().SetHint("pulse_deliveries_group_status_created"))
+			if err != nil {
+				return nil, wrap("count pending deliveries", err)
+			}
+			out[g.ID] = n
+		}
+		return out, nil
+	}
 	cur, err := s.deliveries.Aggregate(ctx, mongo.Pipeline{
 		{{Key: "$match", Value: bson.M{"status": pulsetype.StatusPending}}},
 		{{Key: "$group", Value: bson.M{"_id": "$consumerGroup", "n": bson.M{"$sum": 1}}}},
@@ -89,13 +112,8 @@ func (s *Store) PendingByGroup(ctx context.Context) (map[string]int64, error) {
 	if err := cur.All(ctx, &rows); err != nil {
 		return nil, wrap("count pending deliveries", err)
 	}
-	out := make(map[string]int64, len(rows))
 	for _, r := range rows {
 		out[r.Group] = r.N
-	}
-	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
-	if err != nil {
-		return nil, err
 	}
 	for _, g := range groups {
 		out[g.ID] += 0 // a registered group with nothing pending reads 0

@@ -22,6 +22,9 @@ type indexSpec struct {
 	ttl    bool // TTL index with expireAfterSeconds 0 (a plain index where the server lacks TTL indexes)
 }
 
+// queueGroupDueIndex is the index DueAttempts names in its hint when it claims for some consumer groups.
+const queueGroupDueIndex = "pulse_queue_group_due"
+
 // indexSpecs are the sidecar's indexes. Every hot query is served by one of them.
 var indexSpecs = []indexSpec{
 	{coll: "events", name: "pulse_events_topic_id", keys: bson.D{{Key: "topic", Value: 1}, {Key: "_id", Value: 1}}},
@@ -64,6 +67,9 @@ var indexSpecs = []indexSpec{
 	// lines of ordered consumer groups (ClaimHeads: the first document of each line, a line read alone, the
 	// lines before their heads).
 	{coll: "queue", name: "pulse_queue_acquisition", keys: bson.D{{Key: fieldLeasedUntil, Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
+	// The claim of due attempts of some consumer groups ({consumerGroup: {$in: [...]}, lockedUntil: null,
+	// nextAttemptAt ≤ now}, see DueAttempts): the groups left out (ordered, paused, disabled) are never read.
+	{coll: "queue", name: queueGroupDueIndex, keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: fieldLeasedUntil, Value: 1}, {Key: "nextAttemptAt", Value: 1}}},
 	{coll: "queue", name: "pulse_queue_delivery", keys: bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}},
 	{coll: "queue", name: "pulse_queue_line", keys: bson.D{{Key: "consumerGroup", Value: 1}, {Key: "topic", Value: 1}, {Key: "orderingKey", Value: 1}, {Key: "eventCreatedAt", Value: 1}, {Key: "eventId", Value: 1}, {Key: "attempt", Value: -1}}},
 	// The outbox (unfinished fan-outs, see outboxDoc): the repair of interrupted fan-outs (oldest first) and

@@ -29,7 +29,6 @@ var scatterPlan = map[string]string{
 	"history update eq=_id,lockedUntil,status range= not= sort=":          "claims by id (no lease yet) and ending waiting attempts",
 	// Pollers and repairs: one per replica per poll, repair or sweep interval, bounded by an index.
 	"deliveries find eq=status range=_id not= sort=status,_id":    "repair walk of pending deliveries (pulse_deliveries_status_id)",
-	"deliveries aggregate eq=status range= not= sort=":            "pending counts of /metrics (every 15 s per replica)",
 	"deliveries delete eq= range=expiresAt not= sort=":            "the sweep of expired deliveries (servers without TTL indexes)",
 	"history delete eq= range=expiresAt not= sort=":               "the sweep of expired attempts (servers without TTL indexes)",
 	"events delete eq= range= not= sort=":                         "the sweep of expired and staged events ($or: expiresAt, staged)",

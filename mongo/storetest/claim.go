@@ -24,8 +24,11 @@ func testClaimIsFencedByFencingToken(t *testing.T, e *Env) {
 	b.putEndpoint(s, "billing", "t")
 	ev := b.publishOne(s, "evt-1", "t")
 
-	if a, err := s.Claim(b.ctx, "worker-a", []string{"billing"}); err != nil || a != nil {
-		t.Fatalf("Claim excluding the only group = %+v, %v; want nil, nil", a, err)
+	if a, err := s.Claim(b.ctx, "worker-a", []string{"other"}); err != nil || a != nil {
+		t.Fatalf("Claim of another group only = %+v, %v; want nil, nil", a, err)
+	}
+	if a, err := s.ClaimBatch(b.ctx, "worker-a", []string{"other", "more"}, 4); err != nil || len(a) != 0 {
+		t.Fatalf("ClaimBatch of other groups only = %+v, %v; want none", a, err)
 	}
 	a := b.claim(s, "worker-a")
 	if a.FencingToken == "" || a.LeaseOwner != "worker-a" || a.Number != 1 || a.EventID != ev.ID ||

@@ -175,7 +175,7 @@ func testEndpointStateAndFailingStreak(t *testing.T, e *Env) {
 	}
 
 	b.publishOne(s, "e1", "t")
-	a, err := s.Claim(b.ctx, "me", []string{"h"})
+	a, err := s.Claim(b.ctx, "me", []string{"g"})
 	if err != nil || a == nil {
 		t.Fatalf("Claim = %v, %v", a, err)
 	}

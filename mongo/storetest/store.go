@@ -20,8 +20,12 @@ type Store interface {
 	reconciler.Store
 	// FanOut is FanOutClaiming that leases none.
 	FanOut(ctx context.Context, events []*pulsetype.Event) ([]*pulsetype.Attempt, error)
-	// Claim leases the single most overdue claimable attempt, or returns nil when none is due.
-	Claim(ctx context.Context, owner string, exclude []string) (*pulsetype.Attempt, error)
+	// Claim leases the single most overdue claimable attempt of the consumer groups groups (nil: of any),
+	// or returns nil when none is due.
+	Claim(ctx context.Context, owner string, groups []string) (*pulsetype.Attempt, error)
+	// ClaimBatch leases up to limit claimable attempts of the consumer groups groups (nil: of any), most
+	// overdue first.
+	ClaimBatch(ctx context.Context, owner string, groups []string, limit int) ([]*pulsetype.Attempt, error)
 	// Renew extends the given leases and returns those that were lost.
 	Renew(ctx context.Context, leases []pulsetype.LeaseKey) ([]pulsetype.LeaseKey, error)
 	// FinishAttempt records one leased attempt's result, or returns pulsetype.ErrLeaseLost.
