@@ -78,16 +78,20 @@ const synopsis = `Usage: pulse bench [flags]
 Measures delivery throughput, latency and database commands per delivery against a fresh embedded
 development database (or --mongodb-uri), and prints a table and one machine-readable line starting "bench:".
 --history delivers events first (untimed, kept); --rate publishes at a fixed rate instead of as fast as
---concurrency clients can; --idle then measures what idle sidecars cost the embedded database process.`
+--concurrency clients can; --pending N measures the drain of N events published while the groups were
+paused; --idle then measures what idle sidecars cost the embedded database process. Long phases print
+their progress on stderr every few seconds.`
 
 // flags are the flags of `pulse bench`.
 type flags struct {
 	events, groups, replicas, concurrency, keys, history int
+	pending                                              int
 	rate                                                 float64
 	uri                                                  string
 	timeout, delay, idle                                 time.Duration
 	cpuProfile                                           string
 	ordered                                              bool
+	progress                                             io.Writer // progress lines of long phases (stderr)
 }
 
 // Run is `pulse bench` with the command line args (the flags after "bench"). It starts the embedded
@@ -110,6 +114,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.IntVar(&o.concurrency, "concurrency", 8, "concurrent publishing clients (and raw-update clients)")
 	fs.Float64Var(&o.rate, "rate", 0, "publish `R` events per second, open loop (each a one-event request, sent when due whatever earlier ones take); 0: as fast as --concurrency clients can")
 	fs.IntVar(&o.history, "history", 0, "publish and deliver `N` events first, untimed; they stay as retained history during the measured run")
+	fs.IntVar(&o.pending, "pending", 0, "measure the drain of a backlog instead of a publish run: pause the groups, publish `N` events (untimed, arrays of 100), wait until they are fanned out, resume the groups and measure until every delivery arrived")
 	fs.DurationVar(&o.idle, "idle", 0, "after the measured run, leave the sidecars idle this long and report the embedded database process's CPU meanwhile")
 	fs.StringVar(&o.uri, "mongodb-uri", getenv("PULSE_MONGODB_URI"), "database to use instead of a fresh embedded development database (default $PULSE_MONGODB_URI)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
@@ -120,9 +125,13 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := cli.Parse(fs, args, synopsis, stdout); err != nil {
 		return err
 	}
-	if o.keys < 0 || o.delay < 0 || o.history < 0 || o.rate < 0 || o.idle < 0 {
-		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --keys, --receiver-delay, --history, --rate and --idle must not be negative")
+	if o.keys < 0 || o.delay < 0 || o.history < 0 || o.rate < 0 || o.idle < 0 || o.pending < 0 {
+		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --keys, --receiver-delay, --history, --rate, --idle and --pending must not be negative")
 	}
+	if o.pending > 0 && o.rate > 0 {
+		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --pending measures a drain, not a publish run: it does not take --rate")
+	}
+	o.progress = os.Stderr
 	if o.events < 1 || o.groups < 1 || o.concurrency < 1 || o.replicas < 1 {
 		return cli.Usagef(cli.Usage(fs, synopsis), "bench: --events, --groups, --replicas and --concurrency must be at least 1")
 	}
@@ -223,38 +232,68 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	}
 	pub := &publisher{apis: apis, rcv: rcv, keys: o.keys}
 	if o.history > 0 {
-		if err := pub.history(ctx, o.history, o.concurrency); err != nil {
-			return result{}, err
+		stop := progress(o.progress, "history: deliveries", o.history*o.groups, rcv.distinct)
+		err := pub.history(ctx, "hist", o.history, o.concurrency)
+		if err == nil {
+			err = rcv.wait(ctx, o.history*o.groups)
 		}
-		if err := rcv.wait(ctx, o.history*o.groups); err != nil {
+		stop()
+		if err != nil {
 			return result{}, fmt.Errorf("bench: history: %w (%d of %d deliveries arrived)", err, rcv.distinct(), o.history*o.groups)
 		}
 	}
 	before := rcv.distinct()
+	groups := make([]string, o.groups)
+	for g := range groups {
+		groups[g] = fmt.Sprintf("bench-%d", g)
+	}
+	if o.pending > 0 {
+		if err := backlog(ctx, o, apis[0], groups, pub); err != nil {
+			return result{}, err
+		}
+	}
 
 	want := o.events * o.groups
+	if o.pending > 0 {
+		want = o.pending * o.groups
+	}
 	counting.Store(true)
 	stopProfile, err := startProfile(o.cpuProfile)
 	if err != nil {
 		return result{}, err
 	}
+	stopProgress := progress(o.progress, map[bool]string{false: "run: deliveries", true: "drain: deliveries"}[o.pending > 0], want,
+		func() int { return rcv.distinct() - before })
 	cpu0, start, cmd0, written0 := cpuTime(), time.Now(), commands.Load(), written.Load()
-	harness(ctx, func(ctx context.Context) {
-		// A client of its own, so that its connections are dialled by (and labelled as) the harness.
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConnsPerHost = 64
-		pub.client = &http.Client{Transport: t}
-		defer t.CloseIdleConnections()
-		if o.rate > 0 {
-			pub.openLoop(ctx, o.events, o.rate)
-		} else {
-			pub.closedLoop(ctx, o.events, o.concurrency)
+	if o.pending > 0 {
+		for i := range o.pending {
+			rcv.published(fmt.Sprintf("pend-%d", i), start) // the wait counts from the resume
 		}
-	})
+		for _, g := range groups {
+			if err := request(ctx, "POST", fmt.Sprintf("%s/v1/endpoints/%s/resume", apis[0], g), "", http.StatusOK); err != nil {
+				return result{}, err
+			}
+		}
+	} else {
+		harness(ctx, func(ctx context.Context) {
+			// A client of its own, so that its connections are dialled by (and labelled as) the harness.
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.MaxIdleConnsPerHost = 64
+			pub.client = &http.Client{Transport: t}
+			defer t.CloseIdleConnections()
+			if o.rate > 0 {
+				pub.openLoop(ctx, o.events, o.rate)
+			} else {
+				pub.closedLoop(ctx, o.events, o.concurrency)
+			}
+		})
+	}
 	if pub.err != nil {
 		return result{}, pub.err
 	}
-	if err := rcv.wait(ctx, before+want); err != nil {
+	err = rcv.wait(ctx, before+want)
+	stopProgress()
+	if err != nil {
 		return result{}, fmt.Errorf("bench: %w (%d of %d deliveries arrived)", err, rcv.distinct()-before, want)
 	}
 	elapsed := time.Since(start)
@@ -329,7 +368,11 @@ func idleCPU(ctx context.Context, pid int, d time.Duration) (float64, error) {
 
 // printResult writes the table and the machine line of r.
 func printResult(w io.Writer, r result, o flags) {
-	fmt.Fprintf(w, "events %d × consumer groups %d, %d sidecar replica(s)", o.events, o.groups, o.replicas)
+	if o.pending > 0 {
+		fmt.Fprintf(w, "drain of %d events × consumer groups %d published while paused, %d sidecar replica(s)", o.pending, o.groups, o.replicas)
+	} else {
+		fmt.Fprintf(w, "events %d × consumer groups %d, %d sidecar replica(s)", o.events, o.groups, o.replicas)
+	}
 	if o.history > 0 {
 		fmt.Fprintf(w, ", after %d events delivered and retained", o.history)
 	}
@@ -343,7 +386,8 @@ func printResult(w io.Writer, r result, o flags) {
 	}{
 		{"deliveries", fmt.Sprint(r.Deliveries)}, {"duplicates", fmt.Sprint(r.Duplicates)},
 		{"seconds", fmt.Sprintf("%.2f", r.Seconds)}, {"deliveries/s", fmt.Sprintf("%.1f", r.PerSecond)},
-		{"latency p50 (publish → POST)", fmt.Sprintf("%.1f ms", r.P50ms)}, {"latency p99", fmt.Sprintf("%.1f ms", r.P99ms)},
+		{map[bool]string{false: "latency p50 (publish → POST)", true: "wait p50 (resume → POST)"}[o.pending > 0], fmt.Sprintf("%.1f ms", r.P50ms)},
+		{map[bool]string{false: "latency p99", true: "wait p99"}[o.pending > 0], fmt.Sprintf("%.1f ms", r.P99ms)},
 		{"publish p50 (request → 202)", fmt.Sprintf("%.1f ms", r.PublishP50ms)}, {"publish p99", fmt.Sprintf("%.1f ms", r.PublishP99ms)},
 		{"db commands per delivery", fmt.Sprintf("%.2f", r.CommandsPerDelivery)},
 		{"db documents written per delivery", fmt.Sprintf("%.2f", r.DocsWrittenPerDelivery)},
@@ -375,6 +419,9 @@ func printResult(w io.Writer, r result, o flags) {
 		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors, r.LeaseLosses, r.DocsWrittenPerDelivery)
 	if r.IdleDBCPUPercent >= 0 {
 		fmt.Fprintf(w, " idle_db_cpu_pct=%.2f idle_db_commands_per_s=%.2f", r.IdleDBCPUPercent, r.IdleCommandsPerSecond)
+	}
+	if o.pending > 0 {
+		fmt.Fprintf(w, " pending=%d", o.pending)
 	}
 	fmt.Fprintln(w)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,6 +20,8 @@ type publisher struct {
 	keys int // give event i the ordering key k<i mod keys>; 0: none
 	// client sends the measured run's publishes (nil: http.DefaultClient).
 	client *http.Client
+
+	sent atomic.Int64 // events of the untimed phases (history) answered 202 so far
 
 	mu  sync.Mutex
 	lat []time.Duration // publish request → 202, per event of the measured run
@@ -87,9 +90,9 @@ func (p *publisher) openLoop(ctx context.Context, n int, rate float64) {
 	}
 }
 
-// history publishes n events with ids hist-<i>, in arrays of historyBatch with clients concurrent
-// clients; their deliveries are retained history, not measured.
-func (p *publisher) history(ctx context.Context, n, clients int) error {
+// history publishes n events with ids <prefix>-<i>, in arrays of historyBatch with clients concurrent
+// clients, untimed: the history (retained, not measured) and the backlog of --pending.
+func (p *publisher) history(ctx context.Context, prefix string, n, clients int) error {
 	work := make(chan int)
 	var wg sync.WaitGroup
 	var first error
@@ -99,9 +102,12 @@ func (p *publisher) history(ctx context.Context, n, clients int) error {
 			for from := range work {
 				var events []string
 				for i := from; i < min(from+historyBatch, n); i++ {
-					events = append(events, p.body(fmt.Sprintf("hist-%d", i), i))
+					events = append(events, p.body(fmt.Sprintf("%s-%d", prefix, i), i))
 				}
 				err := request(ctx, "POST", p.apis[from/historyBatch%len(p.apis)]+"/v1/events", "["+strings.Join(events, ",")+"]", http.StatusAccepted)
+				if err == nil {
+					p.sent.Add(int64(len(events)))
+				}
 				mu.Lock()
 				first = cmpErr(first, err)
 				mu.Unlock()
