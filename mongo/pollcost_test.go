@@ -77,6 +77,108 @@ func BenchmarkPollCost(b *testing.B) {
 // maxPollClaim is the claim limit of a poll (the dispatcher's maxClaimBatch).
 const maxPollClaim = 16
 
+// drainWindow is the largest due window the dispatcher reads to drain a backlog (its maxDueWindow).
+const drainWindow = 16384
+
+// BenchmarkDrainCost measures what claiming costs the database per claimed attempt while a backlog of due
+// attempts waits, at 0 (live traffic: a poll that finds nothing), 5,000, 20,000 and 100,000 pending: the
+// dispatcher's way (one window read, DueAttempts with the dispatcher's largest window, then claims by id,
+// ClaimAttempts of maxPollClaim at a time; window-docs/claimed is the read's documents spread over the
+// attempts it found, plus the claims' per claimed attempt) against a read per claim (ClaimBatch,
+// batch-docs/claimed). Documents examined are counted as in BenchmarkPollCost. With nothing pending, the
+// figures are per poll instead (nothing is claimed). The backlog is written directly (a pending delivery,
+// its due first attempt and its queue document per event and group), in inserts of 1,000.
+//
+// Run: go test -run '^$' -bench DrainCost -benchtime 3x -timeout 60m ./mongo/
+func BenchmarkDrainCost(b *testing.B) {
+	pc := newPollCost(b)
+	for _, pending := range []int{0, 5000, 20000, 100000} {
+		b.Run(fmt.Sprintf("pending=%d", pending), func(b *testing.B) {
+			var windowDocs, windowCmds, windowFound, claimDocs, claimCmds, claimed, batchDocs, batchCmds, batchClaimed int64
+			for b.Loop() {
+				pc.makeDue(b, pending)
+				var window []*pulsetype.Attempt
+				c, d, _ := pc.measure(b, func(ctx context.Context) error {
+					var err error
+					window, err = pc.store.DueAttempts(ctx, nil, drainWindow)
+					return err
+				})
+				windowDocs, windowCmds, windowFound = windowDocs+d, windowCmds+c, windowFound+int64(len(window))
+				for chunk := range slices.Chunk(window[:min(len(window), 4*maxPollClaim)], maxPollClaim) {
+					var got []*pulsetype.Attempt
+					c, d, _ := pc.measure(b, func(ctx context.Context) error {
+						var err error
+						got, err = pc.store.ClaimAttempts(ctx, "drainer", chunk)
+						return err
+					})
+					claimCmds, claimDocs, claimed = claimCmds+c, claimDocs+d, claimed+int64(len(got))
+					pc.due -= len(got)
+				}
+				for range 4 {
+					var got []*pulsetype.Attempt
+					c, d, _ := pc.measure(b, func(ctx context.Context) error {
+						var err error
+						got, err = pc.store.ClaimBatch(ctx, "drainer", nil, maxPollClaim)
+						return err
+					})
+					batchCmds, batchDocs, batchClaimed = batchCmds+c, batchDocs+d, batchClaimed+int64(len(got))
+					pc.due -= len(got)
+				}
+			}
+			if claimed == 0 || batchClaimed == 0 {
+				n := float64(b.N)
+				b.ReportMetric(float64(windowDocs)/n, "window-docs/poll")
+				b.ReportMetric(float64(batchDocs)/n/4, "batch-docs/poll")
+				return
+			}
+			// One window serves the min(found, drainWindow) attempts it found: its read is spread over them.
+			perWindow := float64(windowDocs) / float64(windowFound)
+			b.ReportMetric(perWindow+float64(claimDocs)/float64(claimed), "window-docs/claimed")
+			b.ReportMetric(float64(windowCmds)/float64(windowFound)+float64(claimCmds)/float64(claimed), "window-cmds/claimed")
+			b.ReportMetric(float64(batchDocs)/float64(batchClaimed), "batch-docs/claimed")
+			b.ReportMetric(float64(batchCmds)/float64(batchClaimed), "batch-cmds/claimed")
+		})
+	}
+}
+
+// makeDue writes due work until n attempts are due and unleased (pc.due counts them): per event and group
+// a pending delivery, its first attempt (pending, unleased, due a minute ago) and its queue document.
+func (pc *pollCost) makeDue(b *testing.B, n int) {
+	ctx := context.Background()
+	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Millisecond)
+	for pc.due < n {
+		var deliveries, attempts, queue []any
+		for range min(n-pc.due, 1000) / 2 * 2 {
+			id := fmt.Sprintf("due-%07d", pc.next)
+			pc.next++
+			for _, g := range []string{"ledger", "mailer"} {
+				if pc.due >= n {
+					break
+				}
+				did := DeliveryID(g, id)
+				deliveries = append(deliveries, bson.M{"_id": did, "eventId": id, "consumerGroup": g, "topic": "t", "eventCreatedAt": at,
+					"status": "pending", "createdAt": at, "updatedAt": at})
+				attempts = append(attempts, bson.M{"_id": did + "-1", "deliveryId": did, "eventId": id, "consumerGroup": g, "topic": "t",
+					"attempt": 1, "status": "pending", "createdAt": at, "nextAttemptAt": at})
+				queue = append(queue, bson.M{"_id": did + "-1", "deliveryId": did, "eventId": id, "consumerGroup": g, "topic": "t",
+					"eventCreatedAt": at, "attempt": 1, "createdAt": at, "nextAttemptAt": at})
+				pc.due++
+			}
+		}
+		if len(queue) == 0 {
+			return
+		}
+		for _, c := range []struct {
+			coll string
+			docs []any
+		}{{"deliveries", deliveries}, {"history", attempts}, {"queue", queue}} {
+			if _, err := pc.explain.Collection(testPrefix+"."+c.coll).InsertMany(ctx, c.docs); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
 // pollCost is BenchmarkPollCost's store, with a command monitor that records the commands of one measured
 // call, and the history it grew so far.
 type pollCost struct {
@@ -87,6 +189,7 @@ type pollCost struct {
 	record   bool
 	commands []bson.Raw
 	retained int // events delivered and finished so far
+	due      int // attempts written due by makeDue and not claimed yet
 	next     int // the next event number
 }
 
