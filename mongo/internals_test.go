@@ -75,6 +75,7 @@ var internalCases = []storetest.Case{
 	{Name: "LineHeadReadsOnly", Run: internal(testLineHeadReadsOnly)},
 	// lag_test.go
 	{Name: "OldestPendingFollowsTheBacklog", Run: internal(testOldestPendingFollowsTheBacklog)},
+	{Name: "PendingByGroupCountsOnBothPaths", Run: internal(testPendingByGroupCountsOnBothPaths)},
 	{Name: "SetBacklogHighFlipsOnce", Run: internal(testSetBacklogHighFlipsOnce)},
 	// watch_test.go
 	{Name: "WatchEventsSendsChangeStreamAndReopens", Run: internal(testWatchEventsSendsChangeStreamAndReopens)},

@@ -1,6 +1,7 @@
 package mongo
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -65,5 +66,33 @@ func testSetBacklogHighFlipsOnce(t *testing.T, e *env) {
 	}
 	if changed, err := s.SetBacklogHigh(b.ctx, "nobody", true); err != nil || changed {
 		t.Fatalf("SetBacklogHigh of a group without endpoint = %v, %v; want false", changed, err)
+	}
+}
+
+// PendingByGroup counts each registered group's pending deliveries the same way on both paths: per group
+// on an index (MongoDB) and in one aggregation (a server that scans), a registered group with nothing
+// pending at 0, ended deliveries not counted.
+func testPendingByGroupCountsOnBothPaths(t *testing.T, e *env) {
+	b := e.setup(t)
+	caps, err := New(b.client, b.options(nil)).DetectCapabilities(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scans, indexes := caps, caps
+	scans.ScansFilters, indexes.ScansFilters = true, false
+	scanning := b.store(nil, func(o *Options) { o.Capabilities = &scans })
+	indexed := b.store(nil, func(o *Options) { o.Capabilities = &indexes })
+	b.putEndpoint(indexed, "billing", "t")
+	b.putEndpoint(indexed, "mailer", "u")
+	b.putEndpoint(indexed, "idle", "v")
+	first := b.fanOutN(indexed, 3, "t")
+	b.fanOutN(indexed, 2, "u")
+	b.endDelivery(indexed, pulsetype.EndDeliveryParams{DeliveryID: first[0].DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: 1})
+	want := map[string]int64{"billing": 2, "mailer": 2, "idle": 0}
+	for name, s := range map[string]*Store{"indexed": indexed, "scanning": scanning} {
+		got, err := s.PendingByGroup(b.ctx)
+		if err != nil || !maps.Equal(got, want) {
+			t.Errorf("PendingByGroup (%s) = %v, %v; want %v", name, got, err, want)
+		}
 	}
 }
