@@ -78,10 +78,45 @@ func TestBenchHistoryAndRate(t *testing.T) {
 	}
 }
 
-// Negative --rate, --history or --idle are usage errors.
+// --pending drains a backlog published while the groups were paused: every one of its deliveries arrives
+// once after the resume, the figures are the drain's (the wait counted from the resume), and the machine line
+// names the backlog.
+func TestBenchDrainsPending(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	env := map[string]string{"PULSE_MONGODB_URI": testdb.URI(t)}
+	args := []string{"bench", "--pending", "120", "--groups", "2", "--concurrency", "2"}
+	if err := run(t.Context(), args, func(k string) string { return env[k] }, &out); err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	line := regexp.MustCompile(`(?m)^bench: deliveries=240 duplicates=0 seconds=([0-9.]+) deliveries_per_s=[0-9.]+ p50_ms=([0-9.]+) p99_ms=([0-9.]+) db_commands_per_delivery=([0-9.]+) .* pending=120$`)
+	m := line.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no machine line with the 240 deliveries of the drain and pending=120 in:\n%s", out.String())
+	}
+	secs, _ := strconv.ParseFloat(m[1], 64)
+	p50, _ := strconv.ParseFloat(m[2], 64)
+	p99, _ := strconv.ParseFloat(m[3], 64)
+	if p50 <= 0 || p99 < p50 || p99 > secs*1000+10 { // seconds is printed to 10 ms
+		t.Errorf("wait p50 = %s ms, p99 = %s ms over a drain of %s s: want 0 < p50 ≤ p99 ≤ the drain", m[2], m[3], m[1])
+	}
+	if cmds, _ := strconv.ParseFloat(m[4], 64); cmds <= 0 {
+		t.Errorf("db_commands_per_delivery = %s: the command monitor counted nothing", m[4])
+	}
+	if !strings.Contains(out.String(), "drain of 120 events × consumer groups 2 published while paused") {
+		t.Errorf("the table's heading does not name the drain:\n%s", out.String())
+	}
+}
+
+// Negative --rate, --history, --idle or --pending are usage errors, and so is --pending with --rate.
 func TestBenchRejectsNegativeFlags(t *testing.T) {
 	t.Parallel()
-	for _, flag := range []string{"--rate", "--history", "--idle"} {
+	var out bytes.Buffer
+	var usage *cli.UsageError
+	if err := run(t.Context(), []string{"bench", "--pending", "10", "--rate", "5"}, func(string) string { return "" }, &out); !errors.As(err, &usage) {
+		t.Errorf("bench --pending 10 --rate 5 = %v, want a usage error", err)
+	}
+	for _, flag := range []string{"--rate", "--history", "--idle", "--pending"} {
 		value := "-1"
 		if flag == "--idle" {
 			value = "-1s"

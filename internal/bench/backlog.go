@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -58,26 +59,27 @@ func backlog(ctx context.Context, o flags, api string, groups []string, pub *pub
 	if err != nil {
 		return fmt.Errorf("bench: publishing the backlog: %w", err)
 	}
-	pending := 0
-	stop = progress(o.progress, "backlog: deliveries fanned out", o.pending*len(groups), func() int { return pending })
+	var pending atomic.Int64
+	stop = progress(o.progress, "backlog: deliveries fanned out", o.pending*len(groups), func() int { return int(pending.Load()) })
 	defer stop()
 	for {
 		n, err := pendingDeliveries(ctx, api)
 		if err != nil {
 			return err
 		}
-		pending = 0
+		var sum int64
 		full := true
 		for _, g := range groups {
-			pending += int(n[g])
+			sum += n[g]
 			full = full && n[g] >= int64(o.pending)
 		}
+		pending.Store(sum)
 		if full {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("bench: waiting for the backlog's fan-out: %w (%d of %d deliveries)", ctx.Err(), pending, o.pending*len(groups))
+			return fmt.Errorf("bench: waiting for the backlog's fan-out: %w (%d of %d deliveries)", ctx.Err(), sum, o.pending*len(groups))
 		case <-time.After(2 * time.Second):
 		}
 	}
