@@ -338,7 +338,7 @@ func (l *loop) claimDue(ctx context.Context, ordered []string, poll bool) {
 		now := time.Now()
 		if !w.covers(wanted, now) {
 			if wanted != nil && len(wanted) == 0 {
-				w.fill(nil, wanted, now)
+				w.fill(nil, wanted, now, now)
 				l.backlog = false
 				return
 			}
@@ -347,7 +347,7 @@ func (l *loop) claimDue(ctx context.Context, ordered []string, poll bool) {
 				l.logErr(ctx, err, "read due attempts")
 				return
 			}
-			w.fill(due, wanted, now)
+			w.fill(due, wanted, now, time.Now())
 		}
 		w.keep(wanted)
 		batch := w.take(min(free, maxClaimBatch), admit)

@@ -17,10 +17,13 @@ const (
 	// the whole queue for each window, so a backlog of B pending attempts costs about B/maxDueWindow
 	// documents examined per claimed attempt once the window has grown.
 	maxDueWindow = 16384
-	// maxDueWindowAge bounds how long a window is claimed from before it is read again: attempts that
-	// became due meanwhile are less overdue than those it holds, but attempts given back or reaped may be
-	// more, and the ones other replicas claimed in between cost a failed pick each.
+	// maxDueWindowAge bounds how long a window is claimed from before it is read again (counted from when
+	// the read answered, and at least dueWindowReads times as long as the read took, so that a slow read is
+	// not repeated at once): attempts that became due meanwhile are less overdue than those it holds, but
+	// attempts given back or reaped may be more, and the ones other replicas claimed in between cost a
+	// failed pick each.
 	maxDueWindowAge = time.Minute
+	dueWindowReads  = 10
 )
 
 // dueWindow holds the due attempts that one read of the database found (Store.DueAttempts) and that are not
@@ -32,14 +35,15 @@ const (
 type dueWindow struct {
 	items  []*pulsetype.Attempt
 	groups map[string]bool // the consumer groups it was read for; nil: every group
-	readAt time.Time
-	limit  int // the next read's limit
+	readAt time.Time       // when the read answered
+	took   time.Duration   // how long the read took
+	limit  int             // the next read's limit
 }
 
-// covers reports whether the window, read at or after now - maxDueWindowAge, holds the due attempts of
+// covers reports whether the window, not stale at now (see maxDueWindowAge), holds the due attempts of
 // every group of wanted (nil: every group) as of its read.
 func (w *dueWindow) covers(wanted map[string]bool, now time.Time) bool {
-	if len(w.items) == 0 || now.Sub(w.readAt) >= maxDueWindowAge {
+	if len(w.items) == 0 || now.Sub(w.readAt) >= max(maxDueWindowAge, dueWindowReads*w.took) {
 		return false
 	}
 	if w.groups == nil {
@@ -56,14 +60,15 @@ func (w *dueWindow) covers(wanted map[string]bool, now time.Time) bool {
 	return true
 }
 
-// fill replaces the window's attempts with those of a read for wanted (nil: every group) made at at, and
-// sets the next read's limit: four times this one when the read filled it (more are due), else twice what
-// it found, within [minDueWindow, maxDueWindow].
-func (w *dueWindow) fill(items []*pulsetype.Attempt, wanted map[string]bool, at time.Time) {
+// fill replaces the window's attempts with those of a read for wanted (nil: every group) that began at
+// start and answered at end, and sets the next read's limit: maxDueWindow when the read filled its limit
+// (a backlog waits: on a server that scans, a read of the largest window costs what a small one does),
+// else twice what it found, within [minDueWindow, the last limit].
+func (w *dueWindow) fill(items []*pulsetype.Attempt, wanted map[string]bool, start, end time.Time) {
 	limit := w.size()
-	w.items, w.groups, w.readAt = items, wanted, at
+	w.items, w.groups, w.readAt, w.took = items, wanted, end, end.Sub(start)
 	if len(items) >= limit {
-		w.limit = min(4*limit, maxDueWindow)
+		w.limit = maxDueWindow
 	} else {
 		w.limit = min(max(2*len(items), minDueWindow), limit)
 	}
