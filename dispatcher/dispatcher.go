@@ -78,8 +78,11 @@ type Options struct {
 
 // Limits of the loop's batches.
 const (
-	// maxClaimBatch bounds the attempts leased in one polling claim round trip.
-	maxClaimBatch = 16
+	// maxClaimBatch bounds the attempts leased in one polling claim round trip: claims by id from the due
+	// window, as many as those of the attempts created here (maxReadyClaim). A drain's claims run one after
+	// the other (the claim, the lease copy, the events' read, the state gate), so the batch sets how many
+	// attempts each such sequence of round trips starts.
+	maxClaimBatch = 64
 	// maxReadyClaim bounds the locally created attempts leased in one round trip.
 	maxReadyClaim = 64
 	// maxLineClaim bounds the heads of an ordered group's lines leased in one round (ClaimHeads).
