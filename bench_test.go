@@ -80,9 +80,9 @@ func TestBenchHistoryAndRate(t *testing.T) {
 
 // --pending drains a backlog published while the groups were paused: every one of its deliveries arrives
 // once after the resume, the figures are the drain's (the wait counted from the resume), and the machine line
-// names the backlog.
+// names the backlog. It does not run in parallel: its CPU profile (runtime/pprof, one per process) would
+// overlap the other bench tests' measured runs.
 func TestBenchDrainsPending(t *testing.T) {
-	t.Parallel()
 	var out bytes.Buffer
 	env := map[string]string{"PULSE_MONGODB_URI": testdb.URI(t)}
 	args := []string{"bench", "--pending", "120", "--groups", "2", "--concurrency", "2"}
