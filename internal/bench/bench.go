@@ -262,6 +262,7 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	if err != nil {
 		return result{}, err
 	}
+	defer stopProfile() // a no-op after the measured run's own stop; stops the profile of a run that failed
 	stopProgress := progress(o.progress, map[bool]string{false: "run: deliveries", true: "drain: deliveries"}[o.pending > 0], want,
 		func() int { return rcv.distinct() - before })
 	cpu0, start, cmd0, written0 := cpuTime(), time.Now(), commands.Load(), written.Load()

@@ -110,23 +110,36 @@ var harnessLabels = pprof.Labels("pulse-bench", "harness")
 // harness runs f with harnessLabels.
 func harness(ctx context.Context, f func(context.Context)) { pprof.Do(ctx, harnessLabels, f) }
 
-// startProfile starts a CPU profile of this process, written to file as well when file is not "", and
-// returns the function that stops it and returns the share (0 to 1) of the profiled CPU time spent outside
-// the goroutines labelled harnessLabels: the sidecars'. The runtime's own background work (garbage
-// collection workers, the scheduler) carries no label and counts as the sidecars'.
+// profiling is held from startProfile to its stop: a process has one CPU profile, so benches run in one
+// process (the tests of the root package run two in parallel) measure one after the other.
+var profiling sync.Mutex
+
+// startProfile starts a CPU profile of this process, written to file as well when file is not "", once no
+// other bench of this process is profiling, and returns the function that stops it and returns the share (0
+// to 1) of the profiled CPU time spent outside the goroutines labelled harnessLabels: the sidecars'. The
+// runtime's own background work (garbage collection workers, the scheduler) carries no label and counts as
+// the sidecars'. Calls of stop after the first do nothing and return (0, nil): defer one right after the
+// start, so that a bench ending in an error does not hold the profile.
 func startProfile(file string) (stop func() (float64, error), err error) {
+	profiling.Lock()
 	var buf bytes.Buffer
 	if err := pprof.StartCPUProfile(&buf); err != nil {
+		profiling.Unlock()
 		return nil, err
 	}
-	return func() (float64, error) {
-		pprof.StopCPUProfile()
-		if file != "" {
-			if err := os.WriteFile(file, buf.Bytes(), 0o644); err != nil {
-				return 0, err
+	var once sync.Once
+	return func() (share float64, err error) {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			profiling.Unlock()
+			if file != "" {
+				if err = os.WriteFile(file, buf.Bytes(), 0o644); err != nil {
+					return
+				}
 			}
-		}
-		return sidecarShare(&buf)
+			share, err = sidecarShare(&buf)
+		})
+		return share, err
 	}, nil
 }
 
