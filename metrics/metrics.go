@@ -3,6 +3,7 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"sync"
@@ -36,8 +37,22 @@ type Metrics struct {
 	reconciled *prometheus.CounterVec
 	disabled   *prometheus.CounterVec
 	state      *prometheus.GaugeVec
+	readErrors *prometheus.CounterVec
+	readAt     *prometheus.GaugeVec
 	groups     *groupCollector
 }
+
+// Reads of the database /metrics makes on scrape, the values of the read label of
+// pulse_metrics_refresh_errors_total and pulse_metrics_last_refresh_timestamp_seconds.
+const (
+	ReadPending = "pending" // pulse_deliveries_pending (CountPendingWith)
+	ReadStates  = "states"  // pulse_endpoint_state (ReadStatesWith)
+	ReadOldest  = "oldest"  // pulse_oldest_pending_delivery_age_seconds (OldestPendingWith)
+)
+
+// ReadTimeout bounds each of the reads a scrape makes (ReadPending, ReadStates, ReadOldest) on its own, so
+// that a slow one never leaves the others without time.
+const ReadTimeout = 5 * time.Second
 
 // endpointStates are the values of pulse_endpoint_state's state label.
 var endpointStates = []pulsetype.EndpointState{pulsetype.EndpointActive, pulsetype.EndpointPaused, pulsetype.EndpointDisabled}
@@ -63,7 +78,7 @@ func New() *Metrics {
 			Help: "Pending deliveries by consumer group, counted in the database on scrape (at most every 15 s)."},
 			[]string{"consumer_group"}),
 		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_oldest_pending_delivery_age_seconds",
-			Help: "Age of each consumer group's oldest pending delivery (since it was created), in seconds; 0 when none is pending. Its createdAt is read from the database with the pending count, one indexed key per group; the age is taken at the scrape."},
+			Help: "Age of each consumer group's oldest pending delivery (since it was created), in seconds; 0 when none is pending. Its createdAt is read from the database with the pending count, one indexed key per group; the age is taken at the scrape. Absent while the last read failed (pulse_metrics_refresh_errors_total{read=\"oldest\"})."},
 			[]string{"consumer_group"}),
 		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "pulse_lease_lost_total",
 			Help: "Attempts whose lease this process lost while running them (their result was not written)."}),
@@ -77,6 +92,12 @@ func New() *Metrics {
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_endpoint_state",
 			Help: "1 for each endpoint's current state (active, paused, disabled), 0 for the others; read from the database on scrape with the pending count."},
 			[]string{"consumer_group", "state"}),
+		readErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_metrics_refresh_errors_total",
+			Help: "Reads of the database for /metrics that failed, by read (pending, states, oldest); a failed pending or states read serves the last values, a failed oldest read serves no age."},
+			[]string{"read"}),
+		readAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_metrics_last_refresh_timestamp_seconds",
+			Help: "Unix time, in seconds, of the last successful read of the database for /metrics, by read (pending, states, oldest)."},
+			[]string{"read"}),
 	}
 	m.groups = &groupCollector{m: m}
 	m.registry.MustRegister(m.published, m.groups, m.leaseLost, m.workerLost, m.reconciled, m.disabled,
@@ -125,8 +146,12 @@ type groupCollector struct {
 	states func(context.Context) (map[string]pulsetype.EndpointState, error)
 	maxAge time.Duration
 	log    zerolog.Logger
+	// timeout bounds each read (ReadTimeout when zero).
+	timeout time.Duration
 
-	// oldestOf reads each group's oldest pending createdAt (OldestPendingWith); oldestAt is its last answer.
+	// oldestOf reads each group's oldest pending createdAt (OldestPendingWith); oldestAt is the answer of the
+	// last read, nil when that read failed (no age is served then: an age from older createdAt values would
+	// keep growing for a group that drained or left).
 	oldestOf func(context.Context) (map[string]time.Time, error)
 
 	mu       sync.Mutex
@@ -141,23 +166,23 @@ func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.m.pending.Describe(ch)
 	c.m.oldest.Describe(ch)
 	c.m.state.Describe(ch)
+	c.m.readErrors.Describe(ch)
+	c.m.readAt.Describe(ch)
 }
 
 func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.count != nil && time.Since(c.sampled) >= c.maxAge {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		counts, err := c.count(ctx)
-		if err == nil {
-			c.refresh(counts)
+		if c.read(ReadPending, c.refreshCount) {
 			c.sampled = time.Now()
-		} else {
-			c.log.Warn().Err(err).Msg("counting pending deliveries for /metrics failed: serving the last count")
 		}
-		c.refreshStates(ctx)
-		c.refreshOldest(ctx)
+		if c.states != nil {
+			c.read(ReadStates, c.refreshStates)
+		}
+		if c.oldestOf != nil {
+			c.read(ReadOldest, c.refreshOldest)
+		}
 	}
 	c.setAges(time.Now())
 	c.m.attempts.Collect(ch)
@@ -165,30 +190,62 @@ func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.pending.Collect(ch)
 	c.m.oldest.Collect(ch)
 	c.m.state.Collect(ch)
+	c.m.readErrors.Collect(ch) // after the reads of this scrape, so that it counts them
+	c.m.readAt.Collect(ch)
 }
 
-// refreshOldest reads the oldest pending deliveries (when OldestPendingWith set a reader); a failed read
-// keeps the last ones.
-func (c *groupCollector) refreshOldest(ctx context.Context) {
-	if c.oldestOf == nil {
-		return
+// read runs one read of the database (refresh) bounded by ReadTimeout of its own and counts its outcome:
+// pulse_metrics_last_refresh_timestamp_seconds{read} on success, pulse_metrics_refresh_errors_total{read}
+// and a warning on failure. It reports whether the read succeeded.
+func (c *groupCollector) read(name string, refresh func(context.Context) error) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(c.timeout, ReadTimeout))
+	defer cancel()
+	errs := c.m.readErrors.WithLabelValues(name) // served at 0 from the first read, so increase() has a start
+	if err := refresh(ctx); err != nil {
+		errs.Inc()
+		c.log.Warn().Err(err).Str("read", name).Msg("reading the database for /metrics failed")
+		return false
 	}
+	c.m.readAt.WithLabelValues(name).SetToCurrentTime()
+	return true
+}
+
+// refreshCount counts the pending deliveries; a failed count keeps the last one.
+func (c *groupCollector) refreshCount(ctx context.Context) error {
+	counts, err := c.count(ctx)
+	if err != nil {
+		return err
+	}
+	c.refresh(counts)
+	return nil
+}
+
+// refreshOldest reads the oldest pending deliveries; a failed read forgets the last ones, so that no age is
+// served until a read succeeds.
+func (c *groupCollector) refreshOldest(ctx context.Context) error {
 	oldest, err := c.oldestOf(ctx)
 	if err != nil {
-		c.log.Warn().Err(err).Msg("reading the oldest pending deliveries for /metrics failed: serving the last ones")
-		return
+		c.oldestAt = nil
+		return err
+	}
+	if oldest == nil {
+		oldest = map[string]time.Time{}
 	}
 	c.oldestAt = oldest
+	return nil
 }
 
 // setAges sets pulse_oldest_pending_delivery_age_seconds at now: each group of the count (registered, or
 // with work pending) and each group with an oldest pending delivery gets now minus its createdAt (never
-// below 0), the others 0.
+// below 0), the others 0. When the last read of the oldest failed (oldestAt nil) it serves no series.
 func (c *groupCollector) setAges(now time.Time) {
 	if c.oldestOf == nil {
 		return
 	}
 	c.m.oldest.Reset()
+	if c.oldestAt == nil {
+		return
+	}
 	for group := range c.known {
 		c.m.oldest.WithLabelValues(group).Set(0)
 	}
@@ -197,15 +254,11 @@ func (c *groupCollector) setAges(now time.Time) {
 	}
 }
 
-// refreshStates sets pulse_endpoint_state from the states read now (when ReadStatesWith set a reader).
-func (c *groupCollector) refreshStates(ctx context.Context) {
-	if c.states == nil {
-		return
-	}
+// refreshStates sets pulse_endpoint_state from the states read now; a failed read keeps the last ones.
+func (c *groupCollector) refreshStates(ctx context.Context) error {
 	states, err := c.states(ctx)
 	if err != nil {
-		c.log.Warn().Err(err).Msg("reading endpoint states for /metrics failed: serving the last ones")
-		return
+		return err
 	}
 	c.m.state.Reset()
 	for group, cur := range states {
@@ -217,6 +270,7 @@ func (c *groupCollector) refreshStates(ctx context.Context) {
 			c.m.state.WithLabelValues(group, string(st)).Set(v)
 		}
 	}
+	return nil
 }
 
 // refresh sets the pending gauge from counts and makes the per-group series follow its groups.

@@ -154,3 +154,62 @@ func TestDurationBucketsCoverTimeouts(t *testing.T) {
 		t.Errorf("buckets %v lack the default timeout %s or 60 s", b, pulsetype.DefaultTimeout)
 	}
 }
+
+// pulse_oldest_pending_delivery_age_seconds never serves made-up ages: each read has a deadline of its own
+// (a pending count that uses its whole deadline leaves the oldest read its own), a failed oldest read
+// serves no age (not one grown from the last createdAt values) and counts in
+// pulse_metrics_refresh_errors_total, and a group that left the reads (deleted) loses its series.
+func TestOldestPendingAgeNeverStale(t *testing.T) {
+	m := New()
+	m.groups.timeout = 50 * time.Millisecond
+	slowCount := true
+	counts := map[string]int64{"billing": 2, "gone": 1}
+	m.CountPendingWith(func(ctx context.Context) (map[string]int64, error) {
+		if slowCount {
+			<-ctx.Done() // a count that takes its whole deadline
+			return nil, ctx.Err()
+		}
+		return counts, nil
+	}, 0, zerolog.Nop())
+	var oldestErr error
+	oldest := map[string]time.Time{"billing": time.Now().Add(-time.Minute), "gone": time.Now().Add(-time.Hour)}
+	m.OldestPendingWith(func(ctx context.Context) (map[string]time.Time, error) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return oldest, oldestErr
+	})
+	scrape := func() string {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	body := scrape()
+	if !strings.Contains(body, `pulse_oldest_pending_delivery_age_seconds{consumer_group="billing"}`) {
+		t.Fatalf("a pending count that used its whole deadline left the oldest read none:\n%s", body)
+	}
+	if !strings.Contains(body, `pulse_metrics_refresh_errors_total{read="pending"} 1`) || !strings.Contains(body, `pulse_metrics_last_refresh_timestamp_seconds{read="oldest"}`) {
+		t.Fatalf("the failed count and the good oldest read are not counted:\n%s", body)
+	}
+
+	slowCount = false
+	oldestErr = errors.New("database down")
+	body = scrape()
+	if strings.Contains(body, "pulse_oldest_pending_delivery_age_seconds{") {
+		t.Fatalf("a failed oldest read still serves ages:\n%s", body)
+	}
+	if !strings.Contains(body, `pulse_metrics_refresh_errors_total{read="oldest"} 1`) {
+		t.Fatalf("the failed oldest read is not counted:\n%s", body)
+	}
+
+	oldestErr = nil
+	counts = map[string]int64{"billing": 0}
+	oldest = map[string]time.Time{}
+	body = scrape()
+	if !strings.Contains(body, `pulse_oldest_pending_delivery_age_seconds{consumer_group="billing"} 0`) {
+		t.Fatalf("a drained group's age is not 0 after a good read:\n%s", body)
+	}
+	if strings.Contains(body, `consumer_group="gone"`) {
+		t.Fatalf("a deleted group keeps its series:\n%s", body)
+	}
+}

@@ -478,6 +478,8 @@ func hotPathWorkload(t *testing.T, b *bundle, s *Store) {
 	must("LineHead", err)
 	_, err = s.PendingByGroup(ctx)
 	must("PendingByGroup", err)
+	_, err = s.OldestPending(ctx)
+	must("OldestPending", err)
 	waiting, _, err := s.ListDeliveries(ctx, pulsetype.DeliveryFilter{ConsumerGroup: "g", Status: pulsetype.StatusPending, Limit: 10})
 	must("ListDeliveries of g's pending", err)
 	gd = ""

@@ -16,13 +16,19 @@ import (
 // oldest one (UTC); a group with nothing pending is absent. Its cost is bounded whatever the backlog: one
 // query of the registered groups (ids only), then per group one indexed query that reads one key of
 // pulse_deliveries_group_status_created (sorted by createdAt, limit 1), never the pending deliveries
-// themselves. /metrics serves it as pulse_oldest_pending_delivery_age_seconds.
+// themselves. A server that evaluates filters by scanning (Capabilities.ScansFilters: FerretDB) would scan
+// the deliveries once per group; there one query reads the pending deliveries' group and createdAt (as
+// Stats does there), one scan whatever the number of groups. /metrics
+// serves it as pulse_oldest_pending_delivery_age_seconds, opsevents.BacklogWatcher for pulse.backlog.high.
 func (s *Store) OldestPending(ctx context.Context) (map[string]time.Time, error) {
 	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
 		return nil, err
 	}
 	out := make(map[string]time.Time, len(groups))
+	if s.caps.ScansFilters {
+		return s.oldestPendingByScan(ctx, groups, out)
+	}
 	for _, g := range groups {
 		var oldest deliveryDoc
 		err := s.deliveries.FindOne(ctx, bson.M{"consumerGroup": g.ID, "status": pulsetype.StatusPending},
@@ -34,6 +40,27 @@ func (s *Store) OldestPending(ctx context.Context) (map[string]time.Time, error)
 			return nil, wrap("find the oldest pending delivery", err)
 		default:
 			out[g.ID] = oldest.CreatedAt.UTC()
+		}
+	}
+	return out, nil
+}
+
+// oldestPendingByScan fills out with the oldest pending createdAt of each of groups from one query of the
+// pending deliveries (consumer group and createdAt only): the one scan a per-group query would repeat per
+// group. FerretDB has neither $min nor $first in $group, so the minimum is taken here.
+func (s *Store) oldestPendingByScan(ctx context.Context, groups []subscriptionDoc, out map[string]time.Time) (map[string]time.Time, error) {
+	pending, err := findAll[deliveryDoc](ctx, s.deliveries, "scan pending deliveries", bson.M{"status": pulsetype.StatusPending},
+		options.Find().SetProjection(bson.M{"consumerGroup": 1, "createdAt": 1}))
+	if err != nil {
+		return nil, err
+	}
+	registered := make(map[string]bool, len(groups))
+	for _, g := range groups {
+		registered[g.ID] = true
+	}
+	for _, d := range pending {
+		if at, seen := out[d.ConsumerGroup]; registered[d.ConsumerGroup] && (!seen || d.CreatedAt.Before(at)) {
+			out[d.ConsumerGroup] = d.CreatedAt.UTC()
 		}
 	}
 	return out, nil

@@ -10,10 +10,14 @@ import (
 
 // OldestPending gives each group with a backlog the createdAt of its oldest pending delivery, follows it
 // as deliveries end, and leaves out groups with nothing pending: before any work, and after the backlog
-// drains.
+// drains. Both of its reads answer the same: the indexed one per group (MongoDB) and the one aggregation
+// (a server that scans, Capabilities.ScansFilters).
 func testOldestPendingFollowsTheBacklog(t *testing.T, e *env) {
 	b := e.setup(t)
 	s := b.store(nil, nil)
+	caps := s.Capabilities()
+	caps.ScansFilters = !caps.ScansFilters
+	other := b.store(nil, func(o *Options) { o.Capabilities = &caps })
 	b.putEndpoint(s, "billing", "t")
 	b.putEndpoint(s, "mailer", "u")
 	oldest := func() map[string]time.Time {
@@ -21,6 +25,13 @@ func testOldestPendingFollowsTheBacklog(t *testing.T, e *env) {
 		got, err := s.OldestPending(b.ctx)
 		if err != nil {
 			t.Fatalf("OldestPending: %v", err)
+		}
+		again, err := other.OldestPending(b.ctx)
+		if err != nil {
+			t.Fatalf("OldestPending (ScansFilters %v): %v", caps.ScansFilters, err)
+		}
+		if !maps.EqualFunc(got, again, time.Time.Equal) {
+			t.Fatalf("OldestPending = %v with ScansFilters %v, %v with %v", got, !caps.ScansFilters, again, caps.ScansFilters)
 		}
 		return got
 	}
