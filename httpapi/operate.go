@@ -44,7 +44,7 @@ func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
 	n, err := s.store.RetryDelivery(r.Context(), id)
 	switch {
 	case errors.Is(err, pulsetype.ErrNotSubscribed):
-		writeError(w, http.StatusConflict, "not_subscribed", "the delivery's consumer group has no endpoint subscribed to its topic now; register one to retry it")
+		writeError(w, http.StatusConflict, "not_subscribed", "the delivery's consumer group has no endpoint whose topics and filter take its event now; register one to retry it")
 	case errors.Is(err, pulsetype.ErrNotTerminal):
 		writeError(w, http.StatusConflict, "delivery_not_terminal", "the delivery is still pending; only a terminal delivery can be retried")
 	case errors.Is(err, pulsetype.ErrAttemptInFlight):

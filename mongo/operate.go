@@ -78,7 +78,8 @@ func decodeCursor(c string) (time.Time, string, error) {
 // RetryDelivery reopens a terminal delivery with attempt n+1, due now, for the group's current registration
 // (docs/delivery.md, "Retry and replay"). It returns the new attempt number, pulsetype.ErrNotFound (also
 // once the delivery expired), pulsetype.ErrNotTerminal, pulsetype.ErrNotSubscribed when the group no longer
-// subscribes to its topic, or pulsetype.ErrAttemptInFlight when a cancelled delivery's attempt is still leased.
+// takes the delivery's event (its endpoint is gone, its topics do not match the event's topic, or its
+// filter does not hold for the event: pulsetype.Endpoint.Selects), or pulsetype.ErrAttemptInFlight when a cancelled delivery's attempt is still leased.
 func (s *Store) RetryDelivery(ctx context.Context, id string) (int, error) {
 	return s.reopen(ctx, id, nil)
 }
@@ -106,6 +107,16 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 	}
 	if !ep.Subscribes(d.Topic) {
 		return 0, pulsetype.ErrNotSubscribed
+	}
+	if ep.Filter != "" { // the whole current rule, as a fan-out would apply it now (Endpoint.Selects)
+		ev, err := s.GetEvent(ctx, d.EventID)
+		switch {
+		case errors.Is(err, pulsetype.ErrNotFound): // expired: its attempt ends event_expired, as without a filter
+		case err != nil:
+			return 0, err
+		case !ep.Selects(pulsetype.InputOf(ev)):
+			return 0, pulsetype.ErrNotSubscribed
+		}
 	}
 	// The next number follows the delivery's own record too: its ended attempts expire a little before it
 	// (each one's expiresAt is its own end + history retention), so they may be swept while it is still there.
@@ -144,7 +155,8 @@ func (s *Store) reopen(ctx context.Context, id string, ep *pulsetype.Endpoint) (
 }
 
 // ReplayDeliveries re-opens (as RetryDelivery) every terminal delivery of p.ConsumerGroup in p.Status whose
-// createdAt lies in [p.From, p.To) and whose topic the group subscribes to now, walking them once in id order in
+// createdAt lies in [p.From, p.To) and whose event the group's current rule takes (its topics, patterns and
+// filter: pulsetype.Endpoint.Selects; the others are skipped), walking them once in id order in
 // batches of 100, and returns how many it reopened (a cancelled delivery whose attempt is still in flight is
 // skipped). It returns pulsetype.ErrNotFound when the group has no endpoint.
 func (s *Store) ReplayDeliveries(ctx context.Context, p pulsetype.ReplayParams) (int, error) {

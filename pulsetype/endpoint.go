@@ -473,7 +473,19 @@ func (e *Endpoint) Wants(ev *Event) bool { return e.WantsInput(InputOf(ev)) }
 // ordered line all ask it, with one input per event shared by the groups.
 func (e *Endpoint) WantsInput(in *EventInput) bool {
 	ev := in.Event
-	if !e.Subscribes(ev.Topic) || (e.OffsetReset != OffsetEarliest && ev.CreatedAt.Before(e.CreatedAt)) || aboutItself(ev, e.ConsumerGroup) {
+	if (e.OffsetReset != OffsetEarliest && ev.CreatedAt.Before(e.CreatedAt)) || aboutItself(ev, e.ConsumerGroup) {
+		return false
+	}
+	return e.Selects(in)
+}
+
+// Selects reports whether the group's current rule of content takes the event in holds: it subscribes to
+// the event's topic (an exact topic or a pattern, Subscribes) and its Filter, if any, holds for the event (a
+// filter that does not compile holds for none). WantsInput adds the checks that only apply when a delivery
+// is created; a retry or replay of an existing delivery asks Selects, so that it never re-opens a delivery
+// the group's topics or filter refuse now.
+func (e *Endpoint) Selects(in *EventInput) bool {
+	if !e.Subscribes(in.Event.Topic) {
 		return false
 	}
 	if e.Filter == "" {

@@ -19,8 +19,8 @@ var (
 	// ErrAttemptInFlight: a retry was asked for a cancelled delivery whose attempt is still leased (its POST
 	// was in flight when it was cancelled); it can be retried once that attempt's result is recorded.
 	ErrAttemptInFlight = errors.New("an attempt of the delivery is still in flight")
-	// ErrNotSubscribed: a retry was asked for a delivery whose consumer group has no endpoint now, or no longer
-	// subscribes to the delivery's topic.
+	// ErrNotSubscribed: a retry was asked for a delivery whose consumer group has no endpoint now, or whose
+	// current topics or filter no longer take the delivery's event (Endpoint.Selects).
 	ErrNotSubscribed = errors.New("the consumer group has no endpoint subscribed to the delivery's topic")
 	// ErrUnavailable: the database cannot be reached, timed out, or refuses writes (disk full, no primary,
 	// shutting down). It wraps the driver's error; the API answers 503 database_unavailable.

@@ -16,6 +16,55 @@ var operateCases = []Case{
 	{Name: "ReplayVisitsEachDeliveryOnce", Run: testReplayVisitsEachDeliveryOnce},
 	{Name: "RetryOfExpiringDeliveryIsNotSweptAway", Run: testRetryOfExpiringDeliveryIsNotSweptAway},
 	{Name: "RetryAfterTheHistoryExpiredIsNotFound", Run: testRetryAfterTheHistoryExpiredIsNotFound},
+	{Name: "ReplayAppliesTheCurrentFilter", Run: testReplayAppliesTheCurrentFilter},
+}
+
+// Replay and retry apply the group's whole current rule: after a PUT narrows the filter, a replay re-opens
+// only the deliveries whose event the new filter takes, and a retry of one it refuses answers
+// ErrNotSubscribed, as for a topic the group dropped.
+func testReplayAppliesTheCurrentFilter(t *testing.T, e *Env) {
+	b := e.setup(t)
+	s := b.store(nil, nil)
+	ctx := b.ctx
+	put := func(filter string) {
+		t.Helper()
+		ep := b.endpoint("fc", "t")
+		ep.Filter = filter
+		if _, _, err := s.PutEndpoint(ctx, ep); err != nil {
+			t.Fatalf("PutEndpoint filter %q: %v", filter, err)
+		}
+	}
+	put("event.data.n > 0")
+	evs := []*pulsetype.Event{Event("n1", "t", `{"n":1}`), Event("n2", "t", `{"n":2}`)}
+	if _, err := s.Publish(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.FanOut(ctx, evs)
+	if err != nil || len(first) != 2 {
+		t.Fatalf("FanOut = %d attempts, %v; want 2", len(first), err)
+	}
+	for range first {
+		a := b.claim(s, "w")
+		if err := s.FinishAttempt(ctx, a, pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 200, Duration: time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		b.endDelivery(s, pulsetype.EndDeliveryParams{DeliveryID: a.DeliveryID, Status: pulsetype.StatusSuccess, FinalAttempt: a.Number})
+	}
+	put("event.data.n > 1")
+	now := b.clock.Now()
+	n, err := s.ReplayDeliveries(ctx, pulsetype.ReplayParams{ConsumerGroup: "fc", Status: pulsetype.StatusSuccess, From: now.Add(-time.Hour), To: now.Add(time.Hour)})
+	if err != nil || n != 1 {
+		t.Fatalf("replayed %d (%v), want 1: only n:2 passes the current filter", n, err)
+	}
+	if d, _, err := s.GetDelivery(ctx, b.deliveryID("fc", "n2")); err != nil || d.Status != pulsetype.StatusPending {
+		t.Fatalf("n:2 after the replay = %+v, %v; want pending", d, err)
+	}
+	if d, _, err := s.GetDelivery(ctx, b.deliveryID("fc", "n1")); err != nil || d.Status != pulsetype.StatusSuccess {
+		t.Fatalf("n:1 after the replay = %+v, %v; want success still", d, err)
+	}
+	if _, err := s.RetryDelivery(ctx, b.deliveryID("fc", "n1")); !errors.Is(err, pulsetype.ErrNotSubscribed) {
+		t.Fatalf("RetryDelivery of n:1, which the filter refuses now = %v, want ErrNotSubscribed", err)
+	}
 }
 
 // Replay walks the window once: more than one batch of successful deliveries is reopened exactly once each,
