@@ -198,7 +198,7 @@ func (l *loop) fanOut(ctx context.Context) {
 	var leased []job
 	for _, a := range attempts {
 		if a.FencingToken != "" { // inserted leased: run it now
-			leased = append(leased, job{a: a, ev: byID[a.EventID], evKnown: true, token: l.limits.take(a.ConsumerGroup)})
+			leased = append(leased, job{a: a, ev: byID[a.EventID], evKnown: true, token: l.limits.holds(a.ConsumerGroup)})
 			continue
 		}
 		if l.endpoints.isInactive(a.ConsumerGroup) {
@@ -292,7 +292,7 @@ func (l *loop) takeReady() []job {
 	// The tokens are taken now, so that the claim's round trips overlap the next token's wait (the
 	// rate reached is then not cut by them); a job that is not claimed after all leaves its token unused.
 	for i := range jobs {
-		jobs[i].token = l.limits.take(jobs[i].a.ConsumerGroup)
+		jobs[i].token = l.limits.holds(jobs[i].a.ConsumerGroup)
 	}
 	return jobs
 }

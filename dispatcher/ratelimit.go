@@ -85,6 +85,20 @@ func (r *rateLimits) take(group string) bool {
 	return lim == nil || lim.AllowN(now, 1)
 }
 
+// holds takes a token of group's rate limiter and reports whether it did: false without a rate limit (also
+// for a group whose endpoint the cache has not read yet, whose rate reads 0) and without a token. A job
+// admitted with a token it holds keeps it; any other job asks take again when it is launched, after the
+// loop has read the group's endpoint (launchAll), so that a limit not yet known at admission applies from
+// the group's first POST.
+func (r *rateLimits) holds(group string) bool {
+	perSecond := r.rate(group)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	lim := r.limiterLocked(group, perSecond, now)
+	return lim != nil && lim.AllowN(now, 1)
+}
+
 // wakeLocked makes wake run at at, unless a wake-up no later than at is pending. r.mu is held.
 func (r *rateLimits) wakeLocked(at time.Time) {
 	now := r.now()

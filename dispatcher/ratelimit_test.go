@@ -4,6 +4,9 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/internal/testwait"
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // A rate-limited group has one token (the burst) and takes one per POST; without a token it is left out
@@ -37,5 +40,27 @@ func TestRateLimitsAdmitByToken(t *testing.T) {
 	rates["slow"] = 0
 	if n := r.available("slow"); n != math.MaxInt {
 		t.Fatalf("a removed limit still holds the group back (%d)", n)
+	}
+}
+
+// A group's rate limit holds from its first POST: a group registered through this process a moment before
+// its events are published (its endpoint not yet in the dispatcher's cache) gets one POST, not one POST
+// unlimited and then a limiter with a full token.
+func TestRateLimitHoldsFromAGroupsFirstPost(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "other", []string{"x"}))
+	snd := &sender{}
+	d := startDispatcher(t, store, snd, 8)
+	testwait.Eventually(t, 10*time.Second, "the loop to poll", func() bool { return store.count("ClaimBatch") > 0 })
+	store.mu.Lock()
+	store.endpoints["rl"] = endpoint(t, "rl", []string{"t"}, func(ep *pulsetype.Endpoint) { ep.RateLimit = 0.01 })
+	store.mu.Unlock()
+	d.EndpointChanged("rl") // the PUT's notice, then its events at once
+	d.Published(events("e", "t", 3))
+	testwait.Eventually(t, 10*time.Second, "the first POST", func() bool { started, _ := snd.posts(); return started >= 1 })
+	polls := store.count("ClaimBatch")
+	testwait.Eventually(t, 10*time.Second, "ten more turns of the loop", func() bool { return store.count("ClaimBatch") >= polls+10 })
+	if started, _ := snd.posts(); started != 1 {
+		t.Fatalf("%d POSTs to a group limited to one per 100 s, want 1", started)
 	}
 }

@@ -12,7 +12,7 @@ type job struct {
 	a       *pulsetype.Attempt
 	ev      *pulsetype.Event
 	evKnown bool
-	token   bool         // the group's rate limit token was taken when the job was admitted
+	token   bool         // a token of the group's rate limiter was taken when the job was admitted (rateLimits.holds)
 	gate    gateQuestion // the state gate's question asked at its launch with the others of its batch; nil: none yet
 	release func()       // gives back the worker slot taken for it before its launch; nil: launch takes one
 }
