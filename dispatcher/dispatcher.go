@@ -134,7 +134,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 	d.completer = newCompleter(store, opts.Observer, d.Wake, d.endpoints, log)
 	d.completer.timeout, d.completer.observe = opts.LeaseTimeout, keeper.Observe
 	d.exec = &executor{store: store, sender: sender, endpoints: d.endpoints, gate: newStateGate(store), keeper: keeper, completer: d.completer,
-		slots: slots, tracer: opts.Tracer, now: opts.Now, observer: opts.Observer, log: log,
+		slots: slots, tracer: opts.Tracer, now: opts.Now, observer: opts.Observer, log: log, windowGrace: windowGrace(opts.PollInterval),
 		ended: func(group string) {
 			moved.add(group) // an ordered group's next head may be claimable now
 			signal(kick)     // a slot is free

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -42,6 +43,9 @@ type executor struct {
 	observer  Observer         // may be nil
 	ended     func(group string)
 	log       zerolog.Logger
+	// windowGrace is how late past its retry window's end a retry may still start (windowGrace): the
+	// claim latency of an attempt due at the window's very end.
+	windowGrace time.Duration
 
 	mu      sync.Mutex
 	ctx     context.Context // parent of every POST: cancelled only by abort
@@ -193,6 +197,9 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		// before the POST: no POST starts at or after the event's expiresAt.
 		if ev == nil || ev.ExpiredAt(e.now()) {
 			res = failed(pulsetype.CodeEventExpired, "the event was removed by retention before this attempt ran", true)
+		} else if late := e.pastWindow(a, policy); late > 0 {
+			res = failed(pulsetype.CodeRetryWindow, fmt.Sprintf("the attempt would have started %s after the first attempt, past maxRetryDuration %s (it waited for a resume, or for a worker)",
+				(policy.MaxDuration+late).Round(time.Millisecond), policy.MaxDuration), true)
 		} else if !e.keeper.Live(a.Key()) {
 			// The checks outlasted the lease and no heartbeat renewed it (an overloaded database): the reaper
 			// may have ended it, so no POST starts on it. Given back unstarted when still possible.
@@ -228,6 +235,26 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		}
 	}
 	return pulsetype.Completion{Attempt: a, Result: res, Next: next}, true
+}
+
+// windowGrace returns how late past the end of its retry window a retry due within it may still start:
+// two poll intervals (a due retry is claimed by polling, jittered), at least 2 s. A retry held back longer,
+// by a disabled or paused endpoint (the 410 Gone retry waits for a resume) or a backlog, ends the delivery
+// instead of POSTing after the window.
+func windowGrace(poll time.Duration) time.Duration { return max(2*poll, 2*time.Second) }
+
+// pastWindow returns how long past its retry window (policy.MaxDuration from the delivery's first attempt)
+// attempt a would start now, when that is more than e.windowGrace; else 0. A first attempt, or one that
+// starts a new window (a manual retry or replay: no FirstAttemptAt), is never past it.
+func (e *executor) pastWindow(a *pulsetype.Attempt, policy pulsetype.RetryPolicy) time.Duration {
+	if policy.MaxDuration <= 0 || a.Number <= 1 || a.FirstAttemptAt.IsZero() {
+		return 0
+	}
+	late := e.now().Sub(a.FirstAttemptAt) - policy.MaxDuration
+	if late <= e.windowGrace {
+		return 0
+	}
+	return late
 }
 
 // disable disables the consumer group's endpoint after a 410 Gone (reason gone) and notes it in the cache;

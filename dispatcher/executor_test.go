@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -291,5 +292,45 @@ func TestExecutorStartsNoPOSTOnALeaseThatRanOut(t *testing.T) {
 	a = b.claim(t, ev)
 	if _, ok := b.run(t.Context(), job{a: a, ev: ev, evKnown: true}); !ok {
 		t.Fatal("an attempt on a live lease was not run")
+	}
+}
+
+// A retry that starts past its delivery's retry window (it waited for a resume after a 410 Gone, or a
+// backlog, longer than the claim latency windowGrace allows) ends the delivery error/retry_window_exceeded
+// without a POST; one inside the window is POSTed.
+func TestRetryPastItsWindowEndsWithoutAPost(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}, func(ep *pulsetype.Endpoint) { ep.MaxRetryDuration = pulsetype.Duration(2 * time.Second) }))
+	store.publish(events("late", "t", 1)...)
+	store.publish(events("inside", "t", 1)...)
+	store.mu.Lock()
+	for id, start := range map[string]time.Time{"g/late00#1": time.Now().Add(-time.Minute), "g/inside00#1": time.Now().Add(-time.Second)} {
+		a := store.attempts[id]
+		a.Number, a.FirstAttemptAt = 2, start // a retry of a delivery whose first attempt started then
+	}
+	store.mu.Unlock()
+	snd := &sender{}
+	startDispatcher(t, store, snd, 4)
+	testwait.Eventually(t, 10*time.Second, "both deliveries to end", func() bool {
+		late, _ := store.delivery("g/late00")
+		inside, _ := store.delivery("g/inside00")
+		return late != pulsetype.StatusPending && inside != pulsetype.StatusPending
+	})
+	if st, _ := store.delivery("g/inside00"); st != pulsetype.StatusSuccess {
+		t.Fatalf("the retry inside its window ended %s, want success", st)
+	}
+	if st, _ := store.delivery("g/late00"); st != pulsetype.StatusError {
+		t.Fatalf("the retry past its window ended %s, want error", st)
+	}
+	store.mu.Lock()
+	code := store.attempts["g/late00#1"].Error.CodeOrEmpty()
+	store.mu.Unlock()
+	if code != pulsetype.CodeRetryWindow {
+		t.Fatalf("the retry past its window ended with code %q, want %s", code, pulsetype.CodeRetryWindow)
+	}
+	snd.mu.Lock()
+	defer snd.mu.Unlock()
+	if len(snd.requests) != 1 || snd.requests[0].ConsumerGroup != "g" || !strings.Contains(snd.requests[0].DeliveryID, "inside") {
+		t.Fatalf("POSTs = %+v, want the one inside the window only", snd.requests)
 	}
 }

@@ -26,7 +26,8 @@ const Jitter = 0.2
 
 // CodeRetryWindow ends a delivery whose next attempt would have been due after its endpoint's
 // maxRetryDuration, counted from the delivery's first attempt (docs/delivery.md, "Retries"). The attempt
-// that failed keeps its own error; the delivery carries this code.
+// that failed keeps its own error; the delivery carries this code. A retry launched past the window (held
+// back by a disabled or paused endpoint) ends with it too, attempt and delivery, without a POST.
 const CodeRetryWindow ErrorCode = "retry_window_exceeded"
 
 // Next returns whether attempt number (1-based), failed with code, gets a successor, and the delay before it.
