@@ -62,6 +62,9 @@ const MaxRetryDurationLimit = 30 * 24 * time.Hour
 // MaxTopicsPerEndpoint bounds the topics one consumer group subscribes to.
 const MaxTopicsPerEndpoint = 100
 
+// maxTopicLen is the longest topic (topicPattern).
+const maxTopicLen = 200
+
 var (
 	topicPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
 	groupPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
@@ -176,6 +179,9 @@ func (e *Endpoint) Normalize() error {
 	for _, t := range e.Topics {
 		if !ValidTopicPattern(t) {
 			return &FieldError{"topics", fmt.Sprintf("%q does not match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$, optionally followed by .*", t)}
+		}
+		if why := unreachableTopic(t); why != "" {
+			return &FieldError{"topics", why}
 		}
 		if seen[t] {
 			return &FieldError{"topics", fmt.Sprintf("%q is listed twice", t)}

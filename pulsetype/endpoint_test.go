@@ -133,6 +133,12 @@ func TestEndpointNormalizeRejects(t *testing.T) {
 		{"topic with a space", func(e *pulsetype.Endpoint) { e.Topics = []string{"payment captured"} }, "topics"},
 		{"topic starting with a dot", func(e *pulsetype.Endpoint) { e.Topics = []string{".payment"} }, "topics"},
 		{"topic listed twice", func(e *pulsetype.Endpoint) { e.Topics = []string{"a", "a"} }, "topics"},
+		// Entries that can never match: pulse.x topics are reserved and the sidecar's are three segments;
+		// a pattern's topics must fit in 200 characters.
+		{"pattern of the reserved two-segment topics", func(e *pulsetype.Endpoint) { e.Topics = []string{"pulse.*"} }, "topics"},
+		{"reserved topic the sidecar never publishes", func(e *pulsetype.Endpoint) { e.Topics = []string{"pulse.x"} }, "topics"},
+		{"reserved pattern one segment too deep", func(e *pulsetype.Endpoint) { e.Topics = []string{"pulse.endpoint.disabled.*"} }, "topics"},
+		{"pattern whose topics cannot fit", func(e *pulsetype.Endpoint) { e.Topics = []string{strings.Repeat("a", 199) + ".*"} }, "topics"},
 		{"secret without whsec_", func(e *pulsetype.Endpoint) { e.Secret = "s3cr3t" }, "secret"},
 		{"consumer group empty", func(e *pulsetype.Endpoint) { e.ConsumerGroup = "" }, "consumerGroup"},
 		{"consumer group with a slash", func(e *pulsetype.Endpoint) { e.ConsumerGroup = "a/b" }, "consumerGroup"},
@@ -296,5 +302,24 @@ func TestEndpointWants(t *testing.T) {
 				t.Errorf("Subscribes(%s) = %v, want %v", c.topic, got, want)
 			}
 		})
+	}
+}
+
+// Entries that can match are accepted next to the refused ones: the sidecar's topics and their patterns,
+// "PULSE.x" (topics are case-sensitive: only the lowercase prefix is reserved), and a pattern whose
+// shortest topic is exactly 200 characters; the refusal of "pulse.*" names the patterns to use.
+func TestTopicEntriesThatCanMatch(t *testing.T) {
+	t.Parallel()
+	for _, topics := range [][]string{{"pulse.endpoint.*", "pulse.delivery.failed", "pulse.backlog.high"}, {"PULSE.x", "Pulse.*"},
+		{strings.Repeat("a", 198) + ".*"}} {
+		e := &pulsetype.Endpoint{ConsumerGroup: "g", URL: "http://example.com/hook", Topics: topics}
+		if err := e.Normalize(); err != nil {
+			t.Errorf("topics %q refused: %v", topics, err)
+		}
+	}
+	e := &pulsetype.Endpoint{ConsumerGroup: "g", URL: "http://example.com/hook", Topics: []string{"pulse.*"}}
+	err := e.Normalize()
+	if err == nil || !strings.Contains(err.Error(), `"pulse.*"`) || !strings.Contains(err.Error(), "pulse.endpoint.*, pulse.delivery.*, pulse.backlog.*") {
+		t.Fatalf("pulse.* refused with %v, want its name and the patterns that match", err)
 	}
 }

@@ -1,6 +1,10 @@
 package pulsetype
 
-import "strings"
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // Operational events: the sidecar publishes its own events on reserved topics, stored and delivered like any
 // other event (docs/operations.md). Applications cannot publish to ReservedTopicPrefix.
@@ -22,6 +26,25 @@ const (
 	// disable event.
 	SubjectGroupHeader = "pulse-consumer-group"
 )
+
+// OperationalTopics are the topics of the sidecar's own events, every one of three segments: a subscription
+// entry under ReservedTopicPrefix must match one of them (unreachableTopic).
+var OperationalTopics = []string{TopicEndpointDisabled, TopicEndpointEnabled, TopicDeliveryFailed, TopicBacklogHigh}
+
+// unreachableTopic returns why the subscription entry entry can never match a topic, or "" when it can: a
+// pattern "p.*" whose topics (p, a dot, one segment) are longer than a topic may be, and an entry under
+// ReservedTopicPrefix that matches none of OperationalTopics (applications cannot publish there). Only the
+// lowercase prefix is reserved: topics are case-sensitive, so "PULSE.x" is an application's topic.
+func unreachableTopic(entry string) string {
+	if p, ok := strings.CutSuffix(entry, ".*"); ok && len(p)+2 > maxTopicLen {
+		return fmt.Sprintf("%q can never match: its topics have at least %d characters, and a topic has at most %d", entry, len(p)+2, maxTopicLen)
+	}
+	if !Reserved(entry) || slices.ContainsFunc(OperationalTopics, func(t string) bool { return TopicMatches(entry, t) }) {
+		return ""
+	}
+	return fmt.Sprintf("%q can never match: topics under %q are the sidecar's own (%s), three segments each; subscribe to pulse.endpoint.*, pulse.delivery.*, pulse.backlog.* or one of them",
+		entry, ReservedTopicPrefix, strings.Join(OperationalTopics, ", "))
+}
 
 // Reserved reports whether topic is one of the sidecar's own (it starts with ReservedTopicPrefix).
 func Reserved(topic string) bool { return strings.HasPrefix(topic, ReservedTopicPrefix) }

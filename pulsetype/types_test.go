@@ -48,6 +48,10 @@ func TestValidNames(t *testing.T) {
 		{"event id", pulsetype.ValidEventID, "order-1:created", true},
 		{"event id", pulsetype.ValidEventID, "", false},
 		{"event id", pulsetype.ValidEventID, "a b", false},
+		{"event id", pulsetype.ValidEventID, ".", false}, // dot segments: no URL path reaches them (docs/api.md)
+		{"event id", pulsetype.ValidEventID, "..", false},
+		{"event id", pulsetype.ValidEventID, "...", true},
+		{"event id", pulsetype.ValidEventID, "a.b", true},
 		{"event id", pulsetype.ValidEventID, string(bytes.Repeat([]byte("e"), 129)), false},
 	}
 	for _, tt := range tests {
