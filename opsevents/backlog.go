@@ -98,9 +98,9 @@ func (w *BacklogWatcher) Check(ctx context.Context) error {
 			continue
 		}
 		data := map[string]any{"consumerGroup": ep.ConsumerGroup, "high": high, "threshold": threshold.String(),
-			"at": now.UTC().Format(time.RFC3339Nano), "count": 1}
+			"at": pulsetype.FormatTime(now), "count": 1}
 		if pending {
-			data["oldestPendingAt"] = at.UTC().Format(time.RFC3339Nano)
+			data["oldestPendingAt"] = pulsetype.FormatTime(at)
 			data["ageSeconds"] = max(0, now.Sub(at).Seconds())
 		}
 		w.emit(pulsetype.TopicBacklogHigh, ep.ConsumerGroup, data)

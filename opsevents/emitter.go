@@ -119,7 +119,9 @@ func (e *Emitter) DeliveryFailed(a *pulsetype.Attempt, res pulsetype.AttemptResu
 	e.emit(pulsetype.TopicDeliveryFailed, a.ConsumerGroup, data)
 }
 
-func (e *Emitter) stamp() string { return e.now().UTC().Format(time.RFC3339Nano) }
+// stamp returns now as every timestamp of an operational event is written: pulsetype.FormatTime (UTC,
+// milliseconds, as the API writes times).
+func (e *Emitter) stamp() string { return pulsetype.FormatTime(e.now()) }
 
 // emit publishes data at once when the slot's last event is at least the interval old, and otherwise holds
 // it: the slot's flush publishes the latest held data once the interval has passed, with count the number

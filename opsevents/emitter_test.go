@@ -92,3 +92,38 @@ func TestEventsAreCoalescedPerTopicAndGroup(t *testing.T) {
 		t.Fatalf("audit's events carry counts %v, want [1]", counts["audit"])
 	}
 }
+
+// Every timestamp of an operational event is written as the API writes times (pulsetype.TimeLayout: UTC,
+// exactly three fraction digits), whatever the clock's precision.
+func TestOperationalTimestampsHaveMilliseconds(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	at := time.Date(2026, 1, 1, 12, 0, 0, 123456789, time.FixedZone("x", 3600))
+	e := New(rec, Options{Logger: zerolog.Nop(), Now: func() time.Time { return at }})
+	e.EndpointDisabled("billing", pulsetype.ReasonGone)
+	e.EndpointEnabled("mailer", pulsetype.ReasonGone)
+	e.DeliveryFailed(&pulsetype.Attempt{ConsumerGroup: "audit", Topic: "orders", DeliveryID: "d", EventID: "e", Number: 1},
+		pulsetype.AttemptResult{Status: pulsetype.StatusError}, nil)
+	e.Wait()
+	got := rec.all()
+	if len(got) != 3 {
+		t.Fatalf("published %d events, want 3", len(got))
+	}
+	for _, ev := range got {
+		if d := dataOf(t, ev); d["at"] != "2026-01-01T11:00:00.123Z" {
+			t.Errorf("%s at = %v, want 2026-01-01T11:00:00.123Z", ev.Topic, d["at"])
+		}
+	}
+
+	var data map[string]any
+	st := &backlogStore{high: map[string]bool{}, oldest: map[string]time.Time{"billing": at.Add(-time.Hour)},
+		eps: []*pulsetype.Endpoint{{ConsumerGroup: "billing", BacklogAlertAfter: pulsetype.Duration(time.Minute)}}}
+	w := NewBacklogWatcher(st, e, time.Second, func() time.Time { return at }, zerolog.Nop())
+	w.emit = func(_, _ string, d map[string]any) { data = d }
+	if err := w.Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if data["at"] != "2026-01-01T11:00:00.123Z" || data["oldestPendingAt"] != "2026-01-01T10:00:00.123Z" {
+		t.Fatalf("pulse.backlog.high at %v, oldestPendingAt %v; want milliseconds", data["at"], data["oldestPendingAt"])
+	}
+}
