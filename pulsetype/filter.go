@@ -1,14 +1,18 @@
 package pulsetype
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common/cost"
 	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/ext"
 )
 
 // Filter limits (docs/delivery.md, "Filters").
@@ -39,7 +43,25 @@ var filterEnv = sync.OnceValues(func() (*cel.Env, error) {
 	return cel.NewEnv(cel.Variable("event", cel.MapType(cel.StringType, cel.DynType)), cel.CrossTypeNumericComparisons(true))
 })
 
-// CompileFilter parses and checks src: CEL syntax and types, a boolean (or dyn) result, at most
+// filterFields is the event as the type check of CompileFilter declares it (filterCheckEnv): topic and
+// orderingKey strings, headers a map of string to string, data dyn (any JSON).
+type filterFields struct {
+	Topic       string            `cel:"topic"`
+	OrderingKey string            `cel:"orderingKey"`
+	Headers     map[string]string `cel:"headers"`
+	Data        any               `cel:"data"`
+}
+
+// filterCheckEnv is the environment CompileFilter checks types in, built once: event declared with its
+// typed fields (filterFields), so that what the type checker can see is refused at PUT (event.topic == 1,
+// no matching overload for string == int; event.tpoic, an undefined field) instead of a filter that is
+// always false. Expressions run in filterEnv, over the event as a map: only the check is typed.
+var filterCheckEnv = sync.OnceValues(func() (*cel.Env, error) {
+	return cel.NewEnv(ext.NativeTypes(reflect.TypeFor[filterFields](), ext.ParseStructTags(true)),
+		cel.Variable("event", cel.ObjectType("pulsetype.filterFields")), cel.CrossTypeNumericComparisons(true))
+})
+
+// CompileFilter parses and checks src: CEL syntax and types (with event's fields typed, filterCheckEnv), a boolean (or dyn) result, at most
 // MaxFilterLength bytes, and an estimated worst cost (every value of the event at most FilterSizeHint long)
 // within MaxFilterCost. It returns a *FieldError for field "filter" naming the problem.
 func CompileFilter(src string) (*Filter, error) {
@@ -53,6 +75,14 @@ func CompileFilter(src string) (*Filter, error) {
 	ast, iss := env.Compile(src)
 	if iss.Err() != nil {
 		return nil, &FieldError{"filter", "is not a valid CEL expression over event: " + strings.ReplaceAll(iss.Err().Error(), "\n", " ")}
+	}
+	checkEnv, err := filterCheckEnv()
+	if err != nil {
+		return nil, fmt.Errorf("filter check environment: %w", err)
+	}
+	if _, iss := checkEnv.Compile(src); iss.Err() != nil {
+		return nil, &FieldError{"filter", "does not type-check over event (topic, orderingKey: string; headers: map of string to string; data: any JSON): " +
+			strings.ReplaceAll(iss.Err().Error(), "\n", " ")}
 	}
 	if t := ast.OutputType(); !t.IsExactType(types.BoolType) && !t.IsExactType(types.DynType) {
 		return nil, &FieldError{"filter", fmt.Sprintf("must be a boolean expression, got %s", t)}
@@ -119,8 +149,7 @@ func (in *EventInput) vars() map[string]any {
 			headers[k] = v
 		}
 		event["headers"] = headers
-		var data any
-		if len(ev.Data) > 0 && json.Unmarshal(ev.Data, &data) == nil && data != nil {
+		if data := decodeData(ev.Data); data != nil {
 			event["data"] = data // absent when null: event.data.x is then a missing field, false
 		}
 		in.act = map[string]any{"event": event}
@@ -159,4 +188,43 @@ func (c *FilterCache) Compile(src string) (*Filter, error) {
 	c.m[src] = f
 	c.mu.Unlock()
 	return f, nil
+}
+
+// decodeData decodes an event's JSON data for filters: numbers are doubles, and a number beyond a double's
+// range (1e400; the stored data and the webhook body keep its text as published) reads as +Inf or -Inf, so
+// that one such number neither fails the whole data nor hides the event's other fields. It returns nil for
+// null, empty or undecodable data.
+func decodeData(raw json.RawMessage) any {
+	var data any
+	if len(raw) == 0 {
+		return nil
+	}
+	err := json.Unmarshal(raw, &data)
+	if err == nil {
+		return data
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if dec.Decode(&data) != nil {
+		return nil
+	}
+	return doubles(data)
+}
+
+// doubles replaces each json.Number in v (decoded with UseNumber) by its float64, ±Inf when out of range.
+func doubles(v any) any {
+	switch v := v.(type) {
+	case json.Number:
+		f, _ := strconv.ParseFloat(string(v), 64) // out of range: ±Inf with ErrRange
+		return f
+	case map[string]any:
+		for k, x := range v {
+			v[k] = doubles(x)
+		}
+	case []any:
+		for i, x := range v {
+			v[i] = doubles(x)
+		}
+	}
+	return v
 }

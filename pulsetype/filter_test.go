@@ -34,11 +34,12 @@ func TestFilterMatch(t *testing.T) {
 		{`event.data.items.size() == 3`, false},
 		{`has(event.data.refund)`, false},
 		{`!has(event.data.refund)`, true},
-		{`event.data.refund.amount > 0`, false},         // no such field
-		{`!(event.data.refund.amount > 0)`, false},      // an error stays an error under !: false, not true
-		{`event.data.currency > 100`, false},            // a string compared with a number
-		{`event.headers.missing == "x"`, false},         // a header the event lacks
-		{`event.data.amount > 100 || event.nope`, true}, // CEL's || is commutative over errors
+		{`event.data.refund.amount > 0`, false},                  // no such field
+		{`!(event.data.refund.amount > 0)`, false},               // an error stays an error under !: false, not true
+		{`event.data.currency > 100`, false},                     // a string compared with a number
+		{`event.headers.missing == "x"`, false},                  // a header the event lacks
+		{`event.data.amount > 100 || event.data.nope > 1`, true}, // CEL's || is commutative over errors
+		{`event.data.nope == 150 || true`, true},                 // ... so a missing field does not make it false
 	}
 	for _, tt := range tests {
 		t.Run(tt.filter, func(t *testing.T) {
@@ -101,6 +102,9 @@ func TestFilterRejects(t *testing.T) {
 		{"syntax", `event.data.amount >`, "not a valid CEL expression"},
 		{"unknown variable", `payment.amount > 1`, "undeclared reference to 'payment'"},
 		{"not boolean", `event.data.amount + 1`, "must be a boolean expression"},
+		{"topic compared with a number", `event.topic == 1`, "no matching overload"},
+		{"header compared with a number", `event.headers.source == 2`, "no matching overload"},
+		{"field event lacks", `event.nope == 1`, "undefined field 'nope'"},
 		{"a string", `"yes"`, "must be a boolean expression, got string"},
 		{"too long", strings.Repeat("true && ", 600) + "true", "at most 4096 bytes"},
 		{"nested iteration", `event.data.items.all(i, event.data.items.all(j, i.sku != j.sku || i == j))`, "may cost up to"},
@@ -182,6 +186,23 @@ func TestTopicPatterns(t *testing.T) {
 		}
 		if pulsetype.ValidTopic(bad) {
 			t.Errorf("ValidTopic(%q) = true: an event could be published to a pattern", bad)
+		}
+	}
+}
+
+// A number beyond a double's range in the data (1e400) reads as +Inf in a filter, and the event's other
+// fields stay visible: one such number does not make every filter over the data false.
+func TestFilterSeesAnOutOfRangeNumberAsInfinity(t *testing.T) {
+	t.Parallel()
+	ev := &pulsetype.Event{ID: "e1", Topic: "t", Data: json.RawMessage(`{"big":1e400,"small":-1e400,"n":2,"items":[1e999]}`)}
+	for src, want := range map[string]bool{`event.data.n == 2`: true, `event.data.big > 1e308`: true, `event.data.small < -1e308`: true,
+		`event.data.items[0] > 1e308`: true, `event.data.big < 0`: false} {
+		f, err := pulsetype.CompileFilter(src)
+		if err != nil {
+			t.Fatalf("CompileFilter(%s): %v", src, err)
+		}
+		if got := f.Match(pulsetype.InputOf(ev)); got != want {
+			t.Errorf("%s = %v, want %v", src, got, want)
 		}
 	}
 }
