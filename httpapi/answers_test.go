@@ -283,6 +283,18 @@ func (answerStore) Activity(_ context.Context, group string) (*pulsetype.GroupAc
 	return a, nil
 }
 
+func (st answerStore) ActivityAll(ctx context.Context) ([]*pulsetype.GroupActivity, error) {
+	var out []*pulsetype.GroupActivity
+	for _, g := range []string{"audit", "billing"} {
+		a, err := st.Activity(ctx, g)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
 func (answerStore) LineHead(_ context.Context, line pulsetype.Line) (string, error) {
 	return "dlv-pending", nil
 }
@@ -374,6 +386,7 @@ var answerCases = []answerCase{
 	{name: "activity", method: "GET", path: "/v1/endpoints/billing/activity"},
 	{name: "activity-empty", method: "GET", path: "/v1/endpoints/audit/activity"},
 	{name: "activity-not-found", method: "GET", path: "/v1/endpoints/nope/activity"},
+	{name: "activity-all", method: "GET", path: "/v1/activity"},
 	{name: "delivery-due", method: "GET", path: "/v1/deliveries/dlv-due"},
 	{name: "unauthorized", method: "GET", path: "/v1/stats", token: "-"},
 	{name: "read-only-token", method: "POST", path: "/v1/deliveries/dlv-failed/retry", token: "tok-read"},

@@ -41,6 +41,7 @@ type Store interface {
 	SetEndpointState(ctx context.Context, group string, state pulsetype.EndpointState) (*pulsetype.Endpoint, error)
 	Stats(ctx context.Context, groups []string) ([]*pulsetype.GroupStats, error)
 	Activity(ctx context.Context, group string) (*pulsetype.GroupActivity, error)
+	ActivityAll(ctx context.Context) ([]*pulsetype.GroupActivity, error)
 	LineHead(ctx context.Context, line pulsetype.Line) (string, error)
 }
 
@@ -135,6 +136,7 @@ func (s *Server) routes() chi.Router {
 		r.Post("/endpoints/{consumerGroup}/pause", s.pauseEndpoint)
 		r.Post("/endpoints/{consumerGroup}/resume", s.resumeEndpoint)
 		r.Get("/stats", s.stats)
+		r.Get("/activity", s.activityAll)
 		r.Get("/endpoints/{consumerGroup}/activity", s.activity)
 		r.Get("/endpoints", s.listEndpoints)
 		r.Put("/endpoints/{consumerGroup}", s.putEndpoint)

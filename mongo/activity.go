@@ -77,3 +77,72 @@ func (s *Store) pendingOf(ctx context.Context, group string) (int64, *time.Time,
 	at := oldest.CreatedAt.UTC()
 	return n, &at, nil
 }
+
+// ActivityAll returns the last hour of every registered consumer group (GET /v1/activity), as Activity
+// returns one group's, in consumer group order; a group without work reads zeros.
+//
+// Its cost is bounded by the hour and the number of groups, never by the history before it: one query of
+// the attempts of every group ended since the window's start (status success or error, three fields and
+// the group each, endedAt newest first, at most pulsetype.ActivityScanLimit in all: more set
+// TruncatedBefore on every group), through pulse_history_group_status_ended, whose bounds on status and
+// endedAt are seeked within each group's keys; then the pending counts (PendingByGroup) and the oldest
+// pending deliveries (OldestPending), each bounded per group. Errors are the database's, wrapped.
+func (s *Store) ActivityAll(ctx context.Context) ([]*pulsetype.GroupActivity, error) {
+	now := s.now().UTC()
+	from := pulsetype.ActivityWindow(now)
+	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{},
+		options.Find().SetProjection(bson.M{"_id": 1}).SetSort(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*pulsetype.GroupActivity, len(groups))
+	by := make(map[string]*pulsetype.GroupActivity, len(groups))
+	for i, g := range groups {
+		out[i] = &pulsetype.GroupActivity{ConsumerGroup: g.ID, From: from, To: now, Buckets: make([]pulsetype.ActivityCount, pulsetype.ActivityBuckets)}
+		by[g.ID] = out[i]
+	}
+	if len(groups) == 0 {
+		return out, nil
+	}
+	ended, err := findAll[endedAttempt](ctx, s.history, "find the hour's attempts of every group",
+		bson.M{"status": bson.M{"$in": bson.A{pulsetype.StatusSuccess, pulsetype.StatusError}}, "endedAt": bson.M{"$gte": from}},
+		options.Find().SetSort(bson.D{{Key: "endedAt", Value: -1}}).SetLimit(pulsetype.ActivityScanLimit).
+			SetProjection(bson.M{"consumerGroup": 1, "status": 1, "endedAt": 1, "error.code": 1}).SetHint("pulse_history_group_status_ended"))
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range ended {
+		act := by[a.ConsumerGroup]
+		i := int(a.EndedAt.Sub(from) / pulsetype.ActivityBucket)
+		if act == nil || i < 0 || i >= pulsetype.ActivityBuckets || a.Error != nil && a.Error.Code.Ended() {
+			continue
+		}
+		switch a.Status {
+		case pulsetype.StatusSuccess:
+			act.Buckets[i].Succeeded++
+		case pulsetype.StatusError:
+			act.Buckets[i].Failed++
+		}
+	}
+	if len(ended) == pulsetype.ActivityScanLimit {
+		at := ended[len(ended)-1].EndedAt.UTC()
+		for _, act := range out {
+			act.TruncatedBefore = &at
+		}
+	}
+	pending, err := s.PendingByGroup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	oldest, err := s.OldestPending(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, act := range out {
+		act.Pending = pending[act.ConsumerGroup]
+		if at, ok := oldest[act.ConsumerGroup]; ok && act.Pending > 0 {
+			act.OldestPendingAt = &at
+		}
+	}
+	return out, nil
+}

@@ -1,6 +1,7 @@
 package mongo
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -75,6 +76,27 @@ func testActivityCountsMinutes(t *testing.T, e *env) {
 	}
 	if got.Pending != 1 || got.OldestPendingAt == nil || !got.OldestPendingAt.Equal(t0) || got.TruncatedBefore != nil {
 		t.Errorf("pending %d, oldest %v, truncated %v; want 1 pending since %v, not truncated", got.Pending, got.OldestPendingAt, got.TruncatedBefore, t0)
+	}
+	// ActivityAll answers the same for every registered group, in group order, from one read of the hour.
+	all, err := s.ActivityAll(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 || all[0].ConsumerGroup != "billing" || all[1].ConsumerGroup != "mailer" {
+		t.Fatalf("ActivityAll = %d groups (%+v), want billing and mailer", len(all), all)
+	}
+	for _, a := range all {
+		one, err := s.Activity(b.ctx, a.ConsumerGroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(a.Buckets, one.Buckets) || a.Pending != one.Pending || !a.From.Equal(one.From) ||
+			(a.OldestPendingAt == nil) != (one.OldestPendingAt == nil) || a.OldestPendingAt != nil && !a.OldestPendingAt.Equal(*one.OldestPendingAt) {
+			t.Errorf("ActivityAll's %s = %+v, Activity's = %+v", a.ConsumerGroup, a, one)
+		}
+	}
+	if all[1].Buckets[pulsetype.ActivityBuckets-1].Failed != 1 {
+		t.Errorf("ActivityAll's mailer last minute = %+v, want its one failure", all[1].Buckets[pulsetype.ActivityBuckets-1])
 	}
 	none, err := s.Activity(b.ctx, "nobody")
 	if err != nil || none.Pending != 0 || none.OldestPendingAt != nil || len(none.Buckets) != pulsetype.ActivityBuckets {

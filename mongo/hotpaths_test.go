@@ -275,6 +275,11 @@ var unindexedByDesign = map[string]string{
 	// pulse_events_fanout and sorted by createdAt and _id in memory, so that a stopped migration resumes
 	// after the last one it put in the outbox.
 	"events find eq=fanout range= not= sort=fanout,createdAt,_id": "queue migration: few marked events, sorted in memory",
+	// GET /v1/activity: every group's attempts ended in the hour, read through pulse_history_group_status_ended
+	// by its hint, with no equality on its leading consumerGroup: the server seeks the status and endedAt
+	// bounds within each group's keys, so it reads the hour's keys plus a few seeks per group, never older
+	// history (an index on status and endedAt alone would cost every attempt's writes for a console read).
+	"history find eq=status range=endedAt not= sort=endedAt": "activity of every group: pulse_history_group_status_ended, seeked per group",
 	// subscriptions holds one small document per consumer group: reading all of it (ListEndpoints,
 	// EndpointStates, the pending counts' groups) or finding the backfill to run among them needs no index.
 	"subscriptions find eq= range= not= sort=":                                             "all consumer groups: one document each",
@@ -474,6 +479,8 @@ func hotPathWorkload(t *testing.T, b *bundle, s *Store) {
 	must("Stats", err)
 	_, err = s.Activity(ctx, "g")
 	must("Activity", err)
+	_, err = s.ActivityAll(ctx)
+	must("ActivityAll", err)
 	_, err = s.LineHead(ctx, pulsetype.Line{ConsumerGroup: "o", Topic: "t"})
 	must("LineHead", err)
 	_, err = s.PendingByGroup(ctx)

@@ -44,6 +44,7 @@ var scatterPlan = map[string]string{
 	"history aggregate eq=consumerGroup,status range=endedAt not=error.code sort=":                         "GET /v1/stats: the same, by error code",
 	"history find eq=consumerGroup,status range=endedAt,httpStatus not=durationMs,error.code sort=endedAt": "GET /v1/stats: latencies of the window",
 	"history find eq=consumerGroup,status range=endedAt not= sort=endedAt":                                 "GET /v1/endpoints/{group}/activity: the hour's attempts",
+	"history find eq=status range=endedAt not= sort=endedAt":                                               "GET /v1/activity: every group's attempts of the hour",
 }
 
 // shardRule checks one query against the shard key of its collection by MongoDB's rules per command
