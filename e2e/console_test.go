@@ -230,7 +230,8 @@ const consoleScreenshotEnv = "PULSE_CONSOLE_SCREENSHOT"
 
 // The console's pictures and words, in a real browser, from real deliveries: four groups take three events
 // (billing answers 200, failing 500, refused points at a closed port, held is paused). Each group's chart
-// draws the attempts of its last hour from GET /v1/endpoints/{group}/activity (3 succeeded bars' worth for
+// draws the attempts of its last hour, all groups' from one call of GET /v1/activity (the page makes no
+// per-group activity call; it equals GET /v1/endpoints/{group}/activity's answer) (3 succeeded bars' worth for
 // billing, 3 failed for failing and refused, 3 pending for held); refused, whose attempts never got an HTTP
 // answer, shows no latency; held says "paused" once; every time is UTC and marked. A held delivery's own
 // URL, loaded fresh, opens its page, which says why it waits (paused), shows its event's payload and
@@ -290,6 +291,13 @@ func TestConsoleChartsAndLinksADelivery(t *testing.T) {
 		return read[int](t, ctx, `[...document.querySelectorAll('#groups tr[data-group="`+group+`"] svg.chart rect.`+class+`')].reduce((n, r) => n + Number(r.dataset.count), 0)`)
 	}
 	until(t, ctx, 20*time.Second, "the charts", `document.querySelectorAll('#groups svg.chart').length === 4`)
+	// The page's network log: the charts' data came from GET /v1/activity, no call per group.
+	calls := func(re string) int {
+		return read[int](t, ctx, `performance.getEntriesByType("resource").filter((e) => `+re+`.test(new URL(e.name).pathname)).length`)
+	}
+	if all, each := calls(`/^\/v1\/activity$/`), calls(`/^\/v1\/endpoints\/[^/]+\/activity$/`); all < 1 || each != 0 {
+		t.Errorf("the page called GET /v1/activity %d times and a group's activity %d times, want at least once and never", all, each)
+	}
 	for _, c := range []struct {
 		group           string
 		ok, bad, queued int

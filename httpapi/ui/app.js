@@ -23,6 +23,8 @@
     scrollTo: "", // a delivery opened by its URL, to scroll to once shown
     watch: null, // {id, attempt, until}: a retried delivery being followed
     loading: false,
+    activity: new Map(), // the last answer of GET /v1/activity, by consumer group
+    activityLoading: false, // a GET /v1/activity is in flight: a refresh starts no other
   };
 
   // ---- token ------------------------------------------------------------------------------------------
@@ -106,7 +108,10 @@
   }
 
   const v1 = (path) => "../v1" + path;
-  const seg = encodeURIComponent;
+  // seg encodes one path segment: encodeURIComponent, and dots too, so that no id or group name is a "." or
+  // ".." segment the browser would resolve (RFC 3986 §5.2.4) before the request leaves; the API decodes
+  // each segment once.
+  const seg = (s) => encodeURIComponent(s).replace(/\./g, "%2E");
 
   // ---- formatting -------------------------------------------------------------------------------------
 
@@ -230,14 +235,38 @@
       ? "Figures unavailable: " + stats.error.message
       : "Succeeded and failed count attempts that ended in the last hour; p50 is the median duration of its latest answered POSTs (— when none got an HTTP answer). The chart shows each minute's succeeded (green) and failed (red) attempts, and the deliveries pending now (amber, right).";
     const list = eps.endpoints || [];
-    // One bounded call per group: its last hour, minute by minute (GET /v1/endpoints/{group}/activity).
-    const activity = await Promise.all(list.map((ep) => api("GET", v1("/endpoints/" + seg(ep.consumerGroup) + "/activity")).catch((e) => {
-      if (e instanceof APIError && e.status !== 401) return null;
-      throw e;
-    })));
-    view.groups = list.map((ep, i) => ({ ep, st: byGroup.get(ep.consumerGroup), act: activity[i] }));
+    view.groups = list.map((ep) => ({ ep, st: byGroup.get(ep.consumerGroup) }));
+    // The table first, with the charts of the last answer; the charts' data follows from one call.
     renderGroups();
     renderGroupFilter();
+    loadActivity().catch((e) => sayError("loading the charts", e));
+  }
+
+  // loadActivity reads every group's last hour with one bounded call (GET /v1/activity) and draws the
+  // charts into the groups table. While a call is in flight a refresh starts no other, so the page never
+  // asks faster than the call answers; a failed call keeps the charts drawn (a 401 is the caller's).
+  async function loadActivity() {
+    if (view.activityLoading) return;
+    view.activityLoading = true;
+    try {
+      const r = await api("GET", v1("/activity"));
+      view.activity = new Map((r.groups || []).map((a) => [a.consumerGroup, a]));
+      drawCharts();
+    } catch (e) {
+      if (!(e instanceof APIError) || e.status === 401) throw e;
+    } finally {
+      view.activityLoading = false;
+    }
+  }
+
+  // drawCharts draws each row's chart from view.activity (none for a group it lacks).
+  function drawCharts() {
+    for (const row of $("groups").tBodies[0].rows) {
+      const cell = row.querySelector("td.activity");
+      if (!cell) continue;
+      const act = view.activity.get(row.dataset.group);
+      cell.replaceChildren(...(act ? [chart(act)] : []));
+    }
   }
 
   // chart draws a group's last hour as SVG: one column per minute (oldest left), succeeded attempts in
@@ -274,7 +303,8 @@
   }
 
   function renderGroups() {
-    const rows = view.groups.map(({ ep, st, act }) => {
+    const rows = view.groups.map(({ ep, st }) => {
+      const act = view.activity.get(ep.consumerGroup);
       const state = ep.state || "active";
       let stateText = state;
       // "paused" says it once: the reason is shown only when it adds to the state (disabled (gone)).
@@ -423,7 +453,7 @@
   // ---- one delivery's attempt timeline ----------------------------------------------------------------
 
   // deliveryHash is the URL fragment of a delivery's page; openFromHash opens the delivery it names.
-  const deliveryHash = (id) => "#/deliveries/" + encodeURIComponent(id);
+  const deliveryHash = (id) => "#/deliveries/" + seg(id);
 
   function hashDelivery() {
     const m = /^#\/deliveries\/(.+)$/.exec(location.hash);
