@@ -51,15 +51,15 @@ func TestRateLimitHoldsFromAGroupsFirstPost(t *testing.T) {
 	store := newMemStore(endpoint(t, "other", []string{"x"}))
 	snd := &sender{}
 	d := startDispatcher(t, store, snd, 8)
-	testwait.Eventually(t, 10*time.Second, "the loop to poll", func() bool { return store.count("ClaimBatch") > 0 })
+	testwait.Eventually(t, 10*time.Second, "the loop to poll", func() bool { return store.count("DueAttempts") > 0 })
 	store.mu.Lock()
 	store.endpoints["rl"] = endpoint(t, "rl", []string{"t"}, func(ep *pulsetype.Endpoint) { ep.RateLimit = 0.01 })
 	store.mu.Unlock()
 	d.EndpointChanged("rl") // the PUT's notice, then its events at once
 	d.Published(events("e", "t", 3))
 	testwait.Eventually(t, 10*time.Second, "the first POST", func() bool { started, _ := snd.posts(); return started >= 1 })
-	polls := store.count("ClaimBatch")
-	testwait.Eventually(t, 10*time.Second, "ten more turns of the loop", func() bool { return store.count("ClaimBatch") >= polls+10 })
+	polls := store.count("DueAttempts")
+	testwait.Eventually(t, 10*time.Second, "ten more turns of the loop", func() bool { return store.count("DueAttempts") >= polls+10 })
 	if started, _ := snd.posts(); started != 1 {
 		t.Fatalf("%d POSTs to a group limited to one per 100 s, want 1", started)
 	}
