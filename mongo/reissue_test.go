@@ -2,7 +2,6 @@ package mongo
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"net"
 	"sync"
@@ -146,7 +145,7 @@ type lossyProxy struct {
 	mu    sync.Mutex
 	lose  map[string]bool // collection -> lose the reply of its next update
 	sent  map[string]int  // collection -> update commands forwarded
-	conns map[net.Conn]bool
+	conns devdb.Conns
 }
 
 // startLossyProxy starts a lossyProxy in front of the first host of uri; it is closed in t.Cleanup. It
@@ -165,7 +164,7 @@ func startLossyProxy(t *testing.T, uri string) *lossyProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &lossyProxy{addr: ln.Addr().String(), ln: ln, lose: map[string]bool{}, sent: map[string]int{}, conns: map[net.Conn]bool{}}
+	p := &lossyProxy{addr: ln.Addr().String(), ln: ln, lose: map[string]bool{}, sent: map[string]int{}}
 	p.wg.Add(1)
 	go p.accept(cs.Hosts[0])
 	t.Cleanup(p.close)
@@ -198,13 +197,13 @@ func (p *lossyProxy) accept(upstream string) {
 			_ = c.Close()
 			continue
 		}
-		if !p.track(c, up) {
+		if !p.conns.Track(c, up) {
 			return
 		}
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			defer p.untrack(c, up)
+			defer p.conns.Untrack(c, up)
 			p.relay(c, up)
 		}()
 	}
@@ -244,68 +243,15 @@ func (p *lossyProxy) relay(client, upstream net.Conn) {
 // updateOf returns, for an OP_MSG holding an update command, its collection, and the message's moreToCome
 // flag.
 func updateOf(msg []byte) (coll string, moreToCome bool) {
-	const opMsg = 2013
-	if len(msg) < 21 || binary.LittleEndian.Uint32(msg[12:16]) != opMsg {
-		return "", false
+	body, moreToCome := devdb.MessageBody(msg)
+	if devdb.CommandName(body) == "update" {
+		coll, _ = body.Index(0).Value().StringValueOK()
 	}
-	flags := binary.LittleEndian.Uint32(msg[16:20])
-	moreToCome = flags&2 != 0
-	end := len(msg)
-	if flags&1 != 0 {
-		end -= 4 // the checksum
-	}
-	for i := 20; i < end; {
-		kind := msg[i]
-		i++
-		if i+4 > end {
-			break
-		}
-		size := int(int32(binary.LittleEndian.Uint32(msg[i : i+4])))
-		if size < 5 || i+size > end {
-			break
-		}
-		if kind == 0 { // the body: its first element names the command
-			if els, err := bson.Raw(msg[i : i+size]).Elements(); err == nil && len(els) > 0 && els[0].Key() == "update" {
-				coll, _ = els[0].Value().StringValueOK()
-			}
-			return coll, moreToCome
-		}
-		i += size
-	}
-	return "", moreToCome
-}
-
-func (p *lossyProxy) track(cs ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conns == nil {
-		for _, c := range cs {
-			_ = c.Close()
-		}
-		return false
-	}
-	for _, c := range cs {
-		p.conns[c] = true
-	}
-	return true
-}
-
-func (p *lossyProxy) untrack(cs ...net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range cs {
-		_ = c.Close()
-		delete(p.conns, c)
-	}
+	return coll, moreToCome
 }
 
 func (p *lossyProxy) close() {
 	_ = p.ln.Close()
-	p.mu.Lock()
-	for c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-	p.mu.Unlock()
+	p.conns.CloseAll()
 	p.wg.Wait()
 }

@@ -297,8 +297,19 @@ func ReadMessage(r io.Reader) ([]byte, error) {
 // inspect returns the $db of an OP_MSG (from its kind-0 body section; "" when absent, unparsable or
 // not an OP_MSG) and whether its moreToCome flag is set.
 func inspect(msg []byte) (db string, moreToCome bool) {
+	body, moreToCome := MessageBody(msg)
+	if v, err := body.LookupErr("$db"); err == nil {
+		db, _ = v.StringValueOK()
+	}
+	return db, moreToCome
+}
+
+// MessageBody returns the body (the kind-0 section, whose first element names the command) of a whole
+// OP_MSG wire message as ReadMessage returns it, and whether the message's moreToCome flag is set (no reply
+// follows). body is nil when msg is not an OP_MSG, has no body section or is malformed.
+func MessageBody(msg []byte) (body bson.Raw, moreToCome bool) {
 	if len(msg) < headerSize+4 || binary.LittleEndian.Uint32(msg[12:16]) != opMsg {
-		return "", false
+		return nil, false
 	}
 	flags := binary.LittleEndian.Uint32(msg[16:20])
 	moreToCome = flags&flagMoreToCome != 0
@@ -317,14 +328,64 @@ func inspect(msg []byte) (db string, moreToCome bool) {
 			break
 		}
 		if kind == 0 {
-			v, err := bson.Raw(msg[i : i+size]).LookupErr("$db")
-			if err != nil {
-				return "", moreToCome
-			}
-			db, _ = v.StringValueOK()
-			return db, moreToCome
+			return bson.Raw(msg[i : i+size]), moreToCome
 		}
 		i += size // a kind-1 section's size covers its identifier and documents
 	}
-	return "", moreToCome
+	return nil, moreToCome
+}
+
+// CommandName returns the name of the command an OP_MSG body holds (its first element's key), or "".
+func CommandName(body bson.Raw) string {
+	if els, err := body.Elements(); err == nil && len(els) > 0 {
+		return els[0].Key()
+	}
+	return ""
+}
+
+// Conns is the set of open connections of a relay (the tests' wire-protocol proxies), closed together when the
+// relay closes. The zero value is ready; it is safe for concurrent use.
+type Conns struct {
+	mu     sync.Mutex
+	open   map[net.Conn]bool
+	closed bool
+}
+
+// Track adds cs to the set and reports true, or closes them and reports false once CloseAll was called.
+func (s *Conns) Track(cs ...net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+		return false
+	}
+	if s.open == nil {
+		s.open = map[net.Conn]bool{}
+	}
+	for _, c := range cs {
+		s.open[c] = true
+	}
+	return true
+}
+
+// Untrack closes cs and removes them from the set.
+func (s *Conns) Untrack(cs ...net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range cs {
+		_ = c.Close()
+		delete(s.open, c)
+	}
+}
+
+// CloseAll closes every connection in the set, and every one tracked later.
+func (s *Conns) CloseAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.open {
+		_ = c.Close()
+	}
+	s.open, s.closed = nil, true
 }

@@ -1,15 +1,12 @@
 package harness
 
 import (
-	"encoding/binary"
 	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/pulse-sidecar/pulse/internal/devdb"
 )
@@ -31,8 +28,7 @@ type SlowDB struct {
 	last  time.Time  // when the latest write was forwarded
 	ln    net.Listener
 	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]bool
+	conns devdb.Conns
 }
 
 // StartSlowDB starts a SlowDB in front of b.URI holding each write for delay; it is closed in t.Cleanup.
@@ -49,7 +45,7 @@ func (b *Bundle) StartSlowDB(delay time.Duration) *SlowDB {
 		b.T.Fatal(err)
 	}
 	u.Host = ln.Addr().String()
-	db := &SlowDB{URI: u.String(), ln: ln, conns: map[net.Conn]bool{}}
+	db := &SlowDB{URI: u.String(), ln: ln}
 	db.delay.Store(int64(delay))
 	db.wg.Add(1)
 	go db.accept(b.T, upstream)
@@ -76,50 +72,21 @@ func (db *SlowDB) accept(t *testing.T, upstream string) {
 			_ = c.Close()
 			continue
 		}
-		if !db.track(c, up) {
+		if !db.conns.Track(c, up) {
 			return
 		}
 		db.wg.Add(1)
 		go func() {
 			defer db.wg.Done()
-			defer db.untrack(c, up)
+			defer db.conns.Untrack(c, up)
 			db.relay(c, up)
 		}()
 	}
 }
 
-func (db *SlowDB) track(cs ...net.Conn) bool {
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	if db.conns == nil {
-		for _, c := range cs {
-			_ = c.Close()
-		}
-		return false
-	}
-	for _, c := range cs {
-		db.conns[c] = true
-	}
-	return true
-}
-
-func (db *SlowDB) untrack(cs ...net.Conn) {
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	for _, c := range cs {
-		_ = c.Close()
-		delete(db.conns, c)
-	}
-}
-
 func (db *SlowDB) close() {
 	_ = db.ln.Close()
-	db.mu.Lock()
-	for c := range db.conns {
-		_ = c.Close()
-	}
-	db.conns = nil
-	db.mu.Unlock()
+	db.conns.CloseAll()
 	db.wg.Wait()
 }
 
@@ -175,33 +142,6 @@ var writeCommands = map[string]bool{"insert": true, "update": true, "delete": tr
 // classify returns, for an OP_MSG, whether it is a write (its body's first key names a write command) and
 // its moreToCome flag.
 func classify(msg []byte) (write, moreToCome bool) {
-	const opMsg = 2013
-	if len(msg) < 21 || binary.LittleEndian.Uint32(msg[12:16]) != opMsg {
-		return false, false
-	}
-	flags := binary.LittleEndian.Uint32(msg[16:20])
-	moreToCome = flags&2 != 0
-	end := len(msg)
-	if flags&1 != 0 {
-		end -= 4
-	}
-	for i := 20; i < end; {
-		kind := msg[i]
-		i++
-		if i+4 > end {
-			break
-		}
-		size := int(int32(binary.LittleEndian.Uint32(msg[i : i+4])))
-		if size < 5 || i+size > end {
-			break
-		}
-		if kind == 0 {
-			if els, err := bson.Raw(msg[i : i+size]).Elements(); err == nil && len(els) > 0 {
-				write = writeCommands[els[0].Key()]
-			}
-			return write, moreToCome
-		}
-		i += size
-	}
-	return false, moreToCome
+	body, moreToCome := devdb.MessageBody(msg)
+	return writeCommands[devdb.CommandName(body)], moreToCome
 }
