@@ -92,12 +92,21 @@ func (w *dueWindow) merge(items []*pulsetype.Attempt) {
 // size returns the next read's limit.
 func (w *dueWindow) size() int { return max(w.limit, minDueWindow) }
 
-// keep drops the attempts of groups not in wanted (nil: every group).
+// keep drops the attempts of groups not in wanted (nil: every group), and narrows the groups the window
+// covers to those it still holds the attempts of: a group left out now (paused, turned ordered) and wanted
+// again later (resumed) is read again then, not when the window runs dry or goes stale.
 func (w *dueWindow) keep(wanted map[string]bool) {
 	if wanted == nil {
 		return
 	}
 	w.items = slices.DeleteFunc(w.items, func(a *pulsetype.Attempt) bool { return !wanted[a.ConsumerGroup] })
+	covered := make(map[string]bool, len(wanted))
+	for g := range wanted {
+		if w.groups == nil || w.groups[g] {
+			covered[g] = true
+		}
+	}
+	w.groups = covered
 }
 
 // take removes from the window and returns up to n attempts whose consumer group admit accepts, chosen at
