@@ -186,6 +186,11 @@ func (e *Endpoint) Normalize() error {
 		if seen[t] {
 			return &FieldError{"topics", fmt.Sprintf("%q is listed twice", t)}
 		}
+		if e.Ordered && strings.HasSuffix(t, ".*") {
+			// An ordered group's lines are (topic, ordering key): the dispatcher claims the heads of each listed
+			// topic's lines, so a pattern would name no line and its deliveries would never be claimed.
+			return &FieldError{"topics", fmt.Sprintf("%q is a pattern: an ordered group lists exact topics (each topic's events are ordered per ordering key)", t)}
+		}
 		seen[t] = true
 	}
 	if err := e.CompileFilter(); err != nil {

@@ -133,6 +133,8 @@ func TestEndpointNormalizeRejects(t *testing.T) {
 		{"topic with a space", func(e *pulsetype.Endpoint) { e.Topics = []string{"payment captured"} }, "topics"},
 		{"topic starting with a dot", func(e *pulsetype.Endpoint) { e.Topics = []string{".payment"} }, "topics"},
 		{"topic listed twice", func(e *pulsetype.Endpoint) { e.Topics = []string{"a", "a"} }, "topics"},
+		// An ordered group's lines are per listed topic: a pattern would name none.
+		{"pattern in an ordered group", func(e *pulsetype.Endpoint) { e.Ordered, e.Topics = true, []string{"order.created", "order.*"} }, "topics"},
 		// Entries that can never match: pulse.x topics are reserved and the sidecar's are three segments;
 		// a pattern's topics must fit in 200 characters.
 		{"pattern of the reserved two-segment topics", func(e *pulsetype.Endpoint) { e.Topics = []string{"pulse.*"} }, "topics"},
