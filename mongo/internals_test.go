@@ -88,6 +88,8 @@ var internalCases = []storetest.Case{
 	{Name: "SinglePublishIsTwoCommands", Run: internal(testSinglePublishIsTwoCommands)},
 	// lines_test.go
 	{Name: "ClaimHeadsCostIsPerRound", Run: internal(testClaimHeadsCostIsPerRound)},
+	{Name: "ClaimHeadsKeepsANewRegistrationsHead", Run: internal(testClaimHeadsKeepsANewRegistrationsHead)},
+	{Name: "ClaimHeadsEndsAnEarlierRegistrationsHeadBehindAnEndedOne", Run: internal(testClaimHeadsEndsAnEarlierRegistrationsHeadBehindAnEndedOne)},
 	// paging_test.go
 	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
 	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},

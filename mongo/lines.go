@@ -37,7 +37,7 @@ const MaxLineKeys = 1000
 // is unleased and due, the group is active, the event is past its settle window (OrderSettle) and no earlier
 // event of the line can still appear (earlierMayAppear, queuedBefore); at most p.Limit of them, the lines
 // looked at picked at random among the due ones (the others wait for a later round). A head of an earlier registration of the group is ended instead
-// (endStaleHead). It is safe for concurrent use, also by replicas: the lease is ClaimAttempts' fenced
+// (endStaleHead), only when a read of the subscription after the head's tells so (staleAfterLook). It is safe for concurrent use, also by replicas: the lease is ClaimAttempts' fenced
 // updateMany, so a head is leased once, and a look at a line changes nothing that a racing look relies on.
 //
 // A round costs, however many lines it looks at: one read of the lines' first queue documents
@@ -47,7 +47,8 @@ const MaxLineKeys = 1000
 // group's deliveries of the earlier events found there (and after it of their events, only when some lack
 // one) and one read of the picked heads' lines before them (queuedBefore); and the claim (two updateMany, and a read-back when
 // another replica won some): nine commands when every line passes (claimRoundCommands in the tests). A line whose first queue document
-// is of an ended delivery is looked at alone (lineHead: two or three commands more for it), and so are the
+// is of an ended delivery is looked at alone (lineHead: two or three commands more for it, and one read of
+// the subscription again when its head's incarnation differs from the round's: staleAfterLook), and so are the
 // lines past the bound of the fan-out query. A line whose first document carries a lease is running and is
 // not looked at: if that lease is a stale copy (its claimer died between the two writes of an end), the
 // reaper or the repair scan corrects it. It returns what it leased, possibly nothing, and when to look again
@@ -119,6 +120,9 @@ func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (p
 	}
 	heads, stale, err := s.pendingHeads(ctx, look, deliveries, &sub, now, &out)
 	if err != nil {
+		return out, err
+	}
+	if stale, err = s.staleAfterLook(ctx, p.ConsumerGroup, stale, &out); err != nil {
 		return out, err
 	}
 	if len(stale) > 0 {
@@ -196,6 +200,7 @@ type lineHeadDoc struct {
 	d      *deliveryDoc
 	q      *queueDoc
 	passed []string
+	alone  bool // found by lineHead, whose read came after the round's read of the subscription
 }
 
 // pendingHeads returns, of the lines' first queue documents look and their deliveries (as read), the
@@ -221,6 +226,7 @@ func (s *Store) pendingHeads(ctx context.Context, look []*queueDoc, deliveries [
 			if h.d, h.q, h.passed, err = s.lineHead(ctx, line); err != nil {
 				return nil, nil, err
 			}
+			h.alone = true
 			if h.d == nil {
 				continue
 			}
@@ -236,6 +242,41 @@ func (s *Store) pendingHeads(ctx context.Context, look []*queueDoc, deliveries [
 		}
 	}
 	return heads, stale, nil
+}
+
+// staleAfterLook returns the heads of stale that are known to be of an earlier registration of group than
+// the current one, and defers the others to the next round (out.Wait). A head is known stale when its
+// delivery's incarnation differs from a read of the subscription made after the head was read: that
+// delivery was fanned out from a registration that existed when its queue document was read, so the
+// subscription read later is of that registration or a later one, and incarnations differ only across a
+// delete and register again. The round's subscription read comes after the read of the lines' first queue
+// documents (headsOfLines), so it decides for the heads found there; lineHead reads its line after it
+// (pendingHeads), and in between the group may have been deleted and registered again and an event fanned
+// out to the new registration on that line: that head's incarnation is newer than the round's read, not
+// older. For those heads the subscription's incarnation is read again (one more command, only when
+// such a head differs): one that still differs is stale; one that now matches belongs to the registration
+// the round did not read (its filter, state, backfill), and waits for the next round, which reads it; when
+// the group is gone the deletion ends its pending deliveries.
+func (s *Store) staleAfterLook(ctx context.Context, group string, stale []*lineHeadDoc, out *pulsetype.HeadClaims) ([]*lineHeadDoc, error) {
+	if !slices.ContainsFunc(stale, func(h *lineHeadDoc) bool { return h.alone }) {
+		return stale, nil
+	}
+	var now subscriptionDoc
+	err := s.subscriptions.FindOne(ctx, bson.M{"_id": group}, options.FindOne().SetProjection(bson.M{"incarnation": 1})).Decode(&now)
+	gone := errors.Is(err, mongo.ErrNoDocuments)
+	if err != nil && !gone {
+		return nil, wrap("read subscription again", err)
+	}
+	return slices.DeleteFunc(stale, func(h *lineHeadDoc) bool {
+		if !h.alone {
+			return false
+		}
+		if gone || h.d.Incarnation == now.Incarnation {
+			out.Wait = minWait(out.Wait, time.Millisecond)
+			return true
+		}
+		return false
+	}), nil
 }
 
 // endStaleHeads reads the current attempts of the heads of an earlier registration (one query by id) and

@@ -1,11 +1,15 @@
 package mongo
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/mongo/storetest"
 	"github.com/pulse-sidecar/pulse/pulsetype"
@@ -105,5 +109,157 @@ func TestHeadsPipelineUsesTheLineIndex(t *testing.T) {
 		if index := servedIn("queue", p, qs[0].Sort, ""); index != "pulse_queue_line" {
 			t.Errorf("%s is served by %q, want pulse_queue_line", qs[0].shape(p), index)
 		}
+	}
+}
+
+// ClaimHeads reads the subscription before lineHead reads a line whose first queue document is of an ended
+// delivery (pendingHeads). A group deleted and registered again in between (at lineHead's read of the
+// queue, by another replica), with an event fanned out to the new registration on that line, leaves that
+// new delivery pending: its incarnation is newer than the round's read of the subscription, not older
+// (staleAfterLook), so it is not ended as endpoint_deleted.
+func testClaimHeadsKeepsANewRegistrationsHead(t *testing.T, e *env) {
+	b := e.setup(t)
+	other := b.store(nil, nil) // another replica
+	var once sync.Once
+	var hookErr error
+	var e2ID string
+	fired := false
+	mon := &event.CommandMonitor{Started: func(_ context.Context, ev *event.CommandStartedEvent) {
+		if ev.CommandName != "find" || ev.Command.Lookup("find").StringValue() != "queue" && ev.Command.Lookup("find").StringValue() != testPrefix+".queue" {
+			return
+		}
+		if l, ok := ev.Command.Lookup("limit").AsInt64OK(); !ok || l != lineScan {
+			return
+		}
+		once.Do(func() {
+			fired = true // lineHead's read: the group is deleted and registered again, and an event fanned out
+			if err := other.DeleteEndpoint(b.ctx, "o"); err != nil {
+				hookErr = err
+				return
+			}
+			ep := b.endpoint("o", "t")
+			ep.Ordered = true
+			if _, _, err := other.PutEndpoint(b.ctx, ep); err != nil {
+				hookErr = err
+				return
+			}
+			ev2 := storetest.Event("e2", "t", `1`)
+			ev2.OrderingKey = "k"
+			out, err := other.Publish(b.ctx, []*pulsetype.Event{ev2})
+			if err != nil {
+				hookErr = err
+				return
+			}
+			e2ID = out[0].Event.ID
+			if _, err := other.FanOut(b.ctx, []*pulsetype.Event{out[0].Event}); err != nil {
+				hookErr = err
+			}
+		})
+	}}
+	s := b.store(b.srv.Connect(options.Client().SetMonitor(mon)), nil)
+	ep := b.endpoint("o", "t")
+	ep.Ordered = true
+	if _, _, err := other.PutEndpoint(b.ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	ev1 := storetest.Event("e1", "t", `1`)
+	ev1.OrderingKey = "k"
+	out, err := other.Publish(b.ctx, []*pulsetype.Event{ev1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := other.FanOut(b.ctx, []*pulsetype.Event{out[0].Event})
+	if err != nil || len(as) != 1 {
+		t.Fatalf("FanOut = %d, %v", len(as), err)
+	}
+	// e1 delivered, its queue document left behind (its writer died before removing it).
+	if _, err := b.coll("deliveries").UpdateOne(b.ctx, bson.M{"_id": as[0].DeliveryID}, bson.M{"$set": bson.M{"status": pulsetype.StatusSuccess}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("history").UpdateOne(b.ctx, bson.M{"_id": as[0].ID}, bson.M{"$set": bson.M{"status": pulsetype.StatusSuccess}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("queue").UpdateOne(b.ctx, bson.M{"_id": as[0].ID}, bson.M{"$set": bson.M{"ended": true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ClaimHeads(b.ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8}); err != nil {
+		t.Fatalf("ClaimHeads: %v", err)
+	}
+	if !fired {
+		t.Fatal("lineHead's read of the line was not seen: the group was not registered again during the round")
+	}
+	if hookErr != nil {
+		t.Fatalf("hook: %v", hookErr)
+	}
+	all, _ := findAll[deliveryDoc](b.ctx, b.coll("deliveries"), "all", bson.M{})
+	for _, x := range all {
+		t.Logf("delivery %s event %s status %s incarnation %s", x.ID, x.EventID, x.Status, x.Incarnation)
+	}
+	var d deliveryDoc
+	if err := b.coll("deliveries").FindOne(b.ctx, bson.M{"eventId": e2ID}).Decode(&d); err != nil {
+		t.Fatalf("e2's delivery: %v", err)
+	}
+	var sub subscriptionDoc
+	_ = b.coll("subscriptions").FindOne(b.ctx, bson.M{"_id": "o"}).Decode(&sub)
+	t.Logf("e2's delivery: status %s, incarnation %s, error %+v; the group's incarnation now %s", d.Status, d.Incarnation, d.Error, sub.Incarnation)
+	if d.Status != pulsetype.StatusPending {
+		t.Errorf("the new registration's delivery of e2 is %s, want pending: ended as of an earlier registration", d.Status)
+	}
+}
+
+// The other side of testClaimHeadsKeepsANewRegistrationsHead: a head found by lineHead (behind a queue
+// document of an ended delivery) whose delivery is of an earlier registration than the one read again
+// after it is ended as endpoint_deleted, so it does not hold up the line. The group registered again is
+// a new incarnation written into the subscription (as a register again whose deletion has not reached
+// the delivery yet).
+func testClaimHeadsEndsAnEarlierRegistrationsHeadBehindAnEndedOne(t *testing.T, e *env) {
+	b := e.setup(t)
+	s := b.store(nil, nil)
+	ep := b.endpoint("o", "t")
+	ep.Ordered = true
+	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	var evs []*pulsetype.Event
+	for _, id := range []string{"e1", "e2"} {
+		ev := storetest.Event(id, "t", `1`)
+		ev.OrderingKey = "k"
+		evs = append(evs, ev)
+	}
+	out, err := s.Publish(b.ctx, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := s.FanOut(b.ctx, []*pulsetype.Event{out[0].Event, out[1].Event})
+	if err != nil || len(as) != 2 {
+		t.Fatalf("FanOut = %d, %v", len(as), err)
+	}
+	first := as[0]
+	if first.EventID != out[0].Event.ID {
+		first = as[1]
+	}
+	// e1 delivered, its queue document left behind (its writer died before removing it).
+	if _, err := b.coll("deliveries").UpdateOne(b.ctx, bson.M{"_id": first.DeliveryID}, bson.M{"$set": bson.M{"status": pulsetype.StatusSuccess}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("history").UpdateOne(b.ctx, bson.M{"_id": first.ID}, bson.M{"$set": bson.M{"status": pulsetype.StatusSuccess}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("queue").UpdateOne(b.ctx, bson.M{"_id": first.ID}, bson.M{"$set": bson.M{"ended": true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.coll("subscriptions").UpdateOne(b.ctx, bson.M{"_id": "o"}, bson.M{"$set": bson.M{"incarnation": "registered again"}}); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(time.Minute)
+	if _, err := s.ClaimHeads(b.ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8}); err != nil {
+		t.Fatalf("ClaimHeads: %v", err)
+	}
+	var d deliveryDoc
+	if err := b.coll("deliveries").FindOne(b.ctx, bson.M{"eventId": out[1].Event.ID}).Decode(&d); err != nil {
+		t.Fatalf("e2's delivery: %v", err)
+	}
+	if d.Status != pulsetype.StatusError || d.Error == nil || d.Error.Code != pulsetype.CodeEndpointDeleted {
+		t.Errorf("e2's delivery of the earlier registration: status %s, error %+v; want error endpoint_deleted", d.Status, d.Error)
 	}
 }
