@@ -45,8 +45,8 @@ type loop struct {
 	reap     chore
 	repair   chore
 	// lineAfter is, per (consumer group, topic) of an ordered group with more lines than one ClaimHeads
-	// reads, the ordering key its next claim continues after.
-	lineAfter map[[2]string]string
+	// reads, the ordering key its next claim continues after ("": after the line without a key).
+	lineAfter map[[2]string]*string
 	lastRound map[string]round // the latest round of head claims of each ordered group (see roundGap)
 }
 

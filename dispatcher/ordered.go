@@ -116,9 +116,9 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 	if err != nil {
 		l.logErr(ctx, err, "claim heads of lines")
 	}
-	if claimed.Next != "" {
+	if claimed.Next != nil {
 		if l.lineAfter == nil {
-			l.lineAfter = map[[2]string]string{}
+			l.lineAfter = map[[2]string]*string{}
 		}
 		l.lineAfter[at] = claimed.Next
 		l.moved.add(group) // the lines after it: next turn

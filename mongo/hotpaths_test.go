@@ -431,7 +431,7 @@ func hotPathWorkload(t *testing.T, b *bundle, s *Store) {
 	must("DueAttempts of every group", err)
 	_, err = s.ClaimHeads(ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8})
 	must("ClaimHeads", err)
-	_, err = s.ClaimHeads(ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8, After: "a"})
+	_, err = s.ClaimHeads(ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8, After: new("a")})
 	must("ClaimHeads after a key", err)
 	b.clock.Advance(time.Hour)
 	_, err = s.ReapOne(ctx)

@@ -90,6 +90,8 @@ var internalCases = []storetest.Case{
 	{Name: "ClaimHeadsCostIsPerRound", Run: internal(testClaimHeadsCostIsPerRound)},
 	{Name: "ClaimHeadsKeepsANewRegistrationsHead", Run: internal(testClaimHeadsKeepsANewRegistrationsHead)},
 	{Name: "ClaimHeadsEndsAnEarlierRegistrationsHeadBehindAnEndedOne", Run: internal(testClaimHeadsEndsAnEarlierRegistrationsHeadBehindAnEndedOne)},
+	{Name: "ClaimHeadsReadsPastABigUnkeyedLine", Run: internal(testClaimHeadsReadsPastABigUnkeyedLine)},
+	{Name: "ClaimHeadsReadsPastABigKeyedLine", Run: internal(testClaimHeadsReadsPastABigKeyedLine)},
 	// paging_test.go
 	{Name: "EndPendingWorksInPages", Run: internal(testEndPendingWorksInPages)},
 	{Name: "QueueMigrationResumes", Run: internal(testQueueMigrationResumes)},

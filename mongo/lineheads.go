@@ -14,38 +14,40 @@ import (
 // looked at alone, and the read again of the lines before their heads.
 
 // headsOfLines returns the first queue document of each line of group's topic (the latest attempt of the
-// line's oldest event, in lineOrder), of the lines whose ordering key sorts after after ("": from the line
-// without a key), by ordering key, at most MaxLineKeys of them, and the key the next read continues after
-// when it stopped at its bound ("" when it read every line). With Capabilities.FirstOfGroups it is one
+// line's oldest event, in lineOrder), of the lines whose ordering key sorts after *after (nil: from the line
+// without a key; "": the lines with a key), by ordering key, at most MaxLineKeys of them, and the key the
+// next read continues after when it stopped at its bound (nil when it read every line; "" when it stopped
+// within the line without a key, which sorts first: a null orderingKey sorts before every string, and
+// {$gt: ""} matches the strings only, so the next read takes up the keyed lines). With Capabilities.FirstOfGroups it is one
 // aggregation that sorts the group's queue documents of the topic in the order of index pulse_queue_line
 // and keeps the first of each key ($group with $first), which MongoDB serves from that index by reading one
 // entry per key (a DISTINCT_SCAN; manual: "$group Performance Optimizations", the first document of each
 // group), so its cost follows the number of lines, not of queued documents. Without it, see
 // headsOfLinesByScan.
-func (s *Store) headsOfLines(ctx context.Context, group, topic, after string) (firsts []queueDoc, next string, err error) {
+func (s *Store) headsOfLines(ctx context.Context, group, topic string, after *string) (firsts []queueDoc, next *string, err error) {
 	match := bson.M{"consumerGroup": group, "topic": topic}
-	if after != "" {
-		match["orderingKey"] = bson.M{"$gt": after}
+	if after != nil {
+		match["orderingKey"] = bson.M{"$gt": *after}
 	}
 	if !s.caps.FirstOfGroups {
 		return s.headsOfLinesByScan(ctx, match)
 	}
 	cur, err := s.queue.Aggregate(ctx, headsPipeline(match))
 	if err != nil {
-		return nil, "", wrap("find heads of lines", err)
+		return nil, nil, wrap("find heads of lines", err)
 	}
 	var rows []struct {
 		Head queueDoc `bson:"head"`
 	}
 	if err := cur.All(ctx, &rows); err != nil {
-		return nil, "", wrap("find heads of lines", err)
+		return nil, nil, wrap("find heads of lines", err)
 	}
 	firsts = make([]queueDoc, len(rows))
 	for i := range rows {
 		firsts[i] = rows[i].Head
 	}
 	if len(firsts) == MaxLineKeys {
-		next = firsts[len(firsts)-1].OrderingKey
+		next = new(firsts[len(firsts)-1].OrderingKey)
 	}
 	return firsts, next, nil
 }
@@ -68,23 +70,24 @@ const lineScanBound = 4 * MaxLineKeys
 // its collections for such a filter, Capabilities.ScansFilters, so that one read beats a query per line): one
 // query of the queue documents match selects, in lineOrder, at most lineScanBound of them, keeping the
 // first of each ordering key. A line cut off by the bound had its first document read, so the lines it
-// returns are whole as far as their heads go; the next read continues after the last of them.
-func (s *Store) headsOfLinesByScan(ctx context.Context, match bson.M) (firsts []queueDoc, next string, err error) {
+// returns are whole as far as their heads go; the next read continues after the last of them, also when
+// that is the line without a key holding lineScanBound documents or more (next "": the keyed lines).
+func (s *Store) headsOfLinesByScan(ctx context.Context, match bson.M) (firsts []queueDoc, next *string, err error) {
 	queued, err := findAll[queueDoc](ctx, s.queue, "find heads of lines", match, options.Find().SetSort(lineOrder).SetLimit(lineScanBound))
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	for i, q := range queued {
 		if i > 0 && q.OrderingKey == queued[i-1].OrderingKey {
 			continue
 		}
 		if len(firsts) == MaxLineKeys {
-			return firsts, firsts[len(firsts)-1].OrderingKey, nil
+			return firsts, new(firsts[len(firsts)-1].OrderingKey), nil
 		}
 		firsts = append(firsts, q)
 	}
 	if len(queued) == lineScanBound {
-		next = firsts[len(firsts)-1].OrderingKey
+		next = new(firsts[len(firsts)-1].OrderingKey)
 	}
 	return firsts, next, nil
 }

@@ -89,13 +89,14 @@ func testClaimHeadsCostIsPerRound(t *testing.T, e *env) {
 
 // The aggregation that reads the heads of lines on MongoDB (headsOfLines with Capabilities.FirstOfGroups),
 // which FerretDB cannot run, is checked by the rule of TestHotQueriesUseAnIndex on the command the driver
-// would send: its $match and $sort are served by index pulse_queue_line, from the first line and after a
-// key.
+// would send: its $match and $sort are served by index pulse_queue_line, from the first line, after a
+// key and after the line without a key.
 func TestHeadsPipelineUsesTheLineIndex(t *testing.T) {
 	t.Parallel()
 	for _, match := range []bson.M{
 		{"consumerGroup": "g", "topic": "t"},
 		{"consumerGroup": "g", "topic": "t", "orderingKey": bson.M{"$gt": "k"}},
+		{"consumerGroup": "g", "topic": "t", "orderingKey": bson.M{"$gt": ""}},
 	} {
 		cmd, err := bson.Marshal(bson.D{{Key: "aggregate", Value: "pulse.queue"}, {Key: "pipeline", Value: headsPipeline(match)}})
 		if err != nil {
@@ -110,6 +111,83 @@ func TestHeadsPipelineUsesTheLineIndex(t *testing.T) {
 			t.Errorf("%s is served by %q, want pulse_queue_line", qs[0].shape(p), index)
 		}
 	}
+}
+
+// On a server without $first (the scan path, headsOfLinesByScan), a line without an ordering key holding
+// lineScanBound queue documents fills the scan's bound: the next claim continues after it (Next ""), so
+// the head of line "b" is leased within a few rounds carried as dispatcher.claimLines carries them. Before,
+// Next was "" both for "every line read" and for "after the line without a key", and every round read the
+// unkeyed line again.
+func testClaimHeadsReadsPastABigUnkeyedLine(t *testing.T, e *env) {
+	claimsPastABigLine(t, e, "")
+}
+
+// The same backlog on the keyed line "a" (sorting before "b"): the control of
+// testClaimHeadsReadsPastABigUnkeyedLine.
+func testClaimHeadsReadsPastABigKeyedLine(t *testing.T, e *env) {
+	claimsPastABigLine(t, e, "a")
+}
+
+// claimsPastABigLine checks, on the scan path, that ClaimHeads leases the head of line "b" within 4 rounds
+// while line key (sorting before "b") holds lineScanBound queue documents, its head running.
+func claimsPastABigLine(t *testing.T, e *env, key string) {
+	b := e.setup(t)
+	s := b.store(nil, nil)
+	if s.caps.FirstOfGroups {
+		t.Skip("the server's $group has $first: the aggregation path")
+	}
+	ep := b.endpoint("o", "t")
+	ep.Ordered = true
+	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
+		t.Fatalf("PutEndpoint: %v", err)
+	}
+	ev := storetest.Event("kb", "t", `1`)
+	ev.OrderingKey = "b"
+	out, err := s.Publish(b.ctx, []*pulsetype.Event{ev})
+	if err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	if a, err := s.FanOut(b.ctx, []*pulsetype.Event{out[0].Event}); err != nil || len(a) != 1 {
+		t.Fatalf("FanOut = %d, %v", len(a), err)
+	}
+	// The big line: its head running (a lease copy), lineScanBound documents behind it.
+	old := b.clock.Now().Add(-time.Hour)
+	until := b.clock.Now().Add(time.Hour)
+	docs := make([]any, lineScanBound)
+	for i := range docs {
+		q := queueDoc{ID: fmt.Sprintf("u%05d-1", i), DeliveryID: fmt.Sprintf("du%05d", i), EventID: fmt.Sprintf("u%05d", i),
+			ConsumerGroup: "o", Topic: "t", OrderingKey: key, EventCreatedAt: old.Add(time.Duration(i) * time.Millisecond), Attempt: 1,
+			CreatedAt: old, NextAttemptAt: old}
+		if i == 0 {
+			q.LeasedUntil, q.FencingToken = &until, "tok"
+		}
+		docs[i] = q
+	}
+	if _, err := b.coll("queue").InsertMany(b.ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(time.Minute)
+	var after *string
+	for round := range 4 {
+		got, err := s.ClaimHeads(b.ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "o", Topic: "t", Limit: 8, After: after})
+		if err != nil {
+			t.Fatalf("ClaimHeads: %v", err)
+		}
+		t.Logf("round %d after %s: leased %d, next %s", round, cursorText(after), len(got.Attempts), cursorText(got.Next))
+		if len(got.Attempts) > 0 {
+			return
+		}
+		after = got.Next // as dispatcher.claimLines carries it
+	}
+	t.Fatalf("line b's head was never leased in 4 rounds: line %q's backlog hides it", key)
+}
+
+// cursorText shows a ClaimHeads continuation in a test's log.
+func cursorText(c *string) string {
+	if c == nil {
+		return "nil"
+	}
+	return fmt.Sprintf("%q", *c)
 }
 
 // ClaimHeads reads the subscription before lineHead reads a line whose first queue document is of an ended

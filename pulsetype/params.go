@@ -31,13 +31,14 @@ type ReplayParams struct {
 // ClaimHeadsParams are the arguments of a store's ClaimHeads: the ordered consumer group's topic whose lines
 // are looked at, the lease owner, and how many heads the claim may lease at most (the group's free worker
 // slots and rate-limit tokens). After continues a group with more lines than one claim reads (see
-// HeadClaims.Next): only the lines whose ordering key sorts after it are read; "" starts at the first line
-// (the events without a key).
+// HeadClaims.Next): when set, only the lines whose ordering key sorts after *After are read (*After == "":
+// the lines with a key, after the line of the events without one); nil starts at the first line (the events
+// without a key).
 type ClaimHeadsParams struct {
 	Owner                string
 	ConsumerGroup, Topic string
 	Limit                int
-	After                string
+	After                *string
 }
 
 // HeadClaims is what a store's ClaimHeads leased: the head attempts of distinct lines (at most the
@@ -45,10 +46,11 @@ type ClaimHeadsParams struct {
 // (nil: no longer visible, or expired), a head whose event it did not read being absent; Wait > 0 when a
 // line's head can be looked at again after that long without other news (a head inside its settle window,
 // or a line that moved during the look); and Next, the ordering key to pass as ClaimHeadsParams.After in the
-// next claim when the lines read reached the store's bound ("" when every line was read).
+// next claim when the lines read reached the store's bound (nil when every line was read; "" when the
+// bound was reached within the line without a key, so the next claim reads the lines with one).
 type HeadClaims struct {
 	Attempts []*Attempt
 	Events   map[string]*Event
 	Wait     time.Duration
-	Next     string
+	Next     *string
 }
