@@ -71,6 +71,9 @@ func TestLoopRunsPublishedEvents(t *testing.T) {
 	d := startDispatcher(t, store, snd, 8)
 	d.Published(events("e", "t", 3))
 	testwait.Eventually(t, 10*time.Second, "6 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 6 })
+	// The fan-out inserts leased only what the free worker slots admit; a slot is given back after its
+	// result is written, so wait for all of them rather than publish while one is still held.
+	testwait.Eventually(t, 10*time.Second, "every worker slot to be free", func() bool { return d.loop.slots.free() == 8 })
 	claims := store.count("ClaimAttempts")
 	d.Published(events("f", "t", 3))
 	testwait.Eventually(t, 10*time.Second, "12 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 12 })
