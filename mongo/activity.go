@@ -27,30 +27,14 @@ func (s *Store) Activity(ctx context.Context, group string) (*pulsetype.GroupAct
 	from := pulsetype.ActivityWindow(now)
 	out := &pulsetype.GroupActivity{ConsumerGroup: group, From: from, To: now,
 		Buckets: make([]pulsetype.ActivityCount, pulsetype.ActivityBuckets)}
-	ended, err := findAll[endedAttempt](ctx, s.history, "find the hour's attempts",
-		bson.M{"consumerGroup": group, "status": bson.M{"$in": bson.A{pulsetype.StatusSuccess, pulsetype.StatusError}},
-			"endedAt": bson.M{"$gte": from}},
-		options.Find().SetSort(bson.D{{Key: "endedAt", Value: -1}}).SetLimit(pulsetype.ActivityScanLimit).
-			SetProjection(bson.M{"status": 1, "endedAt": 1, "error.code": 1}).SetHint("pulse_history_group_status_ended"))
+	ended, err := s.endedSince(ctx, "find the hour's attempts", bson.M{"consumerGroup": group}, from)
 	if err != nil {
 		return nil, err
 	}
-	for _, a := range ended {
-		i := int(a.EndedAt.Sub(from) / pulsetype.ActivityBucket)
-		if i < 0 || i >= len(out.Buckets) || a.Error != nil && a.Error.Code.Ended() {
-			continue // ended after now by the database's clock: the next read counts it
-		}
-		switch a.Status {
-		case pulsetype.StatusSuccess:
-			out.Buckets[i].Succeeded++
-		case pulsetype.StatusError:
-			out.Buckets[i].Failed++
-		}
+	for i := range ended {
+		countEnded(out, &ended[i])
 	}
-	if len(ended) == pulsetype.ActivityScanLimit {
-		at := ended[len(ended)-1].EndedAt.UTC()
-		out.TruncatedBefore = &at
-	}
+	out.TruncatedBefore = truncatedAt(ended)
 	if out.Pending, out.OldestPendingAt, err = s.pendingOf(ctx, group); err != nil {
 		return nil, err
 	}
@@ -104,30 +88,18 @@ func (s *Store) ActivityAll(ctx context.Context) ([]*pulsetype.GroupActivity, er
 	if len(groups) == 0 {
 		return out, nil
 	}
-	ended, err := findAll[endedAttempt](ctx, s.history, "find the hour's attempts of every group",
-		bson.M{"status": bson.M{"$in": bson.A{pulsetype.StatusSuccess, pulsetype.StatusError}}, "endedAt": bson.M{"$gte": from}},
-		options.Find().SetSort(bson.D{{Key: "endedAt", Value: -1}}).SetLimit(pulsetype.ActivityScanLimit).
-			SetProjection(bson.M{"consumerGroup": 1, "status": 1, "endedAt": 1, "error.code": 1}).SetHint("pulse_history_group_status_ended"))
+	ended, err := s.endedSince(ctx, "find the hour's attempts of every group", bson.M{}, from)
 	if err != nil {
 		return nil, err
 	}
-	for _, a := range ended {
-		act := by[a.ConsumerGroup]
-		i := int(a.EndedAt.Sub(from) / pulsetype.ActivityBucket)
-		if act == nil || i < 0 || i >= pulsetype.ActivityBuckets || a.Error != nil && a.Error.Code.Ended() {
-			continue
-		}
-		switch a.Status {
-		case pulsetype.StatusSuccess:
-			act.Buckets[i].Succeeded++
-		case pulsetype.StatusError:
-			act.Buckets[i].Failed++
+	for i := range ended {
+		if act := by[ended[i].ConsumerGroup]; act != nil {
+			countEnded(act, &ended[i])
 		}
 	}
-	if len(ended) == pulsetype.ActivityScanLimit {
-		at := ended[len(ended)-1].EndedAt.UTC()
+	if at := truncatedAt(ended); at != nil {
 		for _, act := range out {
-			act.TruncatedBefore = &at
+			act.TruncatedBefore = at
 		}
 	}
 	pending, err := s.PendingByGroup(ctx)
@@ -145,4 +117,41 @@ func (s *Store) ActivityAll(ctx context.Context) ([]*pulsetype.GroupActivity, er
 		}
 	}
 	return out, nil
+}
+
+// endedSince returns the attempts that filter selects (and status success or error) ended since from, newest
+// first, at most pulsetype.ActivityScanLimit of them, each with its group, status, endedAt and error code
+// only, read through pulse_history_group_status_ended. Errors are the database's, wrapped.
+func (s *Store) endedSince(ctx context.Context, what string, filter bson.M, from time.Time) ([]endedAttempt, error) {
+	filter["status"] = bson.M{"$in": bson.A{pulsetype.StatusSuccess, pulsetype.StatusError}}
+	filter["endedAt"] = bson.M{"$gte": from}
+	return findAll[endedAttempt](ctx, s.history, what, filter,
+		options.Find().SetSort(bson.D{{Key: "endedAt", Value: -1}}).SetLimit(pulsetype.ActivityScanLimit).
+			SetProjection(bson.M{"consumerGroup": 1, "status": 1, "endedAt": 1, "error.code": 1}).SetHint("pulse_history_group_status_ended"))
+}
+
+// countEnded adds the ended attempt a to its minute of act, as GroupStats counts it: an attempt ended by
+// a cancel, a delete or an unsubscribe counts for neither, and one ended after act.To by the database's
+// clock (outside the window) for nothing: the next read counts it.
+func countEnded(act *pulsetype.GroupActivity, a *endedAttempt) {
+	i := int(a.EndedAt.Sub(act.From) / pulsetype.ActivityBucket)
+	if i < 0 || i >= len(act.Buckets) || a.Error != nil && a.Error.Code.Ended() {
+		return
+	}
+	switch a.Status {
+	case pulsetype.StatusSuccess:
+		act.Buckets[i].Succeeded++
+	case pulsetype.StatusError:
+		act.Buckets[i].Failed++
+	}
+}
+
+// truncatedAt returns, when endedSince read its limit, the endedAt (UTC) of the oldest attempt it read:
+// the counts before it go short. It returns nil otherwise.
+func truncatedAt(ended []endedAttempt) *time.Time {
+	if len(ended) < pulsetype.ActivityScanLimit {
+		return nil
+	}
+	at := ended[len(ended)-1].EndedAt.UTC()
+	return &at
 }
