@@ -3,7 +3,6 @@ package httpapi
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -17,11 +16,7 @@ import (
 // mongo.Store.Activity for what it costs.
 func (s *Server) activity(w http.ResponseWriter, r *http.Request) {
 	g := pathParam(r, "consumerGroup")
-	if _, err := s.store.GetEndpoint(r.Context(), g); errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", g))
-		return
-	} else if err != nil && !errors.Is(err, pulsetype.ErrUndecryptable) {
-		s.internalError(w, r, err)
+	if !s.groupRegistered(w, r, g) {
 		return
 	}
 	a, err := s.store.Activity(r.Context(), g)

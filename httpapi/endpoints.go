@@ -238,6 +238,17 @@ func (s *Server) endpointFound(w http.ResponseWriter, r *http.Request, group str
 	return s.found(w, r, err, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
 }
 
+// groupRegistered reports whether group has an endpoint, one whose values cannot be decrypted included;
+// otherwise it answers 404 endpoint_not_found, or 500 (or 503) when the read failed. A failed read is
+// answered, not passed over: the handler's next call would wait for the same database again.
+func (s *Server) groupRegistered(w http.ResponseWriter, r *http.Request, group string) bool {
+	_, err := s.store.GetEndpoint(r.Context(), group)
+	if errors.Is(err, pulsetype.ErrUndecryptable) {
+		err = nil
+	}
+	return s.endpointFound(w, r, group, err)
+}
+
 func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 	eps, err := s.store.ListEndpoints(r.Context())
 	if err != nil {

@@ -94,11 +94,7 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	// A read that fails for another reason answers its error: the replay would wait for the same database
 	// again, and an unreachable one would hold the request twice PULSE_DATABASE_TIMEOUT. An endpoint whose
 	// values cannot be decrypted can still be replayed.
-	if _, err := s.store.GetEndpoint(r.Context(), group); errors.Is(err, pulsetype.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", group))
-		return
-	} else if err != nil && !errors.Is(err, pulsetype.ErrUndecryptable) {
-		s.internalError(w, r, err)
+	if !s.groupRegistered(w, r, group) {
 		return
 	}
 	n, err := s.store.ReplayDeliveries(r.Context(), pulsetype.ReplayParams{ConsumerGroup: group, Status: b.Status, From: from, To: to})

@@ -1,8 +1,6 @@
 package httpapi
 
 import (
-	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -15,11 +13,7 @@ import (
 func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
 	var groups []string
 	if g := r.URL.Query().Get("consumerGroup"); g != "" {
-		if _, err := s.store.GetEndpoint(r.Context(), g); errors.Is(err, pulsetype.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "endpoint_not_found", fmt.Sprintf("consumer group %q has no endpoint", g))
-			return
-		} else if err != nil && !errors.Is(err, pulsetype.ErrUndecryptable) {
-			s.internalError(w, r, err)
+		if !s.groupRegistered(w, r, g) {
 			return
 		}
 		groups = []string{g}
