@@ -224,13 +224,7 @@ func TestRacingReplicasRepairEachPartialStateOnce(t *testing.T) {
 // The reaper: 6 replicas race on one expired lease; one records worker_lost and creates exactly attempt 2.
 func TestRacingReapersReapOnce(t *testing.T) {
 	b := setup(t, 6)
-	now := time.Now().UTC()
-	deliveryID := pmongo.DeliveryID("g", "e1")
-	b.insert(t, "deliveries", bson.M{"_id": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "status": "pending", "createdAt": now, "updatedAt": now})
-	b.insert(t, "queue", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
-		"eventCreatedAt": now, "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockedUntil": now.Add(-time.Second)})
-	b.insert(t, "history", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
-		"status": "pending", "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockOwner": "dead", "lockedUntil": now.Add(-time.Second)})
+	b.insertExpiredLease(t)
 	obs := &counter{kinds: map[string]int{}}
 	var reaped atomic.Int64
 	var wg sync.WaitGroup
@@ -273,13 +267,7 @@ func TestReapedLastAttemptReportsTheFailureOnce(t *testing.T) {
 	if _, _, err := b.stores[0].PutEndpoint(context.Background(), ep); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now().UTC()
-	deliveryID := pmongo.DeliveryID("g", "e1")
-	b.insert(t, "deliveries", bson.M{"_id": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "status": "pending", "createdAt": now, "updatedAt": now})
-	b.insert(t, "queue", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
-		"eventCreatedAt": now, "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockedUntil": now.Add(-time.Second)})
-	b.insert(t, "history", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
-		"status": "pending", "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockOwner": "dead", "lockedUntil": now.Add(-time.Second)})
+	deliveryID := b.insertExpiredLease(t)
 	obs := &counter{kinds: map[string]int{}}
 	var wg sync.WaitGroup
 	for _, s := range b.stores {
@@ -298,4 +286,18 @@ func TestReapedLastAttemptReportsTheFailureOnce(t *testing.T) {
 	if len(obs.failed) != 1 || obs.failed[0].Code != pulsetype.CodeWorkerLost {
 		t.Fatalf("failures reported %v, want one worker_lost", obs.failed)
 	}
+}
+
+// insertExpiredLease stores delivery g/e1 pending with its attempt a1 leased by a dead owner until a second
+// ago (its history and queue documents), and returns the delivery's id.
+func (b *bundle) insertExpiredLease(t *testing.T) string {
+	t.Helper()
+	now := time.Now().UTC()
+	deliveryID := pmongo.DeliveryID("g", "e1")
+	b.insert(t, "deliveries", bson.M{"_id": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "status": "pending", "createdAt": now, "updatedAt": now})
+	b.insert(t, "queue", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
+		"eventCreatedAt": now, "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockedUntil": now.Add(-time.Second)})
+	b.insert(t, "history", bson.M{"_id": "a1", "deliveryId": deliveryID, "eventId": "e1", "consumerGroup": "g", "topic": "t", "attempt": 1,
+		"status": "pending", "createdAt": now, "nextAttemptAt": now, "lockToken": "old", "lockOwner": "dead", "lockedUntil": now.Add(-time.Second)})
+	return deliveryID
 }
