@@ -356,22 +356,7 @@ func pushdownFindAndModify(upstream net.Conn, m *message) ([]byte, bool, error) 
 		reply, err := replyMsg(m.requestID, bson.D{{Key: "lastErrorObject", Value: last}, {Key: "value", Value: nil}, {Key: "ok", Value: 1.0}})
 		return reply, true, err
 	}
-	cmd := bson.D{}
-	for _, e := range elements(m.body) {
-		switch e.Key() {
-		case "query":
-			cmd = append(cmd, bson.E{Key: "query", Value: bson.D{{Key: "_id", Value: ids[0]}}})
-		case "sort", "txnNumber":
-		default:
-			cmd = append(cmd, bson.E{Key: e.Key(), Value: e.Value()})
-		}
-	}
-	req, err := requestMsg(m.requestID, cmd)
-	if err != nil {
-		return nil, true, fmt.Errorf("pushdown findAndModify: %w", err)
-	}
-	reply, err := exchange(upstream, req)
-	return reply, true, err
+	return findAndModifyByID(upstream, m, ids[0], "sort")
 }
 
 // pushdownInsertOnly serves an upsert findAndModify whose query is {_id: id} (a string) beside conditions
@@ -423,14 +408,20 @@ func pushdownInsertOnly(upstream net.Conn, m *message, q bson.Raw) ([]byte, bool
 			return reply, true, err
 		}
 	}
+	return findAndModifyByID(upstream, m, id, "")
+}
+
+// findAndModifyByID sends m's findAndModify upstream with {_id: id} as its query, without its txnNumber
+// (and without the field drop, unless ""), and returns the reply.
+func findAndModifyByID(upstream net.Conn, m *message, id bson.RawValue, drop string) ([]byte, bool, error) {
 	cmd := bson.D{}
 	for _, e := range elements(m.body) {
-		switch e.Key() {
-		case "query":
+		switch k := e.Key(); {
+		case k == "query":
 			cmd = append(cmd, bson.E{Key: "query", Value: bson.D{{Key: "_id", Value: id}}})
-		case "txnNumber":
+		case k == "txnNumber", drop != "" && k == drop:
 		default:
-			cmd = append(cmd, bson.E{Key: e.Key(), Value: e.Value()})
+			cmd = append(cmd, bson.E{Key: k, Value: e.Value()})
 		}
 	}
 	req, err := requestMsg(m.requestID, cmd)
