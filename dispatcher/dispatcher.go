@@ -142,7 +142,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 	d.loop = &loop{store: store, rec: rec, owner: opts.Owner, opts: opts, endpoints: d.endpoints, slots: slots,
 		limits: newRateLimits(d.endpoints.rateLimit, d.Wake),
 		ready:  newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LeaseTimeout / 4},
-		moved: moved, exec: d.exec, wake: d.wake, kick: kick, log: log, lag: keeper.Lag,
+		moved: moved, exec: d.exec, wake: d.wake, pollNow: d.Wake, kick: kick, log: log, lag: keeper.Lag,
 		reap: chore{period: reapInterval(opts)}, repair: chore{period: opts.RepairInterval}}
 	return d
 }

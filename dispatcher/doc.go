@@ -1,8 +1,10 @@
 // Package dispatcher runs the sidecar's delivery work (docs/delivery.md) in pieces, each with its own state
 // and lock:
-//   - the loop (loop.go, ordered.go) finds and claims work: it fans out events published here, runs the
-//     reconciliation (Reap, Repair) on its periods, claims the heads of ordered lines, the attempts its
-//     fan-out created and the due attempts found by polling, and hands each to the executor;
+//   - the loop (loop.go, ordered.go) finds and claims work: it fans out events published here, claims the
+//     heads of ordered lines, the attempts its fan-out created and the due attempts found by polling, and
+//     hands each to the executor; beside it, in a goroutine of its own, the reconciliation (Reap, Repair)
+//     runs on its periods, which the time its queries take stretches (choreShare), so that a slow scan
+//     never holds up a claim;
 //   - the ready queue (ready.go) holds the attempts the fan-out created but could not lease in its insert
 //     (no capacity at that moment), with their events, until claimed;
 //   - the slots (slots.go) count the POSTs in flight and admit new ones by the fairness rules;

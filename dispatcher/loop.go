@@ -13,9 +13,9 @@ import (
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
-// loop finds and claims work: it fans out the events published here, clears their fanout marks, runs the
-// reconciliation on its periods, claims the heads of ordered lines, the attempts its fan-out created and the
-// due attempts found by polling, and hands each leased attempt to the executor. One goroutine runs it;
+// loop finds and claims work: it fans out the events published here, clears their fanout marks, claims the
+// heads of ordered lines, the attempts its fan-out created and the due attempts found by polling, and hands
+// each leased attempt to the executor. One goroutine runs it, and a second the reconciliation (reconcile);
 // only Published is called from others.
 type loop struct {
 	store     Store
@@ -30,6 +30,7 @@ type loop struct {
 	moved     *moved
 	exec      *executor
 	wake      <-chan struct{} // poll the database now (change stream, retry timer, endpoint change)
+	pollNow   func()          // sends on wake (Dispatcher.Wake)
 	kick      chan struct{}   // local work: events published here, a freed worker slot
 	log       zerolog.Logger
 	// lag returns how long the writes that keep leases take now (lease.Keeper.Lag); nil: no backpressure.
@@ -42,28 +43,40 @@ type loop struct {
 	backlog  bool // the database may hold due attempts this process had no capacity for
 	window   dueWindow
 	lastPoll time.Time
-	reap     chore
-	repair   chore
 	// lineAfter is, per (consumer group, topic) of an ordered group with more lines than one ClaimHeads
 	// reads, the ordering key its next claim continues after ("": after the line without a key).
 	lineAfter map[[2]string]*string
 	lastRound map[string]round // the latest round of head claims of each ordered group (see roundGap)
+
+	// Owned by the reconciliation's goroutine (reconcile).
+	reap   chore
+	repair chore
 }
 
-// chore is a step the loop runs every period (jittered), sooner while it finds work.
+// chore is a step of the reconciliation that runs every period (jittered), sooner while it finds work.
 type chore struct {
 	period time.Duration
 	next   time.Time
 }
 
+// choreShare bounds the share of time a chore's queries keep the database busy: a run that found nothing
+// is followed by the next one no sooner than choreShare times as long as it took. On a server that reads
+// the whole queue for the reaper's and the repair's queries (FerretDB: each is seconds with a backlog of
+// tens of thousands), the reconciliation of a replica then costs at most about a tenth of the database's
+// time; on MongoDB, whose indexes answer them in milliseconds, the periods are unchanged.
+const choreShare = 10
+
 // due reports whether the chore runs at now.
 func (c *chore) due(now time.Time) bool { return !now.Before(c.next) }
 
-// ran schedules the next run after one that started at now: at once when it worked, else a period later.
-func (c *chore) ran(now time.Time, worked bool) {
-	if !worked {
-		c.next = now.Add(pulsetype.Jittered(c.period))
+// ran schedules the next run after one that started at start and ended at end: at once when it worked, else
+// a period (jittered) after start, and at least choreShare times its duration.
+func (c *chore) ran(start, end time.Time, worked bool) {
+	if worked {
+		c.next = end
+		return
 	}
+	c.next = start.Add(max(pulsetype.Jittered(c.period), choreShare*end.Sub(start)))
 }
 
 // publish queues events stored by this process for the next turn's fan-out.
@@ -74,19 +87,19 @@ func (l *loop) publish(events []*pulsetype.Event) {
 	signal(l.kick)
 }
 
-// run runs turns until ctx ends, sleeping at most a poll interval (jittered) between turns without work.
+// run runs turns until ctx ends, sleeping at most a poll interval (jittered) between turns without work,
+// and the reconciliation beside them (reconcile). It returns once both ended.
 func (l *loop) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { l.reconcile(ctx) })
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	poll := true
 	for {
-		worked := l.turn(ctx, poll)
+		l.turn(ctx, poll)
 		if ctx.Err() != nil {
 			return
-		}
-		if worked {
-			poll = true
-			continue
 		}
 		timer.Reset(pulsetype.Jittered(l.opts.PollInterval))
 		select {
@@ -108,36 +121,17 @@ func reapInterval(opts Options) time.Duration {
 	return max(opts.PollInterval, opts.LeaseTimeout/4)
 }
 
-// turn runs one pass of the loop and reports whether the reconciliation did work that may have more to do.
-// Reap and Repair run on their own periods (reap every reap interval, repair every repair interval, sooner
-// while they find work). The database is asked for due work when poll is set (a poll interval without
-// local work, a wake-up, reconciliation work), when a backlog may wait there, and at least every reap
-// interval while local work keeps the loop busy; local work (fan-out, claims of attempts created here) runs
-// always.
-func (l *loop) turn(ctx context.Context, poll bool) bool {
-	worked := false
+// turn runs one pass of the loop. The database is asked for due work when poll
+// is set (a poll interval without local work, a wake-up, reconciliation work), when a backlog may wait
+// there, and at least every reap interval while local work keeps the loop busy; local work (fan-out, claims
+// of attempts created here) runs always.
+func (l *loop) turn(ctx context.Context, poll bool) {
 	l.fanOut(ctx)
 	l.flushMarks(ctx, false)
-	if now := time.Now(); l.reap.due(now) {
-		reaped, err := l.rec.Reap(ctx)
-		if err != nil {
-			l.logErr(ctx, err, "reap")
-		}
-		l.reap.ran(now, reaped)
-		worked = worked || reaped
-	}
-	if now := time.Now(); l.repair.due(now) {
-		n, err := l.rec.Repair(ctx)
-		if err != nil {
-			l.logErr(ctx, err, "repair")
-		}
-		l.repair.ran(now, n > 0)
-		worked = worked || n > 0
-	}
 	poll = poll || time.Since(l.lastPoll) >= reapInterval(l.opts)
 	if l.pressed() {
 		l.backlog = true // claimed once the lease writes are fast again
-		return worked
+		return
 	}
 	ordered := l.claimOrdered(ctx, poll)
 	l.claimReady(ctx)
@@ -145,7 +139,49 @@ func (l *loop) turn(ctx context.Context, poll bool) bool {
 		l.lastPoll = time.Now()
 		l.claimDue(ctx, ordered, poll)
 	}
-	return worked
+}
+
+// reconcile runs the reconciliation until ctx ends, in a goroutine of its own beside the loop's turns: Reap
+// every reap interval and Repair every repair interval (each jittered, and spaced by choreShare times its
+// duration), each again at once while it finds work. On a server that reads the whole queue for their
+// queries (the embedded database, FerretDB) a pass takes seconds once a backlog of tens of thousands
+// waits; run in the loop, it held up every claim meanwhile (issue 26: the drain stalled 10-45 s a minute).
+// Work found (an attempt reaped, a delivery repaired) wakes the loop, whose poll claims what became due.
+func (l *loop) reconcile(ctx context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		worked := false
+		if start := time.Now(); l.reap.due(start) {
+			reaped, err := l.rec.Reap(ctx)
+			if err != nil {
+				l.logErr(ctx, err, "reap")
+			}
+			l.reap.ran(start, time.Now(), reaped)
+			worked = reaped
+		}
+		if start := time.Now(); l.repair.due(start) {
+			n, err := l.rec.Repair(ctx)
+			if err != nil {
+				l.logErr(ctx, err, "repair")
+			}
+			l.repair.ran(start, time.Now(), n > 0)
+			worked = worked || n > 0
+		}
+		if worked {
+			l.pollNow()
+		}
+		next := l.reap.next
+		if l.repair.next.Before(next) {
+			next = l.repair.next
+		}
+		timer.Reset(time.Until(next))
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+	}
 }
 
 // pressed reports whether the writes that keep leases (renewals, results) take longer than maxLeaseLag of
