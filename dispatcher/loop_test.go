@@ -1,8 +1,10 @@
 package dispatcher
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,8 +73,8 @@ func TestLoopRunsPublishedEvents(t *testing.T) {
 	d := startDispatcher(t, store, snd, 8)
 	d.Published(events("e", "t", 3))
 	testwait.Eventually(t, 10*time.Second, "6 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 6 })
-	// The fan-out inserts leased only what the free worker slots admit; a slot is given back after its
-	// result is written, so wait for all of them rather than publish while one is still held.
+	// The fan-out inserts leased only what the free worker slots admit; a slot is given back when its POST
+	// ended, so wait for all of them rather than publish while one is still held.
 	testwait.Eventually(t, 10*time.Second, "every worker slot to be free", func() bool { return d.loop.slots.free() == 8 })
 	claims := store.count("ClaimAttempts")
 	d.Published(events("f", "t", 3))
@@ -236,4 +238,65 @@ func TestLoopLeasesNothingWhileLeaseWritesAreSlow(t *testing.T) {
 	keeper.Observe(time.Millisecond)
 	d.Wake()
 	testwait.Eventually(t, 10*time.Second, "7 deliveries once the lease writes are fast", func() bool { return store.succeeded("g") == 7 })
+}
+
+// blockingReconciler is a Reconciler whose Reap blocks until its context ends (a reaper's query that scans
+// a deep queue for seconds); entered is closed when the first call began.
+type blockingReconciler struct {
+	once    sync.Once
+	entered chan struct{}
+}
+
+func (r *blockingReconciler) Reap(ctx context.Context) (bool, error) {
+	r.once.Do(func() { close(r.entered) })
+	<-ctx.Done()
+	return false, ctx.Err()
+}
+
+func (r *blockingReconciler) Repair(context.Context) (int, error) { return 0, nil }
+
+// A reconciliation step that takes long (the reaper's query on a server that scans a queue of tens of
+// thousands) does not hold up claims: the loop claims and delivers while Reap has not returned.
+func TestSlowReconciliationDoesNotHoldClaims(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	rec := &blockingReconciler{entered: make(chan struct{})}
+	d := New(store, &sender{}, rec, idleKeeper(), Options{Owner: "me", Workers: 4, PollInterval: 20 * time.Millisecond,
+		LeaseTimeout: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	select {
+	case <-rec.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Reap was never called")
+	}
+	store.publish(events("e", "t", 5)...)
+	testwait.Eventually(t, 10*time.Second, "5 deliveries to succeed while Reap runs", func() bool { return store.succeeded("g") == 5 })
+}
+
+// A worker slot counts a POST in flight, not a result waiting for the database: with one slot and the
+// first result's write held, the second attempt is POSTed before the first result is recorded.
+func TestSlotFreedWhenThePostEnds(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	store.finishGate = make(chan struct{})
+	snd := &sender{}
+	startDispatcher(t, store, snd, 1)
+	t.Cleanup(func() { close(store.finishGate) }) // before the dispatcher's Stop (cleanups run last first)
+	store.publish(events("e", "t", 2)...)
+	testwait.Eventually(t, 10*time.Second, "2 POSTs with the first result not recorded", func() bool {
+		started, _ := snd.posts()
+		return started == 2
+	})
+	if n := store.count("FinishAttempts"); n > 1 {
+		t.Fatalf("%d FinishAttempts calls past the held gate", n)
+	}
+	store.mu.Lock()
+	finished := len(store.finished)
+	store.mu.Unlock()
+	if finished != 0 {
+		t.Fatalf("%d results recorded, want 0 while the write is held", finished)
+	}
 }
