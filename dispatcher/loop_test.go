@@ -300,3 +300,23 @@ func TestSlotFreedWhenThePostEnds(t *testing.T) {
 		t.Fatalf("%d results recorded, want 0 while the write is held", finished)
 	}
 }
+
+// A reconciliation step that found nothing runs again a period later, or choreShare times its duration
+// later when that is longer (a scan of seconds on a scanning server); one that found work runs at once.
+func TestChoreSpacing(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	c := chore{period: time.Second}
+	c.ran(start, start.Add(10*time.Millisecond), false)
+	if lo, hi := start.Add(time.Second-time.Duration(float64(time.Second)*pulsetype.Jitter)), start.Add(time.Second+time.Duration(float64(time.Second)*pulsetype.Jitter)); c.next.Before(lo) || c.next.After(hi) {
+		t.Fatalf("a quick run: next at %v, want within [%v, %v]", c.next.Sub(start), lo.Sub(start), hi.Sub(start))
+	}
+	c.ran(start, start.Add(3*time.Second), false)
+	if want := start.Add(choreShare * 3 * time.Second); !c.next.Equal(want) {
+		t.Fatalf("a run of 3 s: next at %v, want %v", c.next.Sub(start), want.Sub(start))
+	}
+	c.ran(start, start.Add(3*time.Second), true)
+	if want := start.Add(3 * time.Second); !c.next.Equal(want) {
+		t.Fatalf("a run that worked: next at %v, want at its end %v", c.next.Sub(start), want.Sub(start))
+	}
+}
