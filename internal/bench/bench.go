@@ -66,6 +66,7 @@ type result struct {
 	Warnings, Errors        int                      // the sidecars' log records at warn and error level, over the whole run (history included)
 	LeaseLosses             int                      // those of them that tell of a lost lease (see leaseLost)
 	LogKinds                []string                 // those records by level, component and message
+	DBCPUusPerDelivery      float64                  // the embedded database process's CPU during the measured run, per delivery (-1: not the bench's child)
 	IdleDBCPUPercent        float64                  // the database process's CPU while the sidecars idled (-1: not measured)
 	IdleCommandsPerSecond   float64                  // the sidecars' database commands per second meanwhile
 	ByCommand               map[string]int64         // database commands by name, during the measured run
@@ -266,6 +267,10 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	stopProgress := progress(o.progress, map[bool]string{false: "run: deliveries", true: "drain: deliveries"}[o.pending > 0], want,
 		func() int { return rcv.distinct() - before })
 	cpu0, start, cmd0, written0 := cpuTime(), time.Now(), commands.Load(), written.Load()
+	db0, err := dbCPU(dbPID)
+	if err != nil {
+		return result{}, err
+	}
 	if o.pending > 0 {
 		for i := range o.pending {
 			rcv.published(fmt.Sprintf("pend-%d", i), start) // the wait counts from the resume
@@ -299,6 +304,10 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	}
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
+	db1, err := dbCPU(dbPID)
+	if err != nil {
+		return result{}, err
+	}
 	share, err := stopProfile()
 	if err != nil {
 		return result{}, err
@@ -327,7 +336,10 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 		PublishP50ms: percentile(publat, 0.50), PublishP99ms: percentile(publat, 0.99),
 		CommandsPerDelivery: float64(cmds) / float64(want), DocsWrittenPerDelivery: float64(docs) / float64(want), RawOpsPerSecond: raw,
 		ProcessCPUusPerDelivery: float64(cpu.Microseconds()) / float64(want), PeakRSSMiB: peakRSSMiB(),
-		IdleDBCPUPercent: idle, IdleCommandsPerSecond: idleCommands,
+		IdleDBCPUPercent: idle, IdleCommandsPerSecond: idleCommands, DBCPUusPerDelivery: -1,
+	}
+	if dbPID != 0 {
+		r.DBCPUusPerDelivery = float64((db1 - db0).Microseconds()) / float64(want)
 	}
 	r.CPUusPerDelivery = share * r.ProcessCPUusPerDelivery
 	r.PerSecond = float64(r.Deliveries) / r.Seconds
@@ -339,6 +351,15 @@ func run(ctx context.Context, o flags, dbPID int, newSidecar NewSidecar) (result
 	r.TimeByCommand = maps.Clone(timeByName)
 	byNameMu.Unlock()
 	return r, nil
+}
+
+// dbCPU returns the CPU time the database process pid has used (processCPU), or 0 when pid is 0 (the
+// database is not the bench's child).
+func dbCPU(pid int) (time.Duration, error) {
+	if pid == 0 {
+		return 0, nil
+	}
+	return processCPU(pid)
 }
 
 // idleCPU waits d and returns the CPU the database process pid used meanwhile, in percent of one core; -1
@@ -399,6 +420,9 @@ func printResult(w io.Writer, r result, o flags) {
 		{"log warnings, errors", fmt.Sprintf("%d, %d (whole run)", r.Warnings, r.Errors)},
 		{"lease losses", fmt.Sprint(r.LeaseLosses)},
 	}
+	if r.DBCPUusPerDelivery >= 0 {
+		rows = append(rows, struct{ k, v string }{"database CPU per delivery", fmt.Sprintf("%.0f µs (the embedded database process)", r.DBCPUusPerDelivery)})
+	}
 	if r.IdleDBCPUPercent >= 0 {
 		rows = append(rows, struct{ k, v string }{fmt.Sprintf("database CPU, idle %s", o.idle), fmt.Sprintf("%.1f%% of a core", r.IdleDBCPUPercent)},
 			struct{ k, v string }{"db commands/s, idle", fmt.Sprintf("%.2f", r.IdleCommandsPerSecond)})
@@ -418,6 +442,9 @@ func printResult(w io.Writer, r result, o flags) {
 	fmt.Fprintf(w, "bench: deliveries=%d duplicates=%d seconds=%.2f deliveries_per_s=%.2f p50_ms=%.1f p99_ms=%.1f db_commands_per_delivery=%.2f raw_db_ops_per_s=%.1f efficiency=%.3f sidecar_cpu_us_per_delivery=%.0f process_cpu_us_per_delivery=%.0f peak_rss_mib=%.1f publish_p50_ms=%.1f publish_p99_ms=%.1f deliveries_per_raw_op=%.3f log_warnings=%d log_errors=%d lease_losses=%d docs_written_per_delivery=%.2f",
 		r.Deliveries, r.Duplicates, r.Seconds, r.PerSecond, r.P50ms, r.P99ms, r.CommandsPerDelivery, r.RawOpsPerSecond, r.Efficiency, r.CPUusPerDelivery, r.ProcessCPUusPerDelivery, r.PeakRSSMiB,
 		r.PublishP50ms, r.PublishP99ms, r.PerRawOp, r.Warnings, r.Errors, r.LeaseLosses, r.DocsWrittenPerDelivery)
+	if r.DBCPUusPerDelivery >= 0 {
+		fmt.Fprintf(w, " db_cpu_us_per_delivery=%.0f", r.DBCPUusPerDelivery)
+	}
 	if r.IdleDBCPUPercent >= 0 {
 		fmt.Fprintf(w, " idle_db_cpu_pct=%.2f idle_db_commands_per_s=%.2f", r.IdleDBCPUPercent, r.IdleCommandsPerSecond)
 	}
