@@ -38,9 +38,9 @@ type completer struct {
 	// batch's leases while they wait, and a result given up on a live lease would be POSTed again after
 	// the reaper took it. Zero: writeTimeout.
 	timeout time.Duration
-	// observe, when set, is told how long each batch's first write took (lease.Keeper.Observe: the lag the
-	// dispatcher's backpressure reads).
-	observe func(time.Duration)
+	// writing, when set, is told when each batch's first write is sent, and then whether it answered
+	// (lease.Keeper.Writing: the lag the dispatcher's backpressure reads counts it while it waits).
+	writing func() (done func(answered bool))
 
 	more chan struct{} // the queue grew
 
@@ -148,11 +148,12 @@ func (c *completer) record(base context.Context, batch []*completion) {
 	for i, w := range batch {
 		cs[i] = w.c
 	}
-	start := time.Now()
-	recorded, err := c.store.FinishAttempts(ctx, cs)
-	if c.observe != nil && err == nil {
-		c.observe(time.Since(start))
+	done := func(bool) {}
+	if c.writing != nil {
+		done = c.writing()
 	}
+	recorded, err := c.store.FinishAttempts(ctx, cs)
+	done(err == nil)
 	if err != nil {
 		for _, w := range batch {
 			w.log.Error().Err(err).Msg("recording the attempt failed: left to lease expiry")

@@ -132,13 +132,12 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 	d.endpoints = newEndpointCache(store, max(opts.PollInterval, endpointCacheTTL))
 	slots := newSlots(opts.Workers, d.endpoints.limit, func() { signal(kick) })
 	d.completer = newCompleter(store, opts.Observer, d.Wake, d.endpoints, log)
-	d.completer.timeout, d.completer.observe = opts.LeaseTimeout, keeper.Observe
+	d.completer.timeout, d.completer.writing = opts.LeaseTimeout, keeper.Writing
 	d.exec = &executor{store: store, sender: sender, endpoints: d.endpoints, gate: newStateGate(store), keeper: keeper, completer: d.completer,
 		slots: slots, tracer: opts.Tracer, now: opts.Now, observer: opts.Observer, log: log, windowGrace: windowGrace(opts.PollInterval),
-		freed: func() { signal(kick) }, // a slot is free
 		ended: func(group string) {
 			moved.add(group) // an ordered group's next head may be claimable now
-			signal(kick)
+			signal(kick)     // a slot is free
 		}}
 	d.loop = &loop{store: store, rec: rec, owner: opts.Owner, opts: opts, endpoints: d.endpoints, slots: slots,
 		limits: newRateLimits(d.endpoints.rateLimit, d.Wake),

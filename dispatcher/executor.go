@@ -39,10 +39,9 @@ type executor struct {
 	completer *completer
 	slots     *slots
 	tracer    trace.Tracer
-	now       func() time.Time   // the database's clock, against which expiresAt is checked
-	observer  Observer           // may be nil
-	freed     func()             // a slot was given back (may be nil)
-	ended     func(group string) // an attempt's result was recorded or given up
+	now       func() time.Time // the database's clock, against which expiresAt is checked
+	observer  Observer         // may be nil
+	ended     func(group string)
 	log       zerolog.Logger
 	// windowGrace is how late past its retry window's end a retry may still start (windowGrace): the
 	// claim latency of an attempt due at the window's very end.
@@ -104,22 +103,12 @@ func (e *executor) launchBatch(ctx context.Context, jobs []job) {
 	}
 }
 
-// launch runs a leased attempt in a worker slot, in a goroutine of its own, and returns at once. The slot
-// is given back when the POST ended (see execute) and ended is called with the attempt's consumer group
-// once its result was recorded.
+// launch runs a leased attempt in a worker slot, in a goroutine of its own, and returns at once. When it
+// ends the slot is given back and ended is called with the attempt's consumer group.
 func (e *executor) launch(j job) {
 	release := j.release
 	if release == nil {
 		release = e.slots.acquire(j.a.ConsumerGroup)
-	}
-	var once sync.Once
-	free := func() {
-		once.Do(func() {
-			release()
-			if e.freed != nil {
-				e.freed()
-			}
-		})
 	}
 	e.mu.Lock()
 	ctx := e.ctx
@@ -128,21 +117,16 @@ func (e *executor) launch(j job) {
 	go func() {
 		defer e.running.Done()
 		defer func() {
-			free()
+			release()
 			e.ended(j.a.ConsumerGroup)
 		}()
-		e.execute(ctx, j, free)
+		e.execute(ctx, j)
 	}()
 }
 
 // execute runs one leased attempt and hands its result to the completer, waiting until it was written: the
 // keeper renews the lease until then, and cancels the attempt with pulsetype.ErrLeaseLost if it is lost.
-// It calls free once the POST ended, before the result waits for the completer: a worker slot counts POSTs
-// in flight (PULSE_WORKERS, maxConcurrency), and holding it while the database records the result made a
-// slot's turn the POST plus a batch or two of writes, which bounded a backlog's drain to Workers per that
-// time (issue 26). What waits for the completer stays leased and renewed; the loop leases no more while
-// those writes lag (loop.pressed).
-func (e *executor) execute(ctx context.Context, j job, free func()) {
+func (e *executor) execute(ctx context.Context, j job) {
 	a := j.a
 	postCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -150,9 +134,7 @@ func (e *executor) execute(ctx context.Context, j job, free func()) {
 	defer e.keeper.Release(a.Key())
 	log := e.log.With().Str("consumer_group", a.ConsumerGroup).Str("event_id", a.EventID).
 		Str("delivery_id", a.DeliveryID).Int("attempt", a.Number).Logger()
-	c, ok := e.run(postCtx, j, log)
-	free()
-	if ok && !e.completer.complete(c, log) {
+	if c, ok := e.run(postCtx, j, log); ok && !e.completer.complete(c, log) {
 		log.Warn().Msg("the completer stopped before this result was recorded: left to lease expiry")
 	}
 }

@@ -62,8 +62,9 @@ type chore struct {
 // choreShare bounds the share of time a chore's queries keep the database busy: a run that found nothing
 // is followed by the next one no sooner than choreShare times as long as it took. On a server that reads
 // the whole queue for the reaper's and the repair's queries (FerretDB: each is seconds with a backlog of
-// tens of thousands), the reconciliation of a replica then costs at most about a tenth of the database's
-// time; on MongoDB, whose indexes answer them in milliseconds, the periods are unchanged.
+// tens of thousands), each of the two then costs at most about a tenth of the database's time per replica
+// while it finds nothing (a run that found work is followed at once); on MongoDB, whose indexes answer them
+// in milliseconds, the periods are unchanged.
 const choreShare = 10
 
 // due reports whether the chore runs at now.

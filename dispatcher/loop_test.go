@@ -73,8 +73,8 @@ func TestLoopRunsPublishedEvents(t *testing.T) {
 	d := startDispatcher(t, store, snd, 8)
 	d.Published(events("e", "t", 3))
 	testwait.Eventually(t, 10*time.Second, "6 deliveries to succeed", func() bool { return store.succeeded("g")+store.succeeded("h") == 6 })
-	// The fan-out inserts leased only what the free worker slots admit; a slot is given back when its POST
-	// ended, so wait for all of them rather than publish while one is still held.
+	// The fan-out inserts leased only what the free worker slots admit; a slot is given back after its
+	// result is written, so wait for all of them rather than publish while one is still held.
 	testwait.Eventually(t, 10*time.Second, "every worker slot to be free", func() bool { return d.loop.slots.free() == 8 })
 	claims := store.count("ClaimAttempts")
 	d.Published(events("f", "t", 3))
@@ -276,31 +276,6 @@ func TestSlowReconciliationDoesNotHoldClaims(t *testing.T) {
 	testwait.Eventually(t, 10*time.Second, "5 deliveries to succeed while Reap runs", func() bool { return store.succeeded("g") == 5 })
 }
 
-// A worker slot counts a POST in flight, not a result waiting for the database: with one slot and the
-// first result's write held, the second attempt is POSTed before the first result is recorded.
-func TestSlotFreedWhenThePostEnds(t *testing.T) {
-	t.Parallel()
-	store := newMemStore(endpoint(t, "g", []string{"t"}))
-	store.finishGate = make(chan struct{})
-	snd := &sender{}
-	startDispatcher(t, store, snd, 1)
-	t.Cleanup(func() { close(store.finishGate) }) // before the dispatcher's Stop (cleanups run last first)
-	store.publish(events("e", "t", 2)...)
-	testwait.Eventually(t, 10*time.Second, "2 POSTs with the first result not recorded", func() bool {
-		started, _ := snd.posts()
-		return started == 2
-	})
-	if n := store.count("FinishAttempts"); n > 1 {
-		t.Fatalf("%d FinishAttempts calls past the held gate", n)
-	}
-	store.mu.Lock()
-	finished := len(store.finished)
-	store.mu.Unlock()
-	if finished != 0 {
-		t.Fatalf("%d results recorded, want 0 while the write is held", finished)
-	}
-}
-
 // A reconciliation step that found nothing runs again a period later, or choreShare times its duration
 // later when that is longer (a scan of seconds on a scanning server); one that found work runs at once.
 func TestChoreSpacing(t *testing.T) {
@@ -319,4 +294,135 @@ func TestChoreSpacing(t *testing.T) {
 	if want := start.Add(3 * time.Second); !c.next.Equal(want) {
 		t.Fatalf("a run that worked: next at %v, want at its end %v", c.next.Sub(start), want.Sub(start))
 	}
+}
+
+// Review (s3): with slots given back at the POST's end, nothing in the dispatcher bounds how many attempts
+// are leased with their results not recorded. While the first result write is held (a database whose
+// result writes wait), with 2 worker slots, the loop must not lease more than one full batch of results
+// (maxRecordBatch) or what held slots allowed before (17 × Workers with the overflow), whichever is larger:
+// every attempt leased and POSTed with no result written is renewed meanwhile, and POSTed again if this
+// process dies.
+func TestLeasedUnrecordedAttemptsAreBounded(t *testing.T) {
+	t.Parallel()
+	const workers = 2
+	bound := max(maxRecordBatch, (overflowShare+1)*workers)
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	store.finishGate = make(chan struct{})
+	store.publish(events("e", "t", bound+64)...)
+	snd := &sender{}
+	startDispatcher(t, store, snd, workers)
+	t.Cleanup(func() { close(store.finishGate) }) // before the dispatcher's Stop (cleanups run last first)
+	testwait.Eventually(t, 10*time.Second, "the first result write to start", func() bool { return store.count("FinishAttempts") == 1 })
+	// Watch for a while: the violation, if any, comes within milliseconds (POSTs here are instant).
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+		if started, _ := snd.posts(); started > bound {
+			t.Fatalf("%d attempts POSTed while the first result write is held (0 recorded), want at most %d", started, bound)
+		}
+		time.Sleep(5 * time.Millisecond) // the pause between two checks
+	}
+}
+
+// Review (s3): Stop lets the POSTs in flight finish and be recorded within ShutdownTimeout, then aborts the
+// rest (Dispatcher.Stop). A result that waits for the completer is not aborted: Stop waits until it is
+// written. With slots given back at the POST's end, the results waiting are as many as the loop leased
+// meanwhile, so Stop takes a batch write per maxRecordBatch of them past the grace. Here each result write
+// takes about 400 ms: Stop must return within the grace plus two of them.
+func TestStopWaitsNoLongerThanTheGraceAndABatch(t *testing.T) {
+	t.Parallel()
+	const workers, pace, grace = 2, 400 * time.Millisecond, 300 * time.Millisecond
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	store.finishGate = make(chan struct{})
+	paced := make(chan struct{})
+	go func() { // each result write waits a pace: a database whose writes are slow
+		ticker := time.NewTicker(pace)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-paced:
+				close(store.finishGate)
+				return
+			case <-ticker.C:
+				select {
+				case store.finishGate <- struct{}{}:
+				case <-paced:
+					close(store.finishGate)
+					return
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { close(paced) })
+	store.publish(events("e", "t", 3000)...)
+	snd := &sender{}
+	d := New(store, snd, noReconciler{}, idleKeeper(), Options{Owner: "me", Workers: workers, PollInterval: 20 * time.Millisecond,
+		LeaseTimeout: time.Minute, ShutdownTimeout: grace, Logger: zerolog.Nop()})
+	d.loop.slots.slowAfter = time.Hour
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Stop once 1024 results wait for the completer (4 batches), or after 6 result writes when the loop leases
+	// no more than it records.
+	testwait.Eventually(t, 30*time.Second, "1024 results waiting, or 6 result writes", func() bool {
+		started, _ := snd.posts()
+		store.mu.Lock()
+		recorded := 0
+		for _, ids := range store.finished {
+			recorded += len(ids)
+		}
+		store.mu.Unlock()
+		return started-recorded >= 1024 || store.count("FinishAttempts") >= 6
+	})
+	start := time.Now()
+	d.Stop()
+	took := time.Since(start)
+	started, _ := snd.posts()
+	t.Logf("Stop took %v; %d POSTs started, %d result writes", took.Round(time.Millisecond), started, store.count("FinishAttempts"))
+	if limit := grace + 2*pace; took > limit {
+		t.Fatalf("Stop took %v with %d POSTs started and %d result writes, want at most %v (the grace and two result writes)",
+			took.Round(time.Millisecond), started, store.count("FinishAttempts"), limit)
+	}
+}
+
+// Review (s3): the brake the slots' change relies on ("no new attempt is leased while those writes lag",
+// loop.pressed) reads lease.Keeper.Lag, which counts a result write only once it was answered: a result
+// write in flight for longer than a sixth of the lease timeout does not press the loop.
+func TestPressedWhileAResultWriteHangs(t *testing.T) {
+	t.Parallel()
+	const lease = 600 * time.Millisecond // pressed above 100 ms of lag
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	store.finishGate = make(chan struct{})
+	store.publish(events("e", "t", 1)...)
+	d := New(store, &sender{}, noReconciler{}, idleKeeper(), Options{Owner: "me", Workers: 2, PollInterval: 20 * time.Millisecond,
+		LeaseTimeout: lease, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	t.Cleanup(func() { close(store.finishGate) }) // before Stop
+	testwait.Eventually(t, 10*time.Second, "the result write to start", func() bool { return store.count("FinishAttempts") == 1 })
+	testwait.Eventually(t, 5*time.Second, "the loop pressed by a result write held for seconds", d.loop.pressed)
+}
+
+// Review (s3), a check that holds: with slots given back at the POST's end, an ordered line's next head is
+// still not POSTed while the previous head's result write is held (the store's head claim skips a line whose
+// head is leased or ended, and the loop looks again only once the result was recorded).
+func TestOrderedNextHeadWaitsForTheRecordedResult(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "o", []string{"t"}, func(ep *pulsetype.Endpoint) { ep.Ordered = true }))
+	store.finishGate = make(chan struct{})
+	store.publish(events("e", "t", 3)...)
+	snd := &sender{}
+	startDispatcher(t, store, snd, 4)
+	t.Cleanup(func() { close(store.finishGate) }) // before the dispatcher's Stop
+	testwait.Eventually(t, 10*time.Second, "the first head's result write", func() bool { return store.count("FinishAttempts") == 1 })
+	polls := store.count("ClaimHeads")
+	testwait.Eventually(t, 10*time.Second, "more head claims while the write is held", func() bool { return store.count("ClaimHeads") >= polls+5 })
+	if started, _ := snd.posts(); started != 1 {
+		t.Fatalf("%d POSTs of the line while its first result is not recorded, want 1", started)
+	}
+	store.finishGate <- struct{}{}
+	testwait.Eventually(t, 10*time.Second, "the second head's POST once the first is recorded", func() bool {
+		started, _ := snd.posts()
+		return started == 2
+	})
 }

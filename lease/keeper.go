@@ -40,6 +40,7 @@ type Keeper struct {
 	mu       sync.Mutex
 	held     map[pulsetype.LeaseKey]*held
 	inFlight map[int64]time.Time // renewals sent and not answered: their local send times
+	writing  map[int64]time.Time // result writes reported by Writing and not answered: their local send times
 	seq      int64
 	lastLag  time.Duration // round trip of the latest answered lease write (renewal or result)
 	lagAt    time.Time     // when lastLag was measured
@@ -59,7 +60,7 @@ func NewKeeper(renew RenewFunc, leaseTimeout time.Duration, local func() time.Ti
 		local = time.Now
 	}
 	return &Keeper{renew: renew, leaseTimeout: leaseTimeout, local: local, held: map[pulsetype.LeaseKey]*held{},
-		inFlight: map[int64]time.Time{}, log: log.With().Str("component", "heartbeat").Logger()}
+		inFlight: map[int64]time.Time{}, writing: map[int64]time.Time{}, log: log.With().Str("component", "heartbeat").Logger()}
 }
 
 // Interval returns the heartbeat period: a third of the lease timeout, at least 10 ms.
@@ -94,8 +95,8 @@ func (k *Keeper) Release(l pulsetype.LeaseKey) {
 }
 
 // Lag returns how long the writes that keep leases take now: the round trip of the latest one (a renewal,
-// answered or timed out, or a result write reported by Observe) if it was measured within the last lease
-// timeout, or the age of the oldest renewal still unanswered when that is longer. It is what the
+// answered or timed out, or a result write reported by Observe or Writing) if it was measured within the
+// last lease timeout, or the age of the oldest renewal or result write still unanswered when that is longer. It is what the
 // dispatcher's backpressure reads: no new lease is taken while it is a large part of the lease timeout; a
 // measurement older than a lease timeout no longer counts, so a process that holds nothing (and so renews
 // nothing) claims again. It never blocks on the database.
@@ -110,7 +111,30 @@ func (k *Keeper) Lag() time.Duration {
 	for _, sent := range k.inFlight {
 		lag = max(lag, now.Sub(sent))
 	}
+	for _, sent := range k.writing {
+		lag = max(lag, now.Sub(sent))
+	}
 	return lag
+}
+
+// Writing reports a write that held leases wait on (a batch of results) sent now: until done is called, Lag
+// counts its age like an unanswered renewal's, so a result write that hangs presses the dispatcher before it
+// answers; done(true) records its round trip as Observe does, done(false) (it failed) records nothing.
+func (k *Keeper) Writing() (done func(answered bool)) {
+	k.mu.Lock()
+	k.seq++
+	id, start := k.seq, k.local()
+	k.writing[id] = start
+	k.mu.Unlock()
+	return func(answered bool) {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		delete(k.writing, id)
+		if answered {
+			now := k.local()
+			k.lastLag, k.lagAt = now.Sub(start), now
+		}
+	}
 }
 
 // Observe reports the round trip d of a write that a held lease waits on (the recording of results), for Lag.

@@ -223,3 +223,33 @@ func TestKeeperLagFollowsTheLeaseWrites(t *testing.T) {
 		t.Fatalf("Lag = %s after a result write of 1ms", lag)
 	}
 }
+
+// A result write reported by Writing counts in Lag from when it was sent, like an unanswered renewal: a write
+// that hangs presses the dispatcher before it answers. Answered, its round trip is the latest lag; failed, it
+// leaves the lag as it was.
+func TestLagCountsAResultWriteInFlight(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	k := NewKeeper(func(context.Context, []pulsetype.LeaseKey) ([]pulsetype.LeaseKey, error) { return nil, nil },
+		30*time.Second, clock, zerolog.Nop())
+	done := k.Writing()
+	advance(7 * time.Second)
+	if lag := k.Lag(); lag != 7*time.Second {
+		t.Fatalf("Lag = %s with a result write unanswered for 7s, want 7s", lag)
+	}
+	done(true)
+	advance(time.Second)
+	if lag := k.Lag(); lag != 7*time.Second {
+		t.Fatalf("Lag = %s after the write answered in 7s, want 7s", lag)
+	}
+	k.Observe(time.Millisecond)
+	failed := k.Writing()
+	advance(2 * time.Second)
+	failed(false)
+	if lag := k.Lag(); lag != time.Millisecond {
+		t.Fatalf("Lag = %s after a failed write, want the last answered one's 1ms", lag)
+	}
+}
