@@ -171,3 +171,94 @@ func testSinglePublishIsTwoCommands(t *testing.T, e *env) {
 		t.Errorf("GetEvent after the conflict = %+v, %v; want the first event untouched", got, err)
 	}
 }
+
+// A round of two or three concurrent publishes (group commit) costs one command more than it has events:
+// one insert of their outbox documents and one upsert per event, each stamping its own createdAt, where the
+// staged path costs four. Each event has its own outcome in the same round: a new one is stored visible, a
+// re-publish of a fanned-out event answers the stored one (Existing) and leaves no outbox document, an id
+// used with other content answers ErrIDConflict and leaves the stored event untouched; a round of four
+// takes the staged path.
+func testSmallRoundIsOneCommandPerEventMore(t *testing.T, e *env) {
+	b := e.setup(t)
+	s, log := b.monitoredStore()
+	for _, n := range []int{2, 3} {
+		var events []*pulsetype.Event
+		for i := range n {
+			e := storetest.Event(fmt.Sprintf("round%d-%d", n, i), "t", fmt.Sprintf(`{"i":%d}`, i))
+			s.stamp([]*pulsetype.Event{e})
+			events = append(events, e)
+		}
+		log.reset()
+		out, err := s.publishRound(b.ctx, events, false)
+		if err != nil || len(out) != n {
+			t.Fatalf("publishRound of %d = %+v, %v; want %d outcomes", n, out, err, n)
+		}
+		want := []string{"insert"}
+		for range n {
+			want = append(want, "findAndModify")
+		}
+		if got := log.sent(); !slices.Equal(got, want) {
+			t.Errorf("a round of %d sent %q, want %q", n, got, want)
+		}
+		for i, o := range out {
+			if o.err != nil || o.published.Existing {
+				t.Errorf("round of %d, event %d: outcome %+v, want a new event", n, i, o)
+				continue
+			}
+			got, err := s.GetEvent(b.ctx, events[i].ID)
+			if err != nil || !got.CreatedAt.Equal(o.published.Event.CreatedAt) || string(got.Data) != string(events[i].Data) {
+				t.Errorf("GetEvent(%s) = %+v, %v; want the event with createdAt %s", events[i].ID, got, err, o.published.Event.CreatedAt)
+			}
+		}
+		if got := b.count("events", bson.M{"_id": bson.M{"$in": idsOf(events, func(e *pulsetype.Event) string { return e.ID })}, "fanout": true}); got != int64(n) {
+			t.Errorf("%d of the round's %d events marked for fan-out, want all", got, n)
+		}
+	}
+
+	// One round of a new event, a re-publish of a fanned-out one, and a conflict.
+	stored, err := s.GetEvent(b.ctx, "round2-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.FanOut(b.ctx, []*pulsetype.Event{stored}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ClearFanOut(b.ctx, []string{"round2-0", "round2-1"}); err != nil {
+		t.Fatal(err)
+	}
+	mixed := []*pulsetype.Event{storetest.Event("round-new", "t", `{"i":9}`), storetest.Event("round2-0", "t", `{"i":0}`),
+		storetest.Event("round2-1", "u", `{"i":7}`)}
+	s.stamp(mixed)
+	out, err := s.publishRound(b.ctx, mixed, false)
+	if err != nil {
+		t.Fatalf("publishRound of a mixed round: %v", err)
+	}
+	if out[0].err != nil || out[0].published.Existing {
+		t.Errorf("new event of the mixed round: %+v, want stored", out[0])
+	}
+	if out[1].err != nil || !out[1].published.Existing || !out[1].published.Event.CreatedAt.Equal(stored.CreatedAt) {
+		t.Errorf("re-publish in the mixed round: %+v, want the stored event (createdAt %s), Existing", out[1], stored.CreatedAt)
+	}
+	if !errors.Is(out[2].err, pulsetype.ErrIDConflict) {
+		t.Errorf("conflict in the mixed round: %+v, want ErrIDConflict", out[2])
+	}
+	if n := b.count("outbox", bson.M{"_id": bson.M{"$in": bson.A{"round2-0", "round2-1"}}}); n != 0 {
+		t.Errorf("%d outbox documents of the re-publish and the conflict, want 0 (both fanned out before)", n)
+	}
+	if got, err := s.GetEvent(b.ctx, "round2-1"); err != nil || got.Topic != "t" || string(got.Data) != `{"i":1}` {
+		t.Errorf("GetEvent(round2-1) after the conflict = %+v, %v; want it untouched", got, err)
+	}
+
+	var four []*pulsetype.Event
+	for i := range 4 {
+		four = append(four, storetest.Event(fmt.Sprintf("round4-%d", i), "t", `1`))
+	}
+	s.stamp(four)
+	log.reset()
+	if out, err := s.publishRound(b.ctx, four, false); err != nil || len(out) != 4 {
+		t.Fatalf("publishRound of 4 = %+v, %v", out, err)
+	}
+	if got, want := log.sent(), []string{"insert", "insert", "update", "find"}; !slices.Equal(got, want) {
+		t.Errorf("a round of 4 sent %q, want the staged path's %q", got, want)
+	}
+}

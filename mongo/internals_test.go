@@ -86,6 +86,7 @@ var internalCases = []storetest.Case{
 	// arrays_test.go
 	{Name: "PartlyCommittedArrayRollsForward", Run: internal(testPartlyCommittedArrayRollsForward)},
 	{Name: "SinglePublishIsTwoCommands", Run: internal(testSinglePublishIsTwoCommands)},
+	{Name: "SmallRoundIsOneCommandPerEventMore", Run: internal(testSmallRoundIsOneCommandPerEventMore)},
 	// lines_test.go
 	{Name: "ClaimHeadsCostIsPerRound", Run: internal(testClaimHeadsCostIsPerRound)},
 	{Name: "ClaimHeadsKeepsANewRegistrationsHead", Run: internal(testClaimHeadsKeepsANewRegistrationsHead)},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -16,8 +17,8 @@ import (
 )
 
 // Publishing: an event's outbox document is written before the write that makes the event visible and
-// stamps its createdAt: for one event alone an upsert, for an array or a round of several a staged insert
-// and a commit (docs/delivery.md, "Publishing").
+// stamps its createdAt: for an event in a round of up to three concurrent publishes an upsert of its own, for
+// an array or a larger round a staged insert and a commit (docs/delivery.md, "Publishing").
 
 // Publish stores events, all or none, durable when it returns; each must carry its id. The database stamps
 // createdAt in the write that makes an event visible (docs/delivery.md, "Publishing"): an array's events are
@@ -25,8 +26,8 @@ import (
 // an update filtered on staged (see publishRound); a crash before the commit leaves staged events that the
 // sweeper removes, and one during it an array that the repair rolls forward (rollForward). Concurrent calls
 // with one event each share one round (groupCommit), each returning once its own event is durable, with its
-// own outcome; a round of one event is two commands (publishSingle). ExpiresAt is set here and the events
-// carry fanout=true until FanOut created their deliveries. It returns pulsetype.ErrIDConflict when an id is
+// own outcome; a round of one event is two commands, of two three (publishEach). ExpiresAt is set here and
+// the events carry fanout=true until FanOut created their deliveries. It returns pulsetype.ErrIDConflict when an id is
 // already used with other content (nothing is stored then).
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
 	if len(events) == 1 {
@@ -86,7 +87,8 @@ type publishOutcome struct {
 }
 
 // publishRound stores events (distinct ids, each with its CreatedAt and ExpiresAt set) in at most six
-// commands (a round of one event that is not an array in two, see publishSingle):
+// commands; a round of up to maxEachRound events that is not an array costs one command more than it has
+// events instead (publishEach: a round of one event two, of two three):
 //
 //  1. one insert of the documents, staged (invisible; a duplicate key means the id is taken);
 //  2. one read of the documents whose ids were taken, compared with what is published: the same content
@@ -106,8 +108,8 @@ type publishOutcome struct {
 // document a concurrent round removed before its commit has errPublishRace: the caller runs it again. The
 // returned error is the database's, for the whole round.
 func (s *Store) publishRound(ctx context.Context, events []*pulsetype.Event, all bool) ([]publishOutcome, error) {
-	if !all && len(events) == 1 {
-		return s.publishSingle(ctx, events[0])
+	if !all && len(events) <= maxEachRound {
+		return s.publishEach(ctx, events)
 	}
 	out := make([]publishOutcome, len(events))
 	docs := make([]any, len(events))
@@ -249,33 +251,75 @@ func (s *Store) resolveTaken(ctx context.Context, events []*pulsetype.Event, tak
 	return adopted, existing, nil
 }
 
-// publishSingle is publishRound for one event that is not an array, in two commands:
+// maxEachRound is the largest round of concurrent publishes (not an array) that publishEach writes: one
+// command more than its events, against the staged path's four (insert, outbox documents, commit, read of
+// the stamps), so it costs less up to three events and writes each event once rather than twice.
+const maxEachRound = 3
+
+// publishEach is publishRound for a round of up to maxEachRound events that is not an array, in one command
+// more than it has events:
 //
-//  1. one insert of its outbox document (a duplicate is one an earlier try, or another publish of the id,
-//     wrote, and stays);
-//  2. one findAndModify that inserts the event visible, with its fanout mark, and stamps createdAt in the
-//     same write: an upsert whose query, {_id, createdAt: {$exists: false}}, matches no stored event (each
-//     has a createdAt), so that it inserts the document its update describes ($setOnInsert, and
-//     $currentDate for createdAt, which an upsert applies to the document it inserts), or, when the id is
-//     taken, fails with a duplicate key error (code 11000) and writes nothing. The server does not retry
-//     such an upsert itself: it does so only for a query of equalities on the unique index's fields alone.
+//  1. one insert of their outbox documents (a duplicate is one an earlier try, or another publish of the
+//     id, wrote, and stays);
+//  2. for each event, at once, one findAndModify that inserts it visible, with its fanout mark, and stamps
+//     createdAt in the same write (publishVisible).
+//
+// Each event has an outcome of its own (a database error of its write included); the returned error is the
+// outbox insert's, or, when every event's write failed, the first of those (so a round that found no server
+// answers as one).
+func (s *Store) publishEach(ctx context.Context, events []*pulsetype.Event) ([]publishOutcome, error) {
+	marks := make([]any, len(events))
+	for i, e := range events {
+		marks[i] = &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt}
+	}
+	_, insertErr := s.outbox.InsertMany(ctx, marks, options.InsertMany().SetOrdered(false))
+	if insertErr != nil && !onlyDuplicates(insertErr) {
+		return nil, wrap("insert outbox document", insertErr)
+	}
+	out := make([]publishOutcome, len(events))
+	errs := make([]error, len(events))
+	if len(events) == 1 {
+		out[0], errs[0] = s.publishVisible(ctx, events[0], !failedAt(insertErr, 0))
+	} else {
+		var wg sync.WaitGroup
+		for i, e := range events {
+			wg.Go(func() { out[i], errs[i] = s.publishVisible(ctx, e, !failedAt(insertErr, i)) })
+		}
+		wg.Wait()
+	}
+	failed := 0
+	for i, err := range errs {
+		if err != nil {
+			out[i].err = err
+			failed++
+		}
+	}
+	if failed == len(events) {
+		return nil, errs[0]
+	}
+	return out, nil
+}
+
+// publishVisible is step 2 of publishEach for event e, whose outbox document that step's insert wrote when
+// markInserted is set: one findAndModify that inserts the event visible, with its fanout mark, and stamps
+// createdAt in the same write: an upsert whose query, {_id, createdAt: {$exists: false}}, matches no stored
+// event (each has a createdAt), so that it inserts the document its update describes ($setOnInsert, and
+// $currentDate for createdAt, which an upsert applies to the document it inserts), or, when the id is
+// taken, fails with a duplicate key error (code 11000) and writes nothing. The server does not retry such an
+// upsert itself: it does so only for a query of equalities on the unique index's fields alone.
 //
 // A taken id costs more: the read of resolveTaken, then, for an event staged by another publish with the
 // same content, the recall of its outbox document and its commit (commitEvents); for an event published and
 // fanned out before (a re-publish, or an id used with other content), the removal of the outbox document
-// this call inserted; for an id used with other content by an event still staged or being fanned out, that
+// this round inserted; for an id used with other content by an event still staged or being fanned out, that
 // document is given the stored event's topic, ordering key and createdAt, as that event's publish would have
-// written it (its own insert may have found this one).
-func (s *Store) publishSingle(ctx context.Context, e *pulsetype.Event) ([]publishOutcome, error) {
+// written it (its own insert may have found this one). It returns the event's outcome, or the database's
+// error.
+func (s *Store) publishVisible(ctx context.Context, e *pulsetype.Event, markInserted bool) (publishOutcome, error) {
 	out := []publishOutcome{{published: pulsetype.Published{Event: e}}}
-	_, err := s.outbox.InsertOne(ctx, &outboxDoc{ID: e.ID, Topic: e.Topic, OrderingKey: e.OrderingKey, CreatedAt: e.CreatedAt})
-	if err != nil && !mongo.IsDuplicateKeyError(err) {
-		return nil, wrap("insert outbox document", err)
-	}
-	markInserted := err == nil
 	insert, err := onInsert(s.newEventDoc(e, false))
 	if err != nil {
-		return nil, err
+		return publishOutcome{}, err
 	}
 	var d eventDoc
 	err = s.events.FindOneAndUpdate(ctx, bson.M{"_id": e.ID, "createdAt": bson.M{"$exists": false}},
@@ -283,23 +327,23 @@ func (s *Store) publishSingle(ctx context.Context, e *pulsetype.Event) ([]publis
 		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&d)
 	if err == nil {
 		e.CreatedAt = d.CreatedAt.UTC()
-		return out, nil
+		return out[0], nil
 	}
 	if !mongo.IsDuplicateKeyError(err) {
-		return nil, wrap("insert event", err)
+		return publishOutcome{}, wrap("insert event", err)
 	}
 	adopted, existing, err := s.resolveTaken(ctx, []*pulsetype.Event{e}, map[int]bool{0: true}, out)
 	if err != nil {
-		return nil, err
+		return publishOutcome{}, err
 	}
 	ex := existing[e.ID]
 	switch {
 	case !markInserted:
 	case ex != nil && !ex.Staged && !ex.Fanout && (out[0].err == nil || errors.Is(out[0].err, pulsetype.ErrIDConflict)):
-		// Published and fanned out before (with this content or other): the document this call inserted
+		// Published and fanned out before (with this content or other): the document this round inserted
 		// stands for nothing.
 		if _, err := s.outbox.DeleteOne(ctx, bson.M{"_id": e.ID}); err != nil {
-			return nil, wrap("remove outbox document", err)
+			return publishOutcome{}, wrap("remove outbox document", err)
 		}
 	case errors.Is(out[0].err, pulsetype.ErrIDConflict):
 		set := bson.M{"topic": ex.Topic, "createdAt": ex.CreatedAt}
@@ -310,32 +354,32 @@ func (s *Store) publishSingle(ctx context.Context, e *pulsetype.Event) ([]publis
 			update["$unset"] = bson.M{"orderingKey": ""}
 		}
 		if _, err := s.outbox.UpdateOne(ctx, bson.M{"_id": e.ID}, update); err != nil {
-			return nil, wrap("correct outbox document", err)
+			return publishOutcome{}, wrap("correct outbox document", err)
 		}
 	}
 	if len(adopted) == 0 {
-		return out, nil
+		return out[0], nil
 	}
 	// Another publish staged it: its outbox document may have been put aside by the fan-out repair
 	// meanwhile (FanOutStale), and must be seen again once it is committed.
 	if _, err := s.updateMany(ctx, s.outbox, bson.M{"_id": e.ID}, bson.M{"$unset": bson.M{"deferredUntil": ""}}); err != nil {
-		return nil, wrap("recall outbox document", err)
+		return publishOutcome{}, wrap("recall outbox document", err)
 	}
 	stamps, err := s.commitEvents(ctx, adopted)
 	if err != nil {
-		return nil, err
+		return publishOutcome{}, err
 	}
 	t, ok := stamps[e.ID]
 	if !ok {
 		out[0].err = errPublishRace // removed by a concurrent publish before it was committed
-		return out, nil
+		return out[0], nil
 	}
 	e.CreatedAt = t
 	out[0].published = pulsetype.Published{Event: e, Existing: true}
-	return out, nil
+	return out[0], nil
 }
 
-// onInsert returns the fields of d but _id and createdAt, for the $setOnInsert of publishSingle's upsert.
+// onInsert returns the fields of d but _id and createdAt, for the $setOnInsert of publishVisible's upsert.
 func onInsert(d *eventDoc) (bson.D, error) {
 	raw, err := bson.Marshal(d)
 	if err != nil {
