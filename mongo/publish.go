@@ -27,8 +27,8 @@ import (
 // sweeper removes, and one during it an array that the repair rolls forward (rollForward). Concurrent calls
 // with one event each share one round (groupCommit), each returning once its own event is durable, with its
 // own outcome; a round of one event is two commands, of two three (publishEach). ExpiresAt is set here and
-// the events carry fanout=true until FanOut created their deliveries. It returns pulsetype.ErrIDConflict when an id is
-// already used with other content (nothing is stored then).
+// the events carry fanout=true until FanOut created their deliveries. It returns pulsetype.ErrIDConflict
+// when an id is already used with other content (nothing is stored then).
 func (s *Store) Publish(ctx context.Context, events []*pulsetype.Event) ([]pulsetype.Published, error) {
 	if len(events) == 1 {
 		p, err := s.publishes.publish(ctx, events[0])
