@@ -47,6 +47,9 @@ type loop struct {
 	// reads, the ordering key its next claim continues after ("": after the line without a key).
 	lineAfter map[[2]string]*string
 	lastRound map[string]round // the latest round of head claims of each ordered group (see roundGap)
+	// settlingHere holds the events of ordered groups fanned out here lately, with when (see lookAgain).
+	settlingHere map[string]time.Time
+	prunedAt     time.Time
 
 	// Owned by the reconciliation's goroutine (reconcile).
 	reap   chore
@@ -231,7 +234,8 @@ func (l *loop) fanOut(ctx context.Context) {
 		byID[e.ID] = e
 		ids[i] = e.ID
 	}
-	l.marks.add(ids, time.Now())
+	now := time.Now()
+	l.marks.add(ids, now)
 	var leased []job
 	for _, a := range attempts {
 		if a.FencingToken != "" { // inserted leased: run it now
@@ -243,6 +247,7 @@ func (l *loop) fanOut(ctx context.Context) {
 		}
 		if l.endpoints.isOrdered(a.ConsumerGroup) {
 			l.moved.add(a.ConsumerGroup) // only the head-of-line claim may take it
+			l.fannedOut(a.EventID, now)
 			continue
 		}
 		if !l.ready.push(job{a: a, ev: byID[a.EventID], evKnown: true}) {

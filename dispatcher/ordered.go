@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -127,7 +128,7 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 		delete(l.lineAfter, at)
 	}
 	if claimed.Wait > 0 { // a head settles by itself: look again then
-		l.kickAfter(group, claimed.Wait)
+		l.kickAfter(group, l.lookAgain(claimed))
 	}
 	jobs := make([]job, 0, len(claimed.Attempts))
 	for _, a := range claimed.Attempts {
@@ -142,4 +143,60 @@ func (l *loop) claimLines(ctx context.Context, group, topic string) bool {
 	}
 	l.exec.launchBatch(ctx, jobs)
 	return l.slots.admit(group, 0, 0)
+}
+
+// foreignSettleGrace is how much later than its settle a head published through another replica is looked
+// at again (lookAgain).
+const foreignSettleGrace = 100 * time.Millisecond
+
+// lookAgain returns how long after a round that found c (c.Wait > 0) the group's lines are looked at again:
+// c.Wait, except that a head still settling whose event was published through another replica (not fanned
+// out here lately, see fannedOut) counts foreignSettleGrace after its settle. Every replica whose round saw
+// a head settling would otherwise look again at the same moment and all but one lose the claim, each at the
+// cost of a whole round; the replica that published the event looks at its settle, so it claims the head
+// alone, and the others find it running, or claim it themselves a grace later when that replica did not
+// (it stopped, or its loop is busy). A wait for anything else (a line that moved during the look, a head
+// of an earlier registration) is kept as it is.
+func (l *loop) lookAgain(c pulsetype.HeadClaims) time.Duration {
+	if len(c.Settling) == 0 {
+		return c.Wait
+	}
+	var settle, wait time.Duration // the earliest settle; the wait chosen (0: none yet)
+	for id, d := range c.Settling {
+		settle = minWait(settle, d)
+		if _, here := l.settlingHere[id]; !here {
+			d += foreignSettleGrace
+		}
+		wait = minWait(wait, d)
+	}
+	if c.Wait < settle {
+		wait = c.Wait // another kind of wait comes first
+	}
+	return wait
+}
+
+// fannedOut notes that an attempt of an ordered group was fanned out here at now for event id (lookAgain),
+// and forgets the events noted more than settleMemory ago, at most once a settleMemory.
+func (l *loop) fannedOut(id string, now time.Time) {
+	if l.settlingHere == nil {
+		l.settlingHere = map[string]time.Time{}
+	}
+	l.settlingHere[id] = now
+	if now.Sub(l.prunedAt) < settleMemory {
+		return
+	}
+	l.prunedAt = now
+	maps.DeleteFunc(l.settlingHere, func(_ string, at time.Time) bool { return now.Sub(at) > settleMemory })
+}
+
+// settleMemory is how long fannedOut remembers an event: well past its settle window (an event is fanned out
+// within it, unless its publisher's loop or the database stalled).
+const settleMemory = 10 * time.Second
+
+// minWait returns the shorter of two waits, 0 standing for none.
+func minWait(a, b time.Duration) time.Duration {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
 }

@@ -3,6 +3,8 @@ package dispatcher
 import (
 	"testing"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
 // An ordered group's next round of head claims waits while heads its last round leased here run, as long
@@ -33,5 +35,49 @@ func TestRoundGapWaitsForTheLastRoundsHeads(t *testing.T) {
 	}
 	if gap := l.roundGap("other"); gap != 0 {
 		t.Errorf("gap of a group without a round = %v, want 0", gap)
+	}
+}
+
+// After a round that found heads settling, the lines are looked at again when the first head published
+// here settles, or foreignSettleGrace after the first one published through another replica settles,
+// whichever comes first; a wait of another kind that comes first is kept, and without settling heads the
+// round's wait is.
+func TestLookAgainLetsThePublishingReplicaClaimFirst(t *testing.T) {
+	t.Parallel()
+	l := &loop{}
+	l.fannedOut("here", time.Now())
+	ms := time.Millisecond
+	cases := []struct {
+		name string
+		c    pulsetype.HeadClaims
+		want time.Duration
+	}{
+		{"published here", pulsetype.HeadClaims{Wait: 30 * ms, Settling: map[string]time.Duration{"here": 30 * ms}}, 30 * ms},
+		{"published elsewhere", pulsetype.HeadClaims{Wait: 10 * ms, Settling: map[string]time.Duration{"there": 10 * ms}}, 10*ms + foreignSettleGrace},
+		{"both, here later", pulsetype.HeadClaims{Wait: 10 * ms, Settling: map[string]time.Duration{"there": 10 * ms, "here": 40 * ms}}, 40 * ms},
+		{"both, here much later", pulsetype.HeadClaims{Wait: 10 * ms, Settling: map[string]time.Duration{"there": 10 * ms, "here": time.Second}},
+			10*ms + foreignSettleGrace},
+		{"a line that moved first", pulsetype.HeadClaims{Wait: ms, Settling: map[string]time.Duration{"there": 10 * ms}}, ms},
+		{"nothing settling", pulsetype.HeadClaims{Wait: 5 * ms}, 5 * ms},
+	}
+	for _, c := range cases {
+		if got := l.lookAgain(c.c); got != c.want {
+			t.Errorf("%s: lookAgain = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// fannedOut forgets the events it noted more than settleMemory ago.
+func TestFannedOutForgetsOldEvents(t *testing.T) {
+	t.Parallel()
+	l := &loop{}
+	start := time.Now()
+	l.fannedOut("old", start)
+	l.fannedOut("new", start.Add(settleMemory+time.Second))
+	if _, ok := l.settlingHere["old"]; ok {
+		t.Error("an event noted more than settleMemory ago is still remembered")
+	}
+	if _, ok := l.settlingHere["new"]; !ok {
+		t.Error("the event just noted is not remembered")
 	}
 }

@@ -51,8 +51,8 @@ const MaxLineKeys = 1000
 // the subscription again when its head's incarnation differs from the round's: staleAfterLook), and so are the
 // lines past the bound of the fan-out query. A line whose first document carries a lease is running and is
 // not looked at: if that lease is a stale copy (its claimer died between the two writes of an end), the
-// reaper or the repair scan corrects it. It returns what it leased, possibly nothing, and when to look again
-// (HeadClaims); errors are the database's, wrapped.
+// reaper or the repair scan corrects it. It returns what it leased, possibly nothing, and when to look again,
+// with the heads still settling (HeadClaims); errors are the database's, wrapped.
 func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (pulsetype.HeadClaims, error) {
 	var out pulsetype.HeadClaims
 	if p.Limit <= 0 {
@@ -73,7 +73,7 @@ func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (p
 		case q.LeasedUntil != nil:
 			// Running: its worker moves the line on.
 		case now.Before(settled):
-			out.Wait = minWait(out.Wait, settled.Sub(now))
+			settling(&out, q.EventID, settled.Sub(now))
 		default:
 			due = append(due, q)
 		}
@@ -185,6 +185,15 @@ func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (p
 	return out, err
 }
 
+// settling notes in out the head of event id inside its settle window for d more: in Settling, and in Wait.
+func settling(out *pulsetype.HeadClaims, id string, d time.Duration) {
+	if out.Settling == nil {
+		out.Settling = map[string]time.Duration{}
+	}
+	out.Settling[id] = d
+	out.Wait = minWait(out.Wait, d)
+}
+
 // minWait returns the shorter of two waits, 0 standing for none.
 func minWait(a, b time.Duration) time.Duration {
 	if a == 0 || b < a {
@@ -236,7 +245,7 @@ func (s *Store) pendingHeads(ctx context.Context, look []*queueDoc, deliveries [
 			stale = append(stale, h)
 		case h.q.Ended, h.q.LeasedUntil != nil, h.q.NextAttemptAt.After(now):
 		case now.Before(settled):
-			out.Wait = minWait(out.Wait, settled.Sub(now))
+			settling(out, h.q.EventID, settled.Sub(now))
 		default:
 			heads = append(heads, h)
 		}

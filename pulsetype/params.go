@@ -47,10 +47,13 @@ type ClaimHeadsParams struct {
 // line's head can be looked at again after that long without other news (a head inside its settle window,
 // or a line that moved during the look); and Next, the ordering key to pass as ClaimHeadsParams.After in the
 // next claim when the lines read reached the store's bound (nil when every line was read; "" when the
-// bound was reached within the line without a key, so the next claim reads the lines with one).
+// bound was reached within the line without a key, so the next claim reads the lines with one). Settling
+// holds, by event id, the heads found inside their settle window and how long until each settles (Wait
+// counts them too).
 type HeadClaims struct {
 	Attempts []*Attempt
 	Events   map[string]*Event
 	Wait     time.Duration
 	Next     *string
+	Settling map[string]time.Duration
 }

@@ -21,6 +21,48 @@ var lineCases = []Case{
 	{Name: "ClaimHeadsIsPerOrderingKey", Run: testClaimHeadsIsPerOrderingKey},
 	{Name: "HeadWaitsForAFanOutRepairedDuringItsLook", Run: testHeadWaitsForAFanOutRepairedDuringItsLook},
 	{Name: "RacingClaimHeadsKeepEveryLineInOrder", Run: testRacingClaimHeadsKeepEveryLineInOrder, Race: true},
+	{Name: "ClaimHeadsNamesTheHeadsSettling", Run: testClaimHeadsNamesTheHeadsSettling},
+}
+
+// A round that finds a line's head inside its settle window leases nothing of it and names it in Settling,
+// by event id, with how long until it settles, which Wait counts; once it settled, a round leases it and
+// names nothing settling.
+func testClaimHeadsNamesTheHeadsSettling(t *testing.T, e *Env) {
+	b := e.setup(t)
+	s := b.store(nil, nil)
+	ep := b.endpoint("g", "t")
+	ep.Ordered = true
+	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
+		t.Fatalf("PutEndpoint: %v", err)
+	}
+	ev := Event("s1", "t", `1`)
+	ev.OrderingKey = "A"
+	published, err := s.Publish(b.ctx, []*pulsetype.Event{ev})
+	if err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	if _, err := s.FanOut(b.ctx, []*pulsetype.Event{published[0].Event}); err != nil {
+		t.Fatalf("FanOut: %v", err)
+	}
+	// The fake clock started before the database stamped createdAt: the head is inside its settle window.
+	claim := func() pulsetype.HeadClaims {
+		t.Helper()
+		got, err := s.ClaimHeads(b.ctx, pulsetype.ClaimHeadsParams{Owner: "w", ConsumerGroup: "g", Topic: "t", Limit: 10})
+		if err != nil {
+			t.Fatalf("ClaimHeads: %v", err)
+		}
+		return got
+	}
+	got := claim()
+	if d, ok := got.Settling["s1"]; len(got.Attempts) != 0 || !ok || d <= 0 || got.Wait != d || len(got.Settling) != 1 {
+		t.Fatalf("ClaimHeads inside the settle window = %d leased, Settling %v, Wait %v; want none leased, s1 settling, Wait its settle",
+			len(got.Attempts), got.Settling, got.Wait)
+	}
+	b.clock.Advance(time.Minute) // past the settle window
+	got = claim()
+	if len(got.Attempts) != 1 || got.Attempts[0].EventID != "s1" || len(got.Settling) != 0 {
+		t.Errorf("ClaimHeads past the settle window = %d leased, Settling %v; want s1 leased, nothing settling", len(got.Attempts), got.Settling)
+	}
 }
 
 // The head-of-line claim of an ordered group works per (topic, orderingKey): an earlier event of key A whose
