@@ -49,7 +49,7 @@ type loop struct {
 	lastRound map[string]round // the latest round of head claims of each ordered group (see roundGap)
 	// settlingHere holds the events of ordered groups fanned out here lately, with when (see lookAgain).
 	settlingHere map[string]time.Time
-	prunedAt     time.Time
+	prunedAt     time.Time // when settlingHere was last pruned (fannedOut)
 
 	// Owned by the reconciliation's goroutine (reconcile).
 	reap   chore
