@@ -30,11 +30,7 @@ var lineCases = []Case{
 func testClaimHeadsNamesTheHeadsSettling(t *testing.T, e *Env) {
 	b := e.setup(t)
 	s := b.store(nil, nil)
-	ep := b.endpoint("g", "t")
-	ep.Ordered = true
-	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
-		t.Fatalf("PutEndpoint: %v", err)
-	}
+	b.putOrdered(s, "g", "t")
 	ev := Event("s1", "t", `1`)
 	ev.OrderingKey = "A"
 	published, err := s.Publish(b.ctx, []*pulsetype.Event{ev})
@@ -72,11 +68,7 @@ func testClaimHeadsNamesTheHeadsSettling(t *testing.T, e *Env) {
 func testClaimHeadsIsPerOrderingKey(t *testing.T, e *Env) {
 	b := e.setup(t)
 	s := b.store(nil, nil)
-	ep := b.endpoint("g", "t")
-	ep.Ordered = true
-	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
-		t.Fatalf("PutEndpoint: %v", err)
-	}
+	b.putOrdered(s, "g", "t")
 	keyed := func(id, key string) *pulsetype.Event {
 		e := Event(id, "t", `1`)
 		e.OrderingKey = key
@@ -186,11 +178,7 @@ func testHeadWaitsForAFanOutRepairedDuringItsLook(t *testing.T, e *Env) {
 func testRacingClaimHeadsKeepEveryLineInOrder(t *testing.T, e *Env) {
 	b := e.setup(t)
 	s := b.store(nil, nil)
-	ep := b.endpoint("o", "t")
-	ep.Ordered = true
-	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
-		t.Fatalf("PutEndpoint: %v", err)
-	}
+	b.putOrdered(s, "o", "t")
 	const lines, perLine, replicas = 4, 4, 3
 	type place struct{ line, index int }
 	where := map[string]place{}
@@ -318,5 +306,15 @@ func testRacingClaimHeadsKeepEveryLineInOrder(t *testing.T, e *Env) {
 	}
 	if n := b.count("deliveries", bson.M{"consumerGroup": "o", "status": pulsetype.StatusSuccess}); n != lines*perLine {
 		t.Errorf("%d deliveries succeeded, want %d", n, lines*perLine)
+	}
+}
+
+// putOrdered registers an ordered consumer group listing topic.
+func (b *bundle) putOrdered(s Store, group, topic string) {
+	b.t.Helper()
+	ep := b.endpoint(group, topic)
+	ep.Ordered = true
+	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
+		b.t.Fatalf("PutEndpoint %s: %v", group, err)
 	}
 }
