@@ -143,7 +143,7 @@ func New(store Store, sender Sender, rec Reconciler, keeper *lease.Keeper, opts 
 		limits: newRateLimits(d.endpoints.rateLimit, d.Wake),
 		ready:  newReadyQueue(maxReady, maxReadyBytes), marks: &fanOutMarks{batch: markFlushBatch, maxAge: opts.LeaseTimeout / 4},
 		moved: moved, exec: d.exec, wake: d.wake, pollNow: d.Wake, kick: kick, log: log, lag: keeper.Lag,
-		reap: chore{period: reapInterval(opts)}, repair: chore{period: opts.RepairInterval}}
+		reap: chore{period: reapInterval(opts), stretch: opts.LeaseTimeout}, repair: chore{period: opts.RepairInterval, stretch: opts.LeaseTimeout}}
 	return d
 }
 

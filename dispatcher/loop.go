@@ -59,28 +59,39 @@ type loop struct {
 // chore is a step of the reconciliation that runs every period (jittered), sooner while it finds work.
 type chore struct {
 	period time.Duration
-	next   time.Time
+	// stretch bounds how much later than a period the spacing by its duration (choreShare) puts the next
+	// run: a run's duration counts a database that stalled as well as one that scanned, and a stall must
+	// not keep the reaper away for ten times its length. 0: no bound.
+	stretch time.Duration
+	next    time.Time
 }
 
 // choreShare bounds the share of time a chore's queries keep the database busy: a run that found nothing
 // is followed by the next one no sooner than choreShare times as long as it took. On a server that reads
 // the whole queue for the reaper's and the repair's queries (FerretDB: each is seconds with a backlog of
 // tens of thousands), each of the two then costs at most about a tenth of the database's time per replica
-// while it finds nothing (a run that found work is followed at once); on MongoDB, whose indexes answer them
-// in milliseconds, the periods are unchanged.
+// while it finds nothing (a run that found work is followed at once), until the spacing reaches its bound
+// (chore.stretch: a lease timeout past the period, so that a lost lease is still reaped within about two
+// lease timeouts and a reaper's period, however long a stalled database made the last run); on MongoDB,
+// whose indexes answer them in milliseconds, the periods are unchanged.
 const choreShare = 10
 
 // due reports whether the chore runs at now.
 func (c *chore) due(now time.Time) bool { return !now.Before(c.next) }
 
 // ran schedules the next run after one that started at start and ended at end: at once when it worked, else
-// a period (jittered) after start, and at least choreShare times its duration.
+// a period (jittered) after start, and at least choreShare times its duration, but no more than the period
+// plus stretch after start.
 func (c *chore) ran(start, end time.Time, worked bool) {
 	if worked {
 		c.next = end
 		return
 	}
-	c.next = start.Add(max(pulsetype.Jittered(c.period), choreShare*end.Sub(start)))
+	spaced := choreShare * end.Sub(start)
+	if c.stretch > 0 {
+		spaced = min(spaced, c.period+c.stretch)
+	}
+	c.next = start.Add(max(pulsetype.Jittered(c.period), spaced))
 }
 
 // publish queues events stored by this process for the next turn's fan-out.

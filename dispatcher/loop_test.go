@@ -294,6 +294,12 @@ func TestChoreSpacing(t *testing.T) {
 	if want := start.Add(3 * time.Second); !c.next.Equal(want) {
 		t.Fatalf("a run that worked: next at %v, want at its end %v", c.next.Sub(start), want.Sub(start))
 	}
+	// A run of 20 s (a database that stalled) spaces the next no further than the period and the stretch.
+	bounded := chore{period: time.Second, stretch: 5 * time.Second}
+	bounded.ran(start, start.Add(20*time.Second), false)
+	if want := start.Add(6 * time.Second); !bounded.next.Equal(want) {
+		t.Fatalf("a run of 20 s with a stretch of 5 s: next at %v, want %v", bounded.next.Sub(start), want.Sub(start))
+	}
 }
 
 // Review (s3): with slots given back at the POST's end, nothing in the dispatcher bounds how many attempts
@@ -425,4 +431,74 @@ func TestOrderedNextHeadWaitsForTheRecordedResult(t *testing.T) {
 		started, _ := snd.posts()
 		return started == 2
 	})
+}
+
+// stallingReconciler is a Reconciler whose first Reap is held up for stall (a database that stops answering
+// for a while: a failover, a paused process) and finds nothing; later calls answer at once. It records when
+// each Reap call began and when the first one returned.
+type stallingReconciler struct {
+	stall    time.Duration
+	mu       sync.Mutex
+	calls    []time.Time
+	returned time.Time
+}
+
+func (r *stallingReconciler) Reap(ctx context.Context) (bool, error) {
+	r.mu.Lock()
+	r.calls = append(r.calls, time.Now())
+	first := len(r.calls) == 1
+	r.mu.Unlock()
+	if first {
+		select {
+		case <-time.After(r.stall):
+		case <-ctx.Done():
+		}
+		r.mu.Lock()
+		r.returned = time.Now()
+		r.mu.Unlock()
+	}
+	return false, nil
+}
+
+func (r *stallingReconciler) Repair(context.Context) (int, error) { return 0, nil }
+
+// A reap held up by a database that stalled for a while (and so found nothing) does not blind the reaper for
+// ten times the stall: a replica that died meanwhile must still have its leases reaped within about a lease
+// timeout once the database answers again. Here the first Reap waits 1.5 s on the database (lease timeout
+// 400 ms, reap interval 100 ms); the next must begin within two lease timeouts of its return, not 15 s later.
+func TestReapAfterADatabaseStallIsNotDeferred(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	rec := &stallingReconciler{stall: 1500 * time.Millisecond}
+	const leaseTimeout = 400 * time.Millisecond
+	d := New(store, &sender{}, rec, idleKeeper(), Options{Owner: "me", Workers: 4, PollInterval: 20 * time.Millisecond,
+		LeaseTimeout: leaseTimeout, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	calls := func() (int, time.Time) {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.calls), rec.returned
+	}
+	testwait.Eventually(t, 10*time.Second, "the stalled Reap to return", func() bool { _, r := calls(); return !r.IsZero() })
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, returned := calls()
+		if n >= 2 {
+			rec.mu.Lock()
+			next := rec.calls[1]
+			rec.mu.Unlock()
+			if gap := next.Sub(returned); gap > 2*leaseTimeout {
+				t.Fatalf("next Reap %v after the stalled one returned, want within %v", gap, 2*leaseTimeout)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Reap within %v of the stalled one's return (%d calls), want within %v",
+				time.Since(returned).Round(time.Millisecond), n, 2*leaseTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
