@@ -39,6 +39,13 @@ type loop struct {
 	mu     sync.Mutex
 	queued []*pulsetype.Event // published here, not fanned out yet
 
+	// fanning is held by a fan-out of this process and by a Repair: the repair scan removes a queue document
+	// whose delivery does not exist once it is a lease timeout old, taking it for the leftover of a fan-out
+	// that died, and a fan-out of thousands of events on a slow database can take longer than that between
+	// its queue documents and its deliveries (its attempt then stays pending with no queue document, which
+	// no claim and no repair finds). They ran in one goroutine before the reconciliation had its own.
+	fanning sync.Mutex
+
 	// Owned by the loop's goroutine.
 	backlog  bool // the database may hold due attempts this process had no capacity for
 	window   dueWindow
@@ -176,7 +183,9 @@ func (l *loop) reconcile(ctx context.Context) {
 			worked = reaped
 		}
 		if start := time.Now(); l.repair.due(start) {
+			l.fanning.Lock() // see fanning
 			n, err := l.rec.Repair(ctx)
+			l.fanning.Unlock()
 			if err != nil {
 				l.logErr(ctx, err, "repair")
 			}
@@ -223,7 +232,9 @@ func (l *loop) fanOut(ctx context.Context) {
 	if !l.pressed() {
 		claim = l.claimAtInsert()
 	}
+	l.fanning.Lock()
 	attempts, err := l.store.FanOutClaiming(ctx, l.owner, events, claim)
+	l.fanning.Unlock()
 	if err != nil {
 		if ctx.Err() == nil {
 			l.log.Error().Err(err).Int("events", len(events)).Msg("fan-out failed; the reconciler will retry it")

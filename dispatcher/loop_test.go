@@ -502,3 +502,57 @@ func TestReapAfterADatabaseStallIsNotDeferred(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// heldRepair is a Reconciler whose first Repair holds until release is closed; repairing is closed when it
+// began.
+type heldRepair struct {
+	once               sync.Once
+	repairing, release chan struct{}
+}
+
+func (r *heldRepair) Reap(context.Context) (bool, error) { return false, nil }
+
+func (r *heldRepair) Repair(ctx context.Context) (int, error) {
+	first := false
+	r.once.Do(func() { first = true; close(r.repairing) })
+	if first {
+		select {
+		case <-r.release:
+		case <-ctx.Done():
+		}
+	}
+	return 0, nil
+}
+
+// A fan-out of this process never runs while its Repair does: the repair scan takes a fan-out's queue
+// documents without deliveries, older than a lease timeout, for a dead fan-out's and removes them (the
+// attempt would then stay pending with no queue document). Published events wait for the repair, then are
+// fanned out and delivered.
+func TestFanOutWaitsForARepair(t *testing.T) {
+	t.Parallel()
+	store := newMemStore(endpoint(t, "g", []string{"t"}))
+	rec := &heldRepair{repairing: make(chan struct{}), release: make(chan struct{})}
+	d := New(store, &sender{}, rec, idleKeeper(), Options{Owner: "me", Workers: 4, PollInterval: 20 * time.Millisecond,
+		LeaseTimeout: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	select {
+	case <-rec.repairing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Repair was never called")
+	}
+	d.Published(events("e", "t", 3))
+	// The loop takes the events and blocks on the fan-out: wait until they left the queue of published events.
+	testwait.Eventually(t, 10*time.Second, "the loop to take the published events", func() bool {
+		d.loop.mu.Lock()
+		defer d.loop.mu.Unlock()
+		return len(d.loop.queued) == 0
+	})
+	if n := store.count("FanOut"); n != 0 {
+		t.Fatalf("%d fan-outs while Repair ran, want 0", n)
+	}
+	close(rec.release)
+	testwait.Eventually(t, 10*time.Second, "3 deliveries after the repair", func() bool { return store.succeeded("g") == 3 })
+}
