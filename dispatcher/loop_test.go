@@ -255,23 +255,37 @@ func (r *blockingReconciler) Reap(ctx context.Context) (bool, error) {
 
 func (r *blockingReconciler) Repair(context.Context) (int, error) { return 0, nil }
 
+// startReconciling starts a Dispatcher over store with rec as its reconciliation, 4 worker slots and the
+// given lease timeout; it is stopped when the test ends.
+func startReconciling(t *testing.T, store *memStore, rec Reconciler, leaseTimeout time.Duration) *Dispatcher {
+	t.Helper()
+	d := New(store, &sender{}, rec, idleKeeper(), Options{Owner: "me", Workers: 4, PollInterval: 20 * time.Millisecond,
+		LeaseTimeout: leaseTimeout, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Stop)
+	return d
+}
+
+// closedWithin fails the test unless c is closed within 10 s.
+func closedWithin(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out after 10s waiting for %s", what)
+	}
+}
+
 // A reconciliation step that takes long (the reaper's query on a server that scans a queue of tens of
 // thousands) does not hold up claims: the loop claims and delivers while Reap has not returned.
 func TestSlowReconciliationDoesNotHoldClaims(t *testing.T) {
 	t.Parallel()
 	store := newMemStore(endpoint(t, "g", []string{"t"}))
 	rec := &blockingReconciler{entered: make(chan struct{})}
-	d := New(store, &sender{}, rec, idleKeeper(), Options{Owner: "me", Workers: 4, PollInterval: 20 * time.Millisecond,
-		LeaseTimeout: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
-	if err := d.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
-	select {
-	case <-rec.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Reap was never called")
-	}
+	startReconciling(t, store, rec, time.Minute)
+	closedWithin(t, rec.entered, "Reap to be called")
 	store.publish(events("e", "t", 5)...)
 	testwait.Eventually(t, 10*time.Second, "5 deliveries to succeed while Reap runs", func() bool { return store.succeeded("g") == 5 })
 }
@@ -471,12 +485,7 @@ func TestReapAfterADatabaseStallIsNotDeferred(t *testing.T) {
 	store := newMemStore(endpoint(t, "g", []string{"t"}))
 	rec := &stallingReconciler{stall: 1500 * time.Millisecond}
 	const leaseTimeout = 400 * time.Millisecond
-	d := New(store, &sender{}, rec, idleKeeper(), Options{Owner: "me", Workers: 4, PollInterval: 20 * time.Millisecond,
-		LeaseTimeout: leaseTimeout, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
-	if err := d.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
+	startReconciling(t, store, rec, leaseTimeout)
 	calls := func() (int, time.Time) {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
@@ -532,17 +541,8 @@ func TestFanOutWaitsForARepair(t *testing.T) {
 	t.Parallel()
 	store := newMemStore(endpoint(t, "g", []string{"t"}))
 	rec := &heldRepair{repairing: make(chan struct{}), release: make(chan struct{})}
-	d := New(store, &sender{}, rec, idleKeeper(), Options{Owner: "me", Workers: 4, PollInterval: 20 * time.Millisecond,
-		LeaseTimeout: time.Minute, ShutdownTimeout: 5 * time.Second, Logger: zerolog.Nop()})
-	if err := d.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Stop)
-	select {
-	case <-rec.repairing:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Repair was never called")
-	}
+	d := startReconciling(t, store, rec, time.Minute)
+	closedWithin(t, rec.repairing, "Repair to be called")
 	d.Published(events("e", "t", 3))
 	// The loop takes the events and blocks on the fan-out: wait until they left the queue of published events.
 	testwait.Eventually(t, 10*time.Second, "the loop to take the published events", func() bool {

@@ -163,11 +163,11 @@ func (l *loop) lookAgain(c pulsetype.HeadClaims) time.Duration {
 	}
 	var settle, wait time.Duration // the earliest settle; the wait chosen (0: none yet)
 	for id, d := range c.Settling {
-		settle = minWait(settle, d)
+		settle = pulsetype.MinWait(settle, d)
 		if _, here := l.settlingHere[id]; !here {
 			d += foreignSettleGrace
 		}
-		wait = minWait(wait, d)
+		wait = pulsetype.MinWait(wait, d)
 	}
 	if c.Wait < settle {
 		wait = c.Wait // another kind of wait comes first
@@ -192,11 +192,3 @@ func (l *loop) fannedOut(id string, now time.Time) {
 // settleMemory is how long fannedOut remembers an event: well past its settle window (an event is fanned out
 // within it, unless its publisher's loop or the database stalled).
 const settleMemory = 10 * time.Second
-
-// minWait returns the shorter of two waits, 0 standing for none.
-func minWait(a, b time.Duration) time.Duration {
-	if a == 0 || b < a {
-		return b
-	}
-	return a
-}

@@ -131,8 +131,7 @@ func (k *Keeper) Writing() (done func(answered bool)) {
 		defer k.mu.Unlock()
 		delete(k.writing, id)
 		if answered {
-			now := k.local()
-			k.lastLag, k.lagAt = now.Sub(start), now
+			k.observeLocked(k.local().Sub(start))
 		}
 	}
 }
@@ -140,9 +139,12 @@ func (k *Keeper) Writing() (done func(answered bool)) {
 // Observe reports the round trip d of a write that a held lease waits on (the recording of results), for Lag.
 func (k *Keeper) Observe(d time.Duration) {
 	k.mu.Lock()
-	k.lastLag, k.lagAt = d, k.local()
-	k.mu.Unlock()
+	defer k.mu.Unlock()
+	k.observeLocked(d)
 }
+
+// observeLocked records d as the latest lease write's round trip, measured now; k.mu is held.
+func (k *Keeper) observeLocked(d time.Duration) { k.lastLag, k.lagAt = d, k.local() }
 
 // Start runs the heartbeat in a goroutine and returns at once; it returns startstop.ErrStarted when the
 // keeper runs already.

@@ -131,7 +131,7 @@ func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (p
 		if err := s.endStaleHeads(ctx, stale); err != nil {
 			return out, err
 		}
-		out.Wait = minWait(out.Wait, time.Millisecond)
+		out.Wait = pulsetype.MinWait(out.Wait, time.Millisecond)
 	}
 	if len(heads) == 0 || sub.State != "" && sub.State != pulsetype.EndpointActive {
 		return out, nil // paused or disabled: the lines wait for resume
@@ -168,7 +168,7 @@ func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (p
 		return out, err
 	}
 	if len(moved) > 0 || len(earlier) > 0 {
-		out.Wait = minWait(out.Wait, time.Millisecond) // the line moved during the look: look again at once
+		out.Wait = pulsetype.MinWait(out.Wait, time.Millisecond) // the line moved during the look: look again at once
 	}
 	heads = slices.DeleteFunc(heads, func(h *lineHeadDoc) bool { return blocked[h.q.ID] || earlier[h.q.ID] || moved[h.q.ID] })
 	if len(heads) == 0 {
@@ -191,15 +191,7 @@ func settling(out *pulsetype.HeadClaims, id string, d time.Duration) {
 		out.Settling = map[string]time.Duration{}
 	}
 	out.Settling[id] = d
-	out.Wait = minWait(out.Wait, d)
-}
-
-// minWait returns the shorter of two waits, 0 standing for none.
-func minWait(a, b time.Duration) time.Duration {
-	if a == 0 || b < a {
-		return b
-	}
-	return a
+	out.Wait = pulsetype.MinWait(out.Wait, d)
 }
 
 // lineHeadDoc is the pending head of a line as a look at it found it: the delivery, the queue document of
@@ -281,7 +273,7 @@ func (s *Store) staleAfterLook(ctx context.Context, group string, stale []*lineH
 			return false
 		}
 		if gone || h.d.Incarnation == now.Incarnation {
-			out.Wait = minWait(out.Wait, time.Millisecond)
+			out.Wait = pulsetype.MinWait(out.Wait, time.Millisecond)
 			return true
 		}
 		return false

@@ -278,15 +278,11 @@ func (s *Store) publishEach(ctx context.Context, events []*pulsetype.Event) ([]p
 	}
 	out := make([]publishOutcome, len(events))
 	errs := make([]error, len(events))
-	if len(events) == 1 {
-		out[0], errs[0] = s.publishVisible(ctx, events[0], !failedAt(insertErr, 0))
-	} else {
-		var wg sync.WaitGroup
-		for i, e := range events {
-			wg.Go(func() { out[i], errs[i] = s.publishVisible(ctx, e, !failedAt(insertErr, i)) })
-		}
-		wg.Wait()
+	var wg sync.WaitGroup
+	for i, e := range events {
+		wg.Go(func() { out[i], errs[i] = s.publishVisible(ctx, e, !failedAt(insertErr, i)) })
 	}
+	wg.Wait()
 	failed := 0
 	for i, err := range errs {
 		if err != nil {

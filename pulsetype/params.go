@@ -57,3 +57,11 @@ type HeadClaims struct {
 	Next     *string
 	Settling map[string]time.Duration
 }
+
+// MinWait returns the shorter of two waits as HeadClaims.Wait holds them, 0 standing for none.
+func MinWait(a, b time.Duration) time.Duration {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
+}
