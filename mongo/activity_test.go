@@ -114,11 +114,7 @@ func testActivityCountsMinutes(t *testing.T, e *env) {
 func testLineHeadReadsOnly(t *testing.T, e *env) {
 	b := e.setup(t)
 	s := b.store(nil, nil)
-	ep := b.endpoint("o", "t")
-	ep.Ordered = true
-	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
-		t.Fatal(err)
-	}
+	b.putOrdered(s, "o", "t")
 	first := b.fanOutN(s, 2, "t")
 	line := pulsetype.Line{ConsumerGroup: "o", Topic: "t"}
 	head, err := s.LineHead(b.ctx, line)

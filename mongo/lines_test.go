@@ -136,11 +136,7 @@ func claimsPastABigLine(t *testing.T, e *env, key string) {
 	if s.caps.FirstOfGroups {
 		t.Skip("the server's $group has $first: the aggregation path")
 	}
-	ep := b.endpoint("o", "t")
-	ep.Ordered = true
-	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
-		t.Fatalf("PutEndpoint: %v", err)
-	}
+	b.putOrdered(s, "o", "t")
 	ev := storetest.Event("kb", "t", `1`)
 	ev.OrderingKey = "b"
 	out, err := s.Publish(b.ctx, []*pulsetype.Event{ev})
@@ -235,11 +231,7 @@ func testClaimHeadsKeepsANewRegistrationsHead(t *testing.T, e *env) {
 		})
 	}}
 	s := b.store(b.srv.Connect(options.Client().SetMonitor(mon)), nil)
-	ep := b.endpoint("o", "t")
-	ep.Ordered = true
-	if _, _, err := other.PutEndpoint(b.ctx, ep); err != nil {
-		t.Fatal(err)
-	}
+	b.putOrdered(other, "o", "t")
 	ev1 := storetest.Event("e1", "t", `1`)
 	ev1.OrderingKey = "k"
 	out, err := other.Publish(b.ctx, []*pulsetype.Event{ev1})
@@ -293,11 +285,7 @@ func testClaimHeadsKeepsANewRegistrationsHead(t *testing.T, e *env) {
 func testClaimHeadsEndsAnEarlierRegistrationsHeadBehindAnEndedOne(t *testing.T, e *env) {
 	b := e.setup(t)
 	s := b.store(nil, nil)
-	ep := b.endpoint("o", "t")
-	ep.Ordered = true
-	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
-		t.Fatal(err)
-	}
+	b.putOrdered(s, "o", "t")
 	var evs []*pulsetype.Event
 	for _, id := range []string{"e1", "e2"} {
 		ev := storetest.Event(id, "t", `1`)

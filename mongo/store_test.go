@@ -86,6 +86,16 @@ func (b *bundle) putEndpoint(s *Store, group string, topics ...string) {
 	storetest.PutEndpoint(b.t, b.ctx, s, group, topics...)
 }
 
+// putOrdered registers an ordered consumer group listing topic through s.
+func (b *bundle) putOrdered(s *Store, group, topic string) {
+	b.t.Helper()
+	ep := b.endpoint(group, topic)
+	ep.Ordered = true
+	if _, _, err := s.PutEndpoint(b.ctx, ep); err != nil {
+		b.t.Fatalf("PutEndpoint %s: %v", group, err)
+	}
+}
+
 func (b *bundle) publishOne(s *Store, id, topic string) *pulsetype.Event {
 	b.t.Helper()
 	return storetest.PublishOne(b.t, b.ctx, s, id, topic)
