@@ -476,40 +476,54 @@ func (e *Endpoint) CompileFilterWith(cache *FilterCache) error {
 // Wants reports whether the consumer group receives event ev (see WantsInput).
 func (e *Endpoint) Wants(ev *Event) bool { return e.WantsInput(InputOf(ev)) }
 
-// WantsInput reports whether the consumer group receives the event in holds: it subscribes to the event's
+// WantsInput reports whether the consumer group receives the event in holds: Decide's answer, with a
+// filter whose evaluation failed taken as false.
+func (e *Endpoint) WantsInput(in *EventInput) bool {
+	ok, err := e.Decide(in)
+	return ok && err == nil
+}
+
+// Decide reports whether the consumer group receives the event in holds: it subscribes to the event's
 // topic (Subscribes), unless its OffsetReset is OffsetEarliest the event was published (CreatedAt) no
 // earlier than the group registered (e.CreatedAt), the event is not an operational event about the group
 // itself (SubjectGroupHeader), and its Filter, if any, holds for the event (a filter that does not compile
 // holds for none). It is the one rule of which groups get an event: fan-out, backfill and the head of an
-// ordered line all ask it, with one input per event shared by the groups.
-func (e *Endpoint) WantsInput(in *EventInput) bool {
+// ordered line all ask it, with one input per event shared by the groups. It returns a *FilterError when
+// the filter's evaluation failed (Filter.Eval): the fan-out then ends the group's delivery of the event as
+// CodeFilterError.
+func (e *Endpoint) Decide(in *EventInput) (bool, error) {
 	ev := in.Event
 	if (e.OffsetReset != OffsetEarliest && ev.CreatedAt.Before(e.CreatedAt)) || aboutItself(ev, e.ConsumerGroup) {
-		return false
+		return false, nil
 	}
-	return e.Selects(in)
+	return e.selects(in)
 }
 
 // Selects reports whether the group's current rule of content takes the event in holds: it subscribes to
 // the event's topic (an exact topic or a pattern, Subscribes) and its Filter, if any, holds for the event (a
-// filter that does not compile holds for none). WantsInput adds the checks that only apply when a delivery
-// is created; a retry or replay of an existing delivery asks Selects, so that it never re-opens a delivery
-// the group's topics or filter refuse now.
+// filter that does not compile, or whose evaluation fails, holds for none). Decide adds the checks that
+// only apply when a delivery is created; a retry or replay of an existing delivery asks Selects, so that it
+// never re-opens a delivery the group's topics or filter refuse now.
 func (e *Endpoint) Selects(in *EventInput) bool {
+	ok, err := e.selects(in)
+	return ok && err == nil
+}
+
+func (e *Endpoint) selects(in *EventInput) (bool, error) {
 	if !e.Subscribes(in.Event.Topic) {
-		return false
+		return false, nil
 	}
 	if e.Filter == "" {
-		return true
+		return true, nil
 	}
 	f := e.filter
 	if f == nil || f.src != e.Filter {
 		var err error
 		if f, err = CompileFilter(e.Filter); err != nil {
-			return false
+			return false, nil
 		}
 	}
-	return f.Match(in)
+	return f.Eval(in)
 }
 
 var eventIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)

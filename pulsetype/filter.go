@@ -2,17 +2,25 @@ package pulsetype
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/ast"
 	"cel.dev/cel-go/common/cost"
+	"cel.dev/cel-go/common/overloads"
 	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/ext"
+	"cel.dev/cel-go/interpreter"
 )
 
 // Filter limits (docs/delivery.md, "Filters").
@@ -20,8 +28,22 @@ const (
 	// MaxFilterLength bounds an endpoint's filter expression, in bytes.
 	MaxFilterLength = 4096
 	// MaxFilterCost is the most one evaluation of a filter may cost, in CEL cost units (about one per
-	// operation, a tenth of a byte's for string functions): evaluation stops there and the filter is false.
+	// operation, a tenth of a byte's for string functions): evaluation stops there and the delivery ends as
+	// CodeFilterError. A matches() call is charged before it runs (boundedMatches).
 	MaxFilterCost = 100_000
+	// MaxFilterRegexProgram bounds the program of each matches() pattern, in RE2 instructions as cel-go
+	// counts them (types.RegexProgramSize; cel.RegexProgramSizeLimit refuses a larger one at PUT):
+	// `[ab]{1000}c` is about 2,000, `^[0-9a-f]{8}-[0-9a-f]{4}$` about 20.
+	MaxFilterRegexProgram = 200
+	// FilterTimeout is the deadline of one evaluation of a filter: the fan-out waits no longer for it (the
+	// evaluation runs on its own goroutine, stopped by cel-go's interrupt check, FilterInterruptCheck), and
+	// the delivery ends as CodeFilterError. The cost limits bound an evaluation well below it (one at
+	// MaxFilterCost takes about 20 ms of one core): it is the bound for what the cost model misses, far
+	// enough above that a loaded machine does not end deliveries the limits admit.
+	FilterTimeout = time.Second
+	// FilterInterruptCheck is how many iterations of a comprehension run between two checks of the
+	// evaluation's deadline (cel.InterruptCheckFrequency).
+	FilterInterruptCheck = 100
 	// FilterSizeHint is the size, in bytes or elements, that the check at PUT assumes for every string, list
 	// and map of an event when it estimates a filter's worst cost: an expression whose estimate passes
 	// MaxFilterCost is refused. Larger values of an event are bounded by MaxFilterCost when it runs.
@@ -40,7 +62,8 @@ type Filter struct {
 // across int, uint and double (JSON numbers are doubles: event.data.amount > 100 compares a double with
 // an int), and event declared as a map of string to dyn.
 var filterEnv = sync.OnceValues(func() (*cel.Env, error) {
-	return cel.NewEnv(cel.Variable("event", cel.MapType(cel.StringType, cel.DynType)), cel.CrossTypeNumericComparisons(true))
+	return cel.NewEnv(cel.Variable("event", cel.MapType(cel.StringType, cel.DynType)), cel.CrossTypeNumericComparisons(true),
+		cel.RegexProgramSizeLimit(MaxFilterRegexProgram), cel.ASTValidators(cel.ValidateRegexLiterals()))
 })
 
 // filterFields is the event as the type check of CompileFilter declares it (filterCheckEnv): topic and
@@ -58,12 +81,16 @@ type filterFields struct {
 // always false. Expressions run in filterEnv, over the event as a map: only the check is typed.
 var filterCheckEnv = sync.OnceValues(func() (*cel.Env, error) {
 	return cel.NewEnv(ext.NativeTypes(reflect.TypeFor[filterFields](), ext.ParseStructTags(true)),
-		cel.Variable("event", cel.ObjectType("pulsetype.filterFields")), cel.CrossTypeNumericComparisons(true))
+		cel.Variable("event", cel.ObjectType("pulsetype.filterFields")), cel.CrossTypeNumericComparisons(true),
+		cel.RegexProgramSizeLimit(MaxFilterRegexProgram))
 })
 
-// CompileFilter parses and checks src: CEL syntax and types (with event's fields typed, filterCheckEnv), a boolean (or dyn) result, at most
-// MaxFilterLength bytes, and an estimated worst cost (every value of the event at most FilterSizeHint long)
-// within MaxFilterCost. It returns a *FieldError for field "filter" naming the problem.
+// CompileFilter parses and checks src: CEL syntax and types (with event's fields typed, filterCheckEnv), a
+// result whose checked type is bool or dyn (event.topic, a string, is refused naming its type), at most
+// MaxFilterLength bytes, every matches() pattern a string literal of at most MaxFilterRegexProgram
+// instructions (compiled here, never per event), and an estimated worst cost (every value of the event at
+// most FilterSizeHint long) within MaxFilterCost. It returns a *FieldError for field "filter" naming the
+// problem.
 func CompileFilter(src string) (*Filter, error) {
 	if len(src) > MaxFilterLength {
 		return nil, &FieldError{"filter", fmt.Sprintf("at most %d bytes, got %d", MaxFilterLength, len(src))}
@@ -80,12 +107,17 @@ func CompileFilter(src string) (*Filter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("filter check environment: %w", err)
 	}
-	if _, iss := checkEnv.Compile(src); iss.Err() != nil {
+	checked, iss := checkEnv.Compile(src)
+	if iss.Err() != nil {
 		return nil, &FieldError{"filter", "does not type-check over event (topic, orderingKey: string; headers: map of string to string; data: any JSON): " +
 			strings.ReplaceAll(iss.Err().Error(), "\n", " ")}
 	}
-	if t := ast.OutputType(); !t.IsExactType(types.BoolType) && !t.IsExactType(types.DynType) {
+	// The result type of the typed check: the untyped environment sees every field of event as dyn.
+	if t := checked.OutputType(); !t.IsExactType(types.BoolType) && !t.IsExactType(types.DynType) {
 		return nil, &FieldError{"filter", fmt.Sprintf("must be a boolean expression, got %s", t)}
+	}
+	if err := constantPatterns(ast); err != nil {
+		return nil, err
 	}
 	est, err := env.EstimateCost(ast, sizeHint{})
 	if err != nil {
@@ -95,23 +127,141 @@ func CompileFilter(src string) (*Filter, error) {
 		return nil, &FieldError{"filter", fmt.Sprintf("may cost up to %d per event (values of %d bytes or elements), more than the limit %d: "+
 			"iterate over less of the event", est.Max, FilterSizeHint, MaxFilterCost)}
 	}
-	prg, err := env.Program(ast, cel.CostLimit(MaxFilterCost), cel.EvalOptions(cel.OptOptimize))
+	prg, err := env.Program(ast, cel.CostLimit(MaxFilterCost), cel.EvalOptions(cel.OptOptimize),
+		cel.InterruptCheckFrequency(FilterInterruptCheck), cel.OptimizeRegex(boundedMatches...))
 	if err != nil {
 		return nil, &FieldError{"filter", err.Error()}
 	}
 	return &Filter{src: src, prg: prg}, nil
 }
 
+// constantPatterns returns a *FieldError when a matches() call of a's takes its pattern from anything but
+// a string literal: a pattern read from the event would be compiled, unbounded, at every evaluation.
+func constantPatterns(a *cel.Ast) error {
+	calls := ast.MatchDescendants(ast.NavigateAST(a.NativeRep()), ast.FunctionMatcher(overloads.Matches))
+	for _, call := range calls {
+		c := call.AsCall()
+		i := 1 // matches(s, p)
+		if c.IsMemberFunction() {
+			i = 0 // s.matches(p)
+		}
+		if args := c.Args(); len(args) > i && (args[i].Kind() != ast.LiteralKind || args[i].AsLiteral().Type() != types.StringType) {
+			return &FieldError{"filter", "matches() takes its pattern as a string literal (a pattern from the event would be compiled at each evaluation)"}
+		}
+	}
+	return nil
+}
+
+// boundedMatches are the filters' matches() (both overloads, cel.OptimizeRegex): the pattern, a literal
+// (constantPatterns), is compiled once when the filter is, and each call is charged before it runs, the
+// cost model's traversal of its input (cost.StringTraversalCostFactor per byte) times the pattern's program
+// size, since RE2's work grows with both: a call whose charge passes MaxFilterCost stops the evaluation as
+// cel.CostLimit does (a 1 MB input passes it with any pattern), instead of running first and counting
+// after.
+var boundedMatches = []*interpreter.RegexOptimization{
+	{Function: overloads.Matches, OverloadID: overloads.Matches, RegexIndex: 1, Factory: boundedMatch},
+	{Function: overloads.Matches, OverloadID: overloads.MatchesString, RegexIndex: 1, Factory: boundedMatch},
+}
+
+func boundedMatch(call interpreter.InterpretableCall, pattern string) (interpreter.InterpretableCall, error) {
+	size, err := types.RegexProgramSize(pattern)
+	if err != nil {
+		return nil, err
+	}
+	re, err := types.CompileRegexWithLimit(pattern, MaxFilterRegexProgram)
+	if err != nil {
+		return nil, err
+	}
+	return interpreter.NewCall(call.ID(), call.Function(), call.OverloadID(), call.Args(), func(values ...ref.Val) ref.Val {
+		if len(values) != 2 {
+			return types.NoSuchOverloadErr()
+		}
+		in, ok := values[0].Value().(string)
+		if !ok {
+			return types.NoSuchOverloadErr()
+		}
+		charge := math.Ceil(float64(len(in)+1)*cost.StringTraversalCostFactor) * float64(size)
+		if charge > MaxFilterCost {
+			panic(interpreter.EvalCancelledError{Cause: interpreter.CostLimitExceeded, Message: fmt.Sprintf(
+				"matches() over %d bytes with a pattern of %d instructions costs %.0f, more than the limit %d", len(in), size, charge, MaxFilterCost)})
+		}
+		return types.Bool(re.MatchString(in))
+	}), nil
+}
+
+// FilterError is an evaluation of a filter that ended without a result the fan-out may use: past
+// MaxFilterCost, past FilterTimeout, or a result that is not a boolean (a filter of type dyn, such as
+// event.data.flag, that is a string for this event). The delivery it was evaluated for ends as
+// CodeFilterError with Message.
+type FilterError struct{ Message string }
+
+func (e *FilterError) Error() string { return e.Message }
+
+// filterTimeout is FilterTimeout; tests shorten it (export_test.go).
+var filterTimeout = FilterTimeout
+
 // String returns the filter's source.
 func (f *Filter) String() string { return f.src }
 
-// Match reports whether the filter holds for the event in: only a result true holds. A field the event lacks
-// (no such key), a type that does not fit (a string compared with a number) or an evaluation past
-// MaxFilterCost makes it false, never an error: the filter decides which groups get an event, and an event
-// is data. It is safe for concurrent use when in is not shared.
+// Match reports whether the filter holds for the event in: only a result true holds, and an evaluation
+// that fails (Eval's *FilterError) does not. It is safe for concurrent use when in is not shared.
 func (f *Filter) Match(in *EventInput) bool {
-	out, _, err := f.prg.Eval(in.vars())
-	return err == nil && out == types.True
+	ok, err := f.Eval(in)
+	return ok && err == nil
+}
+
+// Eval evaluates the filter for the event in. A field the event lacks (no such key) or a type that does not
+// fit (a string compared with a number) makes it false, not an error: the filter decides which groups get
+// an event, and an event is data. It returns a *FilterError when the evaluation passes MaxFilterCost (a
+// matches() call is charged before it runs) or FilterTimeout, or when its result is not a boolean. The
+// evaluation runs on a goroutine of its own under cel-go's ContextEval, so that the caller (the fan-out of
+// every group) waits at most FilterTimeout; an evaluation past it stops at its next interrupt check. It is
+// safe for concurrent use when in is not shared.
+func (f *Filter) Eval(in *EventInput) (bool, error) {
+	vars := in.vars() // decoded here, so that the evaluation only reads in
+	ctx, cancel := context.WithTimeout(context.Background(), filterTimeout)
+	type result struct {
+		out ref.Val
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer cancel()
+		out, _, err := f.prg.ContextEval(ctx, vars)
+		done <- result{out, err}
+	}()
+	select {
+	case r := <-done:
+		return verdict(r.out, r.err)
+	case <-ctx.Done():
+		select {
+		case r := <-done:
+			return verdict(r.out, r.err)
+		default:
+			return false, &FilterError{fmt.Sprintf("the evaluation passed its deadline of %s", filterTimeout)}
+		}
+	}
+}
+
+// verdict is Eval's answer for an evaluation's result out and error err.
+func verdict(out ref.Val, err error) (bool, error) {
+	var cancelled interpreter.EvalCancelledError
+	switch {
+	case errors.As(err, &cancelled) && cancelled.Cause == interpreter.CostLimitExceeded:
+		return false, &FilterError{fmt.Sprintf("the evaluation passed the cost limit %d: %s", MaxFilterCost, cancelled.Message)}
+	case errors.As(err, &cancelled), errors.Is(err, interpreter.InterruptError{}), errors.Is(err, context.DeadlineExceeded):
+		return false, &FilterError{fmt.Sprintf("the evaluation passed its deadline of %s", filterTimeout)}
+	case err != nil:
+		return false, nil // a missing field or a type that does not fit: false
+	}
+	if b, ok := out.(types.Bool); ok {
+		return bool(b), nil
+	}
+	v := fmt.Sprint(out.Value())
+	if len(v) > 64 {
+		v = v[:64] + "…"
+	}
+	return false, &FilterError{fmt.Sprintf("the filter's result is %s %s for this event, not a boolean", out.Type().TypeName(), strconv.Quote(v))}
 }
 
 // sizeHint is the cost estimator of CompileFilter: every value reachable from event is at most

@@ -108,6 +108,15 @@ func TestFilterRejects(t *testing.T) {
 		{"a string", `"yes"`, "must be a boolean expression, got string"},
 		{"too long", strings.Repeat("true && ", 600) + "true", "at most 4096 bytes"},
 		{"nested iteration", `event.data.items.all(i, event.data.items.all(j, i.sku != j.sku || i == j))`, "may cost up to"},
+		// The result type is the typed check's: the untyped environment reads every field of event as dyn.
+		{"a header is a string", `event.headers.source`, "must be a boolean expression, got string"},
+		{"the topic is a string", `event.topic`, "must be a boolean expression, got string"},
+		{"the ordering key is a string", `event.orderingKey`, "must be a boolean expression, got string"},
+		{"a pattern from the event", `event.data.s.matches(event.data.p)`, "pattern as a string literal"},
+		{"a pattern from the topic, global form", `matches(event.data.s, event.topic)`, "pattern as a string literal"},
+		{"a pattern built from literals", `event.data.s.matches("a" + "b")`, "pattern as a string literal"},
+		{"a pattern's program too large", `event.data.s.matches('[ab]{1000}c')`, "regex program size"},
+		{"an invalid pattern", `event.data.s.matches('(')`, "not a valid CEL expression"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,8 +131,8 @@ func TestFilterRejects(t *testing.T) {
 	}
 }
 
-// An evaluation that passes MaxFilterCost stops and is false: a one-level iteration passes the check at
-// PUT, and an event larger than FilterSizeHint is bounded when it runs.
+// An evaluation that passes MaxFilterCost stops with a *FilterError (and Wants is false): a one-level
+// iteration passes the check at PUT, and an event larger than FilterSizeHint is bounded when it runs.
 func TestFilterCostLimitAtRun(t *testing.T) {
 	t.Parallel()
 	ep := validEndpoint(func(e *pulsetype.Endpoint) {
@@ -145,8 +154,82 @@ func TestFilterCostLimitAtRun(t *testing.T) {
 		big[i] = "x"
 	}
 	data, _ = json.Marshal(map[string]any{"items": big})
-	if ep.Wants(&pulsetype.Event{Topic: "t", Data: data}) {
+	ev := &pulsetype.Event{Topic: "t", Data: data}
+	if ep.Wants(ev) {
 		t.Fatal("an event whose evaluation passes MaxFilterCost: Wants = true, want false")
+	}
+	ok, err := ep.Decide(pulsetype.InputOf(ev))
+	var fe *pulsetype.FilterError
+	if ok || !errors.As(err, &fe) || !strings.Contains(fe.Message, "cost limit") {
+		t.Fatalf("Decide of an event past MaxFilterCost = %v, %v; want a *FilterError naming the cost limit", ok, err)
+	}
+}
+
+// A matches() call is charged before it runs, its input's size times its pattern's program: over a 1 MB
+// string it stops the evaluation with a *FilterError naming the sizes, without running the expression.
+func TestFilterMatchesChargedBeforeItRuns(t *testing.T) {
+	t.Parallel()
+	f, err := pulsetype.CompileFilter(`event.data.s.matches('[ab]{30}c')`)
+	if err != nil {
+		t.Fatalf("CompileFilter = %v, want a pattern of 33 instructions accepted", err)
+	}
+	short, _ := json.Marshal(map[string]any{"s": strings.Repeat("a", 30) + "c"})
+	if ok, err := f.Eval(pulsetype.InputOf(&pulsetype.Event{Topic: "t", Data: short})); !ok || err != nil {
+		t.Fatalf("Eval over 31 bytes = %v, %v; want true", ok, err)
+	}
+	for _, global := range []string{`event.data.s.matches('[ab]{30}c')`, `matches(event.data.s, '[ab]{30}c')`} {
+		f, err := pulsetype.CompileFilter(global)
+		if err != nil {
+			t.Fatal(err)
+		}
+		long, _ := json.Marshal(map[string]any{"s": strings.Repeat("a", 1_000_000)})
+		ok, err := f.Eval(pulsetype.InputOf(&pulsetype.Event{Topic: "t", Data: long}))
+		var fe *pulsetype.FilterError
+		if ok || !errors.As(err, &fe) || !strings.Contains(fe.Message, "matches() over 1000000 bytes with a pattern of 33 instructions") {
+			t.Fatalf("%s over 1 MB = %v, %v; want a *FilterError naming the input and the pattern", global, ok, err)
+		}
+	}
+}
+
+// A filter of type dyn whose result for an event is not a boolean is a *FilterError naming the type and
+// the value, never a silent false; a boolean from the data holds as it is.
+func TestFilterNotBooleanAtRun(t *testing.T) {
+	t.Parallel()
+	f, err := pulsetype.CompileFilter(`event.data.flag`)
+	if err != nil {
+		t.Fatalf("CompileFilter(event.data.flag) = %v, want dyn accepted", err)
+	}
+	for data, want := range map[string]string{`{"flag":"yes"}`: `string "yes"`, `{"flag":3}`: `double "3"`, `{"flag":{"a":1}}`: "map"} {
+		ok, err := f.Eval(pulsetype.InputOf(&pulsetype.Event{Topic: "t", Data: json.RawMessage(data)}))
+		var fe *pulsetype.FilterError
+		if ok || !errors.As(err, &fe) || !strings.Contains(fe.Message, want) || !strings.Contains(fe.Message, "not a boolean") {
+			t.Errorf("Eval over %s = %v, %v; want a *FilterError naming %s, not a boolean", data, ok, err, want)
+		}
+	}
+	for data, want := range map[string]bool{`{"flag":true}`: true, `{"flag":false}`: false, `{}`: false} {
+		if ok, err := f.Eval(pulsetype.InputOf(&pulsetype.Event{Topic: "t", Data: json.RawMessage(data)})); ok != want || err != nil {
+			t.Errorf("Eval over %s = %v, %v; want %v, nil (a missing field is false)", data, ok, err, want)
+		}
+	}
+}
+
+// An evaluation past its deadline ends with a *FilterError naming it: the caller does not wait for it.
+// Not parallel: it shortens the deadline of every evaluation.
+func TestFilterDeadline(t *testing.T) {
+	defer pulsetype.SetFilterTimeout(time.Nanosecond)()
+	f, err := pulsetype.CompileFilter(`event.data.items.all(i, i == "x")`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := make([]string, 5000)
+	for i := range items {
+		items[i] = "x"
+	}
+	data, _ := json.Marshal(map[string]any{"items": items})
+	ok, err := f.Eval(pulsetype.InputOf(&pulsetype.Event{Topic: "t", Data: data}))
+	var fe *pulsetype.FilterError
+	if ok || !errors.As(err, &fe) || !strings.Contains(fe.Message, "deadline of 1ns") {
+		t.Fatalf("Eval past its deadline = %v, %v; want a *FilterError naming the deadline", ok, err)
 	}
 }
 

@@ -38,6 +38,10 @@ const (
 	// CodeCancelled is the error of a delivery cancelled through the API (status StatusCancelled) and of the
 	// attempt that the cancel ended or kept from running.
 	CodeCancelled ErrorCode = "cancelled"
+	// CodeFilterError ends, without a POST, the delivery of an event whose evaluation of the consumer group's
+	// filter failed (a pulsetype.FilterError: past the cost limit or the deadline, or a result that is not a
+	// boolean): terminal, counted as a failure, since the group's filter, not the event, decides.
+	CodeFilterError ErrorCode = "filter_error"
 )
 
 // Ended reports whether code ends a delivery whatever retries remain: the event is gone, the consumer group
