@@ -280,16 +280,24 @@ type outboxDoc struct {
 }
 
 // wants reports whether the subscription's group receives the event in holds (pulsetype.Endpoint.WantsInput,
-// from the fields that rule reads: the group, topics, filter, offsetReset and createdAt). The filter is compiled at the
-// document's first call, through filters (the store's cache; nil: none), so that neither a fan-out of many
-// events nor the next fan-out compiles it again; a stored filter that no longer compiles wants nothing. Not
-// safe for concurrent use.
+// from the fields that rule reads: the group, topics, filter, offsetReset and createdAt): decide's answer,
+// with a filter whose evaluation failed taken as false. Not safe for concurrent use.
 func (d *subscriptionDoc) wants(in *pulsetype.EventInput, filters *pulsetype.FilterCache) bool {
+	ok, err := d.decide(in, filters)
+	return ok && err == nil
+}
+
+// decide is pulsetype.Endpoint.Decide for the subscription's group: whether it receives the event in holds,
+// or a *pulsetype.FilterError when its filter's evaluation failed. The filter is compiled at the document's
+// first call, through filters (the store's cache; nil: none), so that neither a fan-out of many events nor
+// the next fan-out compiles it again; a stored filter that no longer compiles wants nothing. Not safe for
+// concurrent use.
+func (d *subscriptionDoc) decide(in *pulsetype.EventInput, filters *pulsetype.FilterCache) (bool, error) {
 	if d.rule == nil {
 		d.rule = &pulsetype.Endpoint{ConsumerGroup: d.ID, Topics: d.Topics, Filter: d.Filter, OffsetReset: d.OffsetReset, CreatedAt: d.CreatedAt}
-		_ = d.rule.CompileFilterWith(filters) // on error WantsInput compiles again and wants nothing
+		_ = d.rule.CompileFilterWith(filters) // on error Decide compiles again and wants nothing
 	}
-	return d.rule.WantsInput(in)
+	return d.rule.Decide(in)
 }
 
 func newAttemptDoc(ref pulsetype.DeliveryRef, n int, now, nextAt time.Time) *attemptDoc {

@@ -88,11 +88,13 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 	now := s.now()
 	var l *lease // one lease for the batch, taken with its first claimed attempt
 	var deliveries, attempts, queue []any
+	failed := map[int]bool{} // indices in attempts of the attempts ended as filter_error
 	for _, e := range events {
 		in := pulsetype.InputOf(e) // one per event: its data is decoded once for every group's filter
 		for i := range subs {
 			sub := &subs[i]
-			if !sub.wants(in, &s.filters) {
+			ok, ferr := sub.decide(in, &s.filters)
+			if !ok && ferr == nil {
 				continue
 			}
 			d := &deliveryDoc{
@@ -101,6 +103,13 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 				EventCreatedAt: e.CreatedAt, Status: pulsetype.StatusPending, CreatedAt: now, UpdatedAt: now,
 			}
 			a := newAttemptDoc(d.delivery().Ref(), 1, now, now)
+			if ferr != nil {
+				s.endByFilter(d, a, sub, ferr, now)
+				failed[len(attempts)] = true
+				deliveries = append(deliveries, d)
+				attempts = append(attempts, a)
+				continue
+			}
 			q := queued(a, e.OrderingKey, e.CreatedAt)
 			if claim != nil && claim(sub.ID) {
 				if l == nil {
@@ -117,8 +126,10 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 		return nil, nil
 	}
 	unordered := options.InsertMany().SetOrdered(false)
-	if _, err := s.queue.InsertMany(ctx, queue, unordered); err != nil && !onlyDuplicates(err) {
-		return nil, wrap("queue first attempts", err)
+	if len(queue) > 0 {
+		if _, err := s.queue.InsertMany(ctx, queue, unordered); err != nil && !onlyDuplicates(err) {
+			return nil, wrap("queue first attempts", err)
+		}
 	}
 	if _, err := s.deliveries.InsertMany(ctx, deliveries, unordered); err != nil && !onlyDuplicates(err) {
 		return nil, wrap("insert deliveries", err)
@@ -129,7 +140,7 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 	}
 	out := make([]*pulsetype.Attempt, 0, len(attempts))
 	for i, doc := range attempts {
-		if !failedAt(err, i) {
+		if !failedAt(err, i) && !failed[i] {
 			out = append(out, doc.(*attemptDoc).attempt())
 		}
 	}
@@ -137,6 +148,23 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 		return nil, err
 	}
 	return out, nil
+}
+
+// endByFilter makes the delivery d and its first attempt a, not inserted yet, terminal as
+// pulsetype.CodeFilterError with ferr's message (no queue document, no POST), counts it
+// (Options.FilterErrors) and logs the first of each group and filter in this process.
+func (s *Store) endByFilter(d *deliveryDoc, a *attemptDoc, sub *subscriptionDoc, ferr error, now time.Time) {
+	info := &pulsetype.ErrorInfo{Code: pulsetype.CodeFilterError, Message: "the consumer group's filter failed for this event: " + ferr.Error()}
+	exp := expiry(now, s.opts.HistoryRetention)
+	d.Status, d.EndedAt, d.FinalAttempt, d.Error, d.ExpiresAt = pulsetype.StatusError, &now, 1, info, exp
+	a.Status, a.EndedAt, a.Terminal, a.Error, a.ExpiresAt = pulsetype.StatusError, &now, true, info, exp
+	if s.opts.FilterErrors != nil {
+		s.opts.FilterErrors(sub.ID)
+	}
+	if _, logged := s.filterLogged.LoadOrStore(sub.ID+"\x00"+sub.Filter, true); !logged {
+		s.log.Warn().Str("consumer_group", sub.ID).Str("filter", sub.Filter).Str("event_id", d.EventID).Str("error", ferr.Error()).
+			Msg("the consumer group's filter failed for an event: its delivery ends as filter_error (logged once per group and filter; pulse_filter_errors_total counts them)")
+	}
 }
 
 // unqueueDuplicates removes the queue documents of the attempts (as inserted into the history with the

@@ -77,6 +77,8 @@ var internalCases = []storetest.Case{
 	{Name: "OldestPendingFollowsTheBacklog", Run: internal(testOldestPendingFollowsTheBacklog)},
 	{Name: "PendingByGroupCountsOnBothPaths", Run: internal(testPendingByGroupCountsOnBothPaths)},
 	{Name: "SetBacklogHighFlipsOnce", Run: internal(testSetBacklogHighFlipsOnce)},
+	// filter_test.go
+	{Name: "FanOutEndsAFailedFilterAsFilterError", Run: internal(testFanOutEndsAFailedFilterAsFilterError)},
 	// watch_test.go
 	{Name: "WatchEventsSendsChangeStreamAndReopens", Run: internal(testWatchEventsSendsChangeStreamAndReopens)},
 	// queue_test.go

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -38,6 +39,10 @@ type Options struct {
 	// queue migration): that work runs in pages of this many documents, so no command grows with the backlog.
 	// 0 means DefaultPageSize.
 	PageSize int
+	// FilterErrors, when set, is called with the consumer group of each delivery the fan-out ends as
+	// pulsetype.CodeFilterError (its filter's evaluation failed, pulsetype.FilterError), for a metric; the
+	// store logs the first of each group and filter itself.
+	FilterErrors func(group string)
 }
 
 // DefaultPageSize is Options.PageSize when unset: 1,000 ids of at most 40 bytes make a command of about
@@ -56,6 +61,7 @@ type Store struct {
 	publishes                                  *groupCommit                              // concurrent publishes of one event each, written together
 	hello                                      func(context.Context) (helloReply, error) // nil: the server's hello (tests replace it)
 	filters                                    pulsetype.FilterCache                     // the consumer groups' filters, compiled once
+	filterLogged                               sync.Map                                  // group + "\x00" + filter: its first filter_error was logged
 }
 
 // New returns a Store on client. It does no I/O; call EnsureSchema before use.
