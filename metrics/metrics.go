@@ -36,6 +36,7 @@ type Metrics struct {
 	workerLost prometheus.Counter
 	reconciled *prometheus.CounterVec
 	disabled   *prometheus.CounterVec
+	filterErrs *prometheus.CounterVec
 	state      *prometheus.GaugeVec
 	readErrors *prometheus.CounterVec
 	readAt     *prometheus.GaugeVec
@@ -89,6 +90,9 @@ func New() *Metrics {
 		disabled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_endpoint_disabled_total",
 			Help: "Endpoints this process disabled, by consumer group and reason (gone: 410 Gone; failing: disableAfter)."},
 			[]string{"consumer_group", "reason"}),
+		filterErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pulse_filter_errors_total",
+			Help: "Deliveries the fan-out of this process ended as filter_error, by consumer group: the group's filter failed for the event (past its cost limit or deadline, or a result that is not a boolean; docs/filters.md)."},
+			[]string{"consumer_group"}),
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_endpoint_state",
 			Help: "1 for each endpoint's current state (active, paused, disabled), 0 for the others; read from the database on scrape with the pending count."},
 			[]string{"consumer_group", "state"}),
@@ -131,11 +135,14 @@ func (m *Metrics) EndpointDisabled(group string, reason pulsetype.StateReason) {
 	m.disabled.WithLabelValues(group, string(reason)).Inc()
 }
 
+// FilterError counts a delivery the fan-out ended as filter_error (mongo.Options.FilterErrors).
+func (m *Metrics) FilterError(group string) { m.filterErrs.WithLabelValues(group).Inc() }
+
 // Reconciled counts a repaired partial state.
 func (m *Metrics) Reconciled(kind string) { m.reconciled.WithLabelValues(kind).Inc() }
 
-// groupCollector serves the per-group series: pulse_attempts_total, pulse_attempt_duration_seconds and
-// pulse_deliveries_pending. When a count is set (CountPendingWith), a scrape counts pending deliveries at
+// groupCollector serves the per-group series: pulse_attempts_total, pulse_attempt_duration_seconds,
+// pulse_filter_errors_total and pulse_deliveries_pending. When a count is set (CountPendingWith), a scrape counts pending deliveries at
 // most once per maxAge (a scrape in between gets the last count), so nobody pays for the count unless it is
 // read; the groups of that count (every registered group, and any group with deliveries still pending) get
 // their attempt series at 0 before their first attempt, and the series of groups that left it are removed,
@@ -166,6 +173,7 @@ func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.m.pending.Describe(ch)
 	c.m.oldest.Describe(ch)
 	c.m.state.Describe(ch)
+	c.m.filterErrs.Describe(ch)
 	c.m.readErrors.Describe(ch)
 	c.m.readAt.Describe(ch)
 }
@@ -190,6 +198,7 @@ func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.pending.Collect(ch)
 	c.m.oldest.Collect(ch)
 	c.m.state.Collect(ch)
+	c.m.filterErrs.Collect(ch)
 	c.m.readErrors.Collect(ch) // after the reads of this scrape, so that it counts them
 	c.m.readAt.Collect(ch)
 }
@@ -280,6 +289,7 @@ func (c *groupCollector) refresh(counts map[string]int64) {
 		if _, ok := counts[group]; !ok {
 			c.m.attempts.DeletePartialMatch(prometheus.Labels{"consumer_group": group})
 			c.m.duration.DeleteLabelValues(group)
+			c.m.filterErrs.DeleteLabelValues(group)
 		}
 	}
 	c.known = make(map[string]bool, len(counts))
@@ -290,6 +300,7 @@ func (c *groupCollector) refresh(counts map[string]int64) {
 			c.m.attempts.WithLabelValues(group, o)
 		}
 		c.m.duration.WithLabelValues(group)
+		c.m.filterErrs.WithLabelValues(group)
 	}
 }
 

@@ -89,6 +89,23 @@ func TestGroupSeriesFollowRegistration(t *testing.T) {
 	}
 }
 
+// pulse_filter_errors_total counts the deliveries ended as filter_error by group, at 0 for a registered
+// group before its first.
+func TestFilterErrorsCounted(t *testing.T) {
+	m := New()
+	m.CountPendingWith(func(context.Context) (map[string]int64, error) { return map[string]int64{"billing": 0, "audit": 0}, nil }, 0, zerolog.Nop())
+	m.FilterError("billing")
+	m.FilterError("billing")
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{`pulse_filter_errors_total{consumer_group="billing"} 2`, `pulse_filter_errors_total{consumer_group="audit"} 0`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("scrape lacks %s:\n%s", want, body)
+		}
+	}
+}
+
 // pulse_oldest_pending_delivery_age_seconds is 0 for a registered group with nothing pending, the age of its
 // oldest pending delivery at the scrape while it has a backlog, and 0 again once the backlog drains.
 func TestOldestPendingAge(t *testing.T) {

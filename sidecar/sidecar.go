@@ -247,10 +247,11 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 		log.Warn().Dur("skew_ms", hooks.ClockSkew).Msg("PULSE_TEST_CLOCK_SKEW shifts this process's clock (testing only)")
 	}
 	clock := lease.NewClock(local)
+	m := metrics.New()
 	store := mongo.New(client, mongo.Options{
 		Database: dbName, CollectionPrefix: cfg.CollectionPrefix, LeaseTimeout: cfg.LeaseTimeout,
 		EventRetention: cfg.EventRetention, HistoryRetention: cfg.HistoryRetention, Now: clock.Now, Logger: log,
-		Keys: keys,
+		Keys: keys, FilterErrors: m.FilterError,
 	})
 	startCtx, cancelStart := context.WithTimeout(ctx, startTimeout)
 	defer cancelStart()
@@ -279,7 +280,6 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	r.defer1(sender.CloseIdleConnections)
 	owner := uuid.Must(uuid.NewV7()).String()
 	keeper := lease.NewKeeper(store.Renew, cfg.LeaseTimeout, local, log)
-	m := metrics.New()
 	m.CountPendingWith(store.PendingByGroup, PendingCountMaxAge, log)
 	m.ReadStatesWith(store.EndpointStates)
 	m.OldestPendingWith(store.OldestPending)
