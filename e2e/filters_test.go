@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,12 @@ func TestFilterRefusedAtPut(t *testing.T) {
 		{`event.data.amount`, ""}, // dyn: allowed, the result must be true at run time
 		{`event.data.amount + 1`, "must be a boolean expression"},
 		{`event.data.items.all(i, event.data.items.all(j, i == j))`, "may cost up to"},
+		// The result type is the typed check's: a header and the topic are strings, refused naming the type.
+		{`event.headers.source`, "must be a boolean expression, got string"},
+		{`event.topic`, "must be a boolean expression, got string"},
+		// Regular expressions are compiled at PUT only: a literal pattern, of a bounded program.
+		{`event.data.s.matches(event.data.p)`, "pattern as a string literal"},
+		{`event.data.s.matches('[ab]{1000}c')`, "regex program size"},
 	} {
 		var out struct {
 			Error struct{ Code, Message, Field string }
@@ -121,4 +128,91 @@ func TestFilterChangeEndsPendingWork(t *testing.T) {
 		t.Fatalf("delivery after the filter changed = %+v (error %+v), want error unsubscribed saying the filter changed", d, d.Error)
 	}
 	rcv.WantPOSTs(t, 0, "(the endpoint was paused, then its pending work ended)")
+}
+
+// No publish can make one group's filter delay another group: two 1 MB events that a costly filter of group
+// costly sees (a matches() whose RE2 work is the input's size times its pattern's 193 instructions) end
+// that group's deliveries as filter_error at once, charged before the match runs, and an event of another
+// topic published right after them reaches group other within 10 times the latency measured for that group
+// in this test beforehand, plus 1 s. Each filter_error is counted in pulse_filter_errors_total and logged
+// once for the group. Before the fix each event's match held the fan-out of every group for seconds.
+func TestACostlyFilterDelaysNoOtherGroup(t *testing.T) {
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	sink, other := harness.NewReceiver(t, 200), harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "costly", map[string]any{"url": sink.URL, "topics": []string{"big"}, "filter": `event.data.s.matches('[ab]{190}c')`})
+	s.RegisterEndpoint(t, "other", map[string]any{"url": other.URL, "topics": []string{"small"}})
+
+	// latency publishes one event to group other and returns the time until the receiver had its POST.
+	latency := func(i int) time.Duration {
+		t.Helper()
+		n := len(other.Received())
+		start := time.Now()
+		id := s.Publish(t, "small", map[string]any{"i": i})
+		select {
+		case <-other.Notify:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("event %s of group other was not POSTed within 2 min", id)
+		}
+		got := other.Received()
+		if len(got) != n+1 || !strings.Contains(string(got[n].Body), id) {
+			t.Fatalf("group other got %d POSTs, the last %s; want %d, the last event %s", len(got), got[len(got)-1].Body, n+1, id)
+		}
+		return got[n].At.Sub(start)
+	}
+	var baseline []time.Duration
+	for i := range 5 {
+		baseline = append(baseline, latency(i))
+	}
+	slices.Sort(baseline)
+	base := baseline[len(baseline)/2] // the median
+
+	big := map[string]any{"s": strings.Repeat("a", 1_000_000)}
+	costly := []string{s.Publish(t, "big", big), s.Publish(t, "big", big)}
+	after := latency(99)
+	bound := 10*base + time.Second
+	t.Logf("latency of group other: median %s of %v before, %s after two 1 MB events of group costly (bound %s)", base, baseline, after, bound)
+	if after > bound {
+		t.Errorf("group other's event took %s after the 1 MB events of group costly, more than 10 × its baseline %s + 1 s", after, base)
+	}
+	for _, id := range costly {
+		d := s.WaitDelivery(t, id, "costly", time.Minute)
+		if d.Status != "error" || d.Error == nil || d.Error.Code != "filter_error" || !strings.Contains(d.Error.Message, "matches() over 1000000 bytes") {
+			t.Errorf("delivery of %s to costly = %+v (error %+v), want error filter_error naming the matches() over 1000000 bytes", id, d, d.Error)
+		}
+	}
+	sink.WantPOSTs(t, 0, "(the filter failed: nothing is POSTed)")
+	if body := scrape(t, s); !strings.Contains(body, `pulse_filter_errors_total{consumer_group="costly"} 2`) {
+		t.Errorf("/metrics does not count the two filter errors of costly:\n%s", grepLines(body, "pulse_filter_errors_total"))
+	}
+	if n := strings.Count(s.Logs.String(), "its delivery ends as filter_error"); n != 1 {
+		t.Errorf("%d log lines for the filter errors of costly, want 1 (once per group and filter)", n)
+	}
+}
+
+// A filter of type dyn whose result for an event is not a boolean ends that delivery as terminal
+// filter_error naming the type, counted and logged once for the group, never a silent nothing; an event for
+// which it is true is delivered.
+func TestAFilterThatIsNotBooleanAtRunEndsTheDelivery(t *testing.T) {
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "flagged", map[string]any{"url": rcv.URL, "topics": []string{"t"}, "filter": `event.data.flag`})
+	yes1, yes2 := s.Publish(t, "t", map[string]any{"flag": "yes"}), s.Publish(t, "t", map[string]any{"flag": "yes"})
+	ok := s.Publish(t, "t", map[string]any{"flag": true})
+	s.WantSuccess(t, "flagged", time.Minute, ok)
+	for _, id := range []string{yes1, yes2} {
+		d := s.WaitDelivery(t, id, "flagged", time.Minute)
+		if d.Status != "error" || d.Error == nil || d.Error.Code != "filter_error" || !strings.Contains(d.Error.Message, `string "yes"`) ||
+			len(d.Attempts) != 1 {
+			t.Errorf("delivery of %s = %+v (error %+v), want error filter_error naming the string result, with its one attempt", id, d, d.Error)
+		}
+	}
+	rcv.WantPOSTs(t, 1, "(only the event whose flag is true)")
+	if body := scrape(t, s); !strings.Contains(body, `pulse_filter_errors_total{consumer_group="flagged"} 2`) {
+		t.Errorf("/metrics does not count the two filter errors:\n%s", grepLines(body, "pulse_filter_errors_total"))
+	}
+	if n := strings.Count(s.Logs.String(), "its delivery ends as filter_error"); n != 1 {
+		t.Errorf("%d log lines for the filter errors of flagged, want 1 (once per group and filter)", n)
+	}
 }
