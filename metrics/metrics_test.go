@@ -93,7 +93,9 @@ func TestGroupSeriesFollowRegistration(t *testing.T) {
 // group before its first.
 func TestFilterErrorsCounted(t *testing.T) {
 	m := New()
-	m.CountPendingWith(func(context.Context) (map[string]int64, error) { return map[string]int64{"billing": 0, "audit": 0}, nil }, 0, zerolog.Nop())
+	m.CountPendingWith(func(context.Context) (map[string]int64, error) {
+		return map[string]int64{"billing": 0, "audit": 0}, nil
+	}, 0, zerolog.Nop())
 	m.FilterError("billing")
 	m.FilterError("billing")
 	rec := httptest.NewRecorder()
