@@ -60,7 +60,9 @@ type Filter struct {
 
 // filterEnv is the one CEL environment of filters, built once: CEL's standard library, numbers compared
 // across int, uint and double (JSON numbers are doubles: event.data.amount > 100 compares a double with
-// an int), and event declared as a map of string to dyn.
+// an int), event declared as a map of string to dyn, and cel-go's validators of matches() literals: a
+// pattern that compiles (cel.ValidateRegexLiterals) of at most MaxFilterRegexProgram instructions
+// (cel.RegexProgramSizeLimit).
 var filterEnv = sync.OnceValues(func() (*cel.Env, error) {
 	return cel.NewEnv(cel.Variable("event", cel.MapType(cel.StringType, cel.DynType)), cel.CrossTypeNumericComparisons(true),
 		cel.RegexProgramSizeLimit(MaxFilterRegexProgram), cel.ASTValidators(cel.ValidateRegexLiterals()))
