@@ -453,7 +453,8 @@ func TestConsoleOpensADeliveryAtTheTopAndCountsItsAttempts(t *testing.T) {
 }
 
 // A long consumer group name (100 characters, one word) and a long URL wrap inside their cells instead of
-// widening the page, and the URL wraps only between its parts (after a / . - ? & =), never inside one.
+// widening the page, and the URL wraps only between its parts (after a / . - ? & =), never inside one; a
+// short name and URL (billing, http://127.0.0.1:9/hook) stay on one line each.
 func TestConsoleWrapsLongNamesAndURLs(t *testing.T) {
 	path := browserPath(t)
 	b := harness.Setup(t)
@@ -461,11 +462,18 @@ func TestConsoleWrapsLongNamesAndURLs(t *testing.T) {
 	group := "g" + strings.Repeat("0123456789", 9) + "abcdefghi"
 	url := "http://127.0.0.1:9/tenants/europe-west/accounts/acme-corporation/webhooks/invoices/paid-events/receiver?region=eu&format=long-value"
 	s.RegisterEndpoint(t, group, map[string]any{"url": url, "topics": []string{"invoice.paid"}})
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": "http://127.0.0.1:9/hook", "topics": []string{"invoice.paid"}})
 	ctx := browser(t, path, chromedp.WindowSize(1100, 900))
 	page(t, ctx, 30*time.Second, "load the console and see the group",
 		chromedp.Navigate(s.URL+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#groups tr[data-group="`+group+`"]`)))
 	if over := read[float64](t, ctx, `document.documentElement.scrollWidth - document.documentElement.clientWidth`); over > 0 {
 		t.Errorf("the page is %.0f px wider than the window: a long name or URL does not wrap", over)
+	}
+	// A short name and URL stay on one line: wrapping anywhere must not let the table squeeze them.
+	for _, sel := range []string{`#groups tr[data-group="billing"] td.group button`, `#groups tr[data-group="billing"] td.url`} {
+		if n := read[int](t, ctx, `((e) => { const r = document.createRange(); r.selectNodeContents(e); return new Set([...r.getClientRects()].map((c) => Math.round(c.top))).size; })(document.querySelector('`+sel+`'))`); n != 1 {
+			t.Errorf("%s takes %d lines, want 1", sel, n)
+		}
 	}
 	cell := `document.querySelector('#groups tr[data-group="` + group + `"] td.url')`
 	if text := read[string](t, ctx, cell+`.textContent`); text != url {
