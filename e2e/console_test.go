@@ -566,7 +566,27 @@ func TestConsoleCreatesEditsAndDeletesAnEndpoint(t *testing.T) {
 	if got := harness.Get[stored](t, s.URL+"/v1/endpoints/shop"); got.URL != "http://127.0.0.1:9/v2/hook" {
 		t.Errorf("a second create replaced the endpoint: %+v", got)
 	}
-	page(t, ctx, 10*time.Second, "close the form", chromedp.Click(chromedp.CSS(`#ep-cancel`)))
+	// An endpoint with a secret: reads never show it, so an edit that does not type it again is refused
+	// beside the secret (a PUT without it would stop signing), and one that does is saved.
+	const secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+	s.RegisterEndpoint(t, "signed", map[string]any{"url": "http://127.0.0.1:9/signed", "topics": []string{"t"}, "secret": secret})
+	page(t, ctx, 10*time.Second, "open the signed endpoint's edit form",
+		chromedp.WaitVisible(chromedp.CSS(`button[data-action="edit"][data-group="signed"]`)),
+		chromedp.Click(chromedp.CSS(`button[data-action="edit"][data-group="signed"]`)))
+	until(t, ctx, 10*time.Second, "the form filled", `document.getElementById("ep-url").value === "http://127.0.0.1:9/signed"`)
+	fill("save without the secret", map[string]string{"url": "http://127.0.0.1:9/signed/v2"})
+	errorBeside("secret", "secret")
+	if got := harness.Get[stored](t, s.URL+"/v1/endpoints/signed"); got.URL != "http://127.0.0.1:9/signed" {
+		t.Errorf("an edit refused beside the secret changed the endpoint: %+v", got)
+	}
+	fill("save with the secret", map[string]string{"secret": secret})
+	until(t, ctx, 10*time.Second, "the saved message", `document.getElementById("message").textContent === "Saved signed."`)
+	if got := harness.Get[struct{ URL, Secret string }](t, s.URL+"/v1/endpoints/signed"); got.URL != "http://127.0.0.1:9/signed/v2" || !strings.HasSuffix(got.Secret, secret[len(secret)-4:]) {
+		t.Errorf("the edited signed endpoint reads %+v, want the new URL and the secret kept", got)
+	}
+	if !read[bool](t, ctx, `document.getElementById("endpoint-form").hidden`) {
+		t.Errorf("the form stays open after a save")
+	}
 	// Delete asks first; Cancel keeps it; confirming deletes it.
 	page(t, ctx, 10*time.Second, "press delete and cancel",
 		chromedp.Click(chromedp.CSS(`button[data-action="delete"][data-group="shop"]`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
