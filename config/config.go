@@ -112,8 +112,9 @@ type Config struct {
 	ShutdownTimeout time.Duration `env:"PULSE_SHUTDOWN_TIMEOUT" envDefault:"25s"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"PULSE_LOG_LEVEL" envDefault:"info"`
-	// LogFormat is json or console.
-	LogFormat string `env:"PULSE_LOG_FORMAT" envDefault:"json"`
+	// LogFormat is json, console, or empty (the default): the format LogFormatFor chooses for the log's
+	// destination, console on a terminal, json otherwise.
+	LogFormat string `env:"PULSE_LOG_FORMAT"`
 	// OTLPEndpoint is the standard OTEL_EXPORTER_OTLP_ENDPOINT, an OTLP/HTTP base URL (spans go to
 	// <url>/v1/traces; the exporter reads the other OTEL_EXPORTER_OTLP_* variables itself). Default empty:
 	// spans are made (webhook POSTs carry traceparent) but nothing is exported.
@@ -270,9 +271,9 @@ func (c *Config) Validate() error {
 		return bad("PULSE_LOG_LEVEL", c.LogLevel, "debug, info, warn or error")
 	}
 	switch c.LogFormat {
-	case "json", "console":
+	case "", "json", "console":
 	default:
-		return bad("PULSE_LOG_FORMAT", c.LogFormat, "json or console")
+		return bad("PULSE_LOG_FORMAT", c.LogFormat, "json or console (unset: console on a terminal, json otherwise)")
 	}
 	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > MaxMaxBodyBytes {
 		return bad("PULSE_MAX_BODY_BYTES", c.MaxBodyBytes, fmt.Sprintf("a byte count between 1024 and %d: the largest event of a body is stored as one MongoDB document, at most %d bytes (16 MiB), of which %d are kept for the event's id, topic, headers and times",
@@ -438,4 +439,17 @@ func (c *Config) ProxyConfig() *httpproxy.Config {
 		return nil
 	}
 	return &httpproxy.Config{HTTPProxy: c.HTTPProxy, HTTPSProxy: c.HTTPSProxy, NoProxy: c.NoProxy}
+}
+
+// LogFormatFor returns the log format for a log written to a terminal (terminal true) or not: PULSE_LOG_FORMAT
+// when set, else "console" (lines for humans) on a terminal and "json" (one JSON object a line) elsewhere, a
+// pipe, a file or a container's log collector.
+func (c *Config) LogFormatFor(terminal bool) string {
+	switch {
+	case c.LogFormat != "":
+		return c.LogFormat
+	case terminal:
+		return "console"
+	}
+	return "json"
 }

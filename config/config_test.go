@@ -55,7 +55,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"ShutdownTimeout", cfg.ShutdownTimeout, config.DefaultShutdownTimeout},
 		{"SchemaTimeout", cfg.SchemaTimeout, config.DefaultSchemaTimeout},
 		{"LogLevel", cfg.LogLevel, "info"},
-		{"LogFormat", cfg.LogFormat, "json"},
+		{"LogFormat", cfg.LogFormat, ""},
 		{"MaxBodyBytes", cfg.MaxBodyBytes, int64(config.DefaultMaxBodyBytes)},
 		{"Workers", cfg.Workers, config.DefaultWorkers},
 		{"DenyCIDRs", cfg.DenyCIDRs, ""},
@@ -267,6 +267,31 @@ func TestVariablesDescribeEveryField(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSuffix(help, "\n"), "\n") {
 		if len(line) > 100 && strings.Contains(strings.TrimSpace(line), " ") {
 			t.Errorf("HelpText line longer than 100 columns: %q", line)
+		}
+	}
+}
+
+// Unset, PULSE_LOG_FORMAT follows the log's destination: console on a terminal, json on a pipe or a file;
+// set, it is what it says on both.
+func TestLogFormatFollowsTheTerminal(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		set            string
+		terminal, pipe string
+	}{{"", "console", "json"}, {"json", "json", "json"}, {"console", "console", "console"}} {
+		vars := map[string]string{}
+		if c.set != "" {
+			vars["PULSE_LOG_FORMAT"] = c.set
+		}
+		cfg, err := config.Load(getenv(vars))
+		if err != nil {
+			t.Fatalf("PULSE_LOG_FORMAT=%q: %v", c.set, err)
+		}
+		if got := cfg.LogFormatFor(true); got != c.terminal {
+			t.Errorf("PULSE_LOG_FORMAT=%q on a terminal: %q, want %q", c.set, got, c.terminal)
+		}
+		if got := cfg.LogFormatFor(false); got != c.pipe {
+			t.Errorf("PULSE_LOG_FORMAT=%q on a pipe: %q, want %q", c.set, got, c.pipe)
 		}
 	}
 }

@@ -43,7 +43,7 @@ var variables = []Variable{
 	{"PULSE_SCHEMA_TIMEOUT", "`1h`", "bound of the start's schema work: missing indexes (built with `commitQuorum: majority` on a replica set) and one-time migrations, each logging its progress; a migration stopped by it resumes at the next start; 1m to 48h"},
 	{"PULSE_SHUTDOWN_TIMEOUT", "`25s`", "grace for in-flight deliveries after SIGTERM; 0 to 1h"},
 	{"PULSE_LOG_LEVEL", "`info`", "`debug`, `info`, `warn` or `error`"},
-	{"PULSE_LOG_FORMAT", "`json`", "`json` (JSON lines on stdout) or `console` (for humans)"},
+	{"PULSE_LOG_FORMAT", "`console` on a terminal, else `json`", "`json` (JSON lines on stdout) or `console` (for humans); unset, the log is `console` when stdout is a terminal and `json` when it is a pipe or a file"},
 	{"OTEL_EXPORTER_OTLP_ENDPOINT", "empty", "OTLP/HTTP base URL to export trace spans to (`<url>/v1/traces`); empty: spans are made (webhook POSTs carry `traceparent`) but not exported"},
 	{"PULSE_MAX_BODY_BYTES", "`1048576`", "publish body limit (413 above), 1024 to 16760832: each event is stored as one MongoDB document (at most 16 MiB), and 16 KiB are kept for the event's id, topic, headers and times, so a larger limit stops the start"},
 	{"PULSE_WORKERS", "`64`", "worker slots for webhook POSTs per process, shared by consumer groups, 1 to 10000; see Fairness between endpoints in operating.md (a POST running longer than 1 s gives its slot back, so up to 17 × this many may be in flight, each group within its `maxConcurrency`)"},

@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -245,6 +248,83 @@ func TestCloudEventsArriveTheSameInEveryMode(t *testing.T) {
 		}
 		if body.Headers["ce-source"] != source || body.Headers["ce-subject"] != subject || body.Headers["ce-pct"] != pct {
 			t.Errorf("envelope headers %v, want source %q, subject %q, pct %q as published", body.Headers, source, subject, pct)
+		}
+	}
+}
+
+// cloudEventsJS is the directory of the pinned CloudEvents JavaScript SDK (package.json, package-lock.json) and
+// of toevent.js, which decodes one request with the SDK's HTTP.toEvent; .ci/run installs it with npm ci.
+const cloudEventsJS = "testdata/cloudevents-js"
+
+// An endpoint in the cloudevents-structured format receives one application/cloudevents+json object, and the
+// CloudEvents JavaScript SDK (npm cloudevents 10.0.0, which reads binary-mode ce-* headers without
+// percent-decoding them) reads back every attribute exactly as published: a non-ASCII subject, a source with
+// a literal %20, an extension, the time, the dataschema, the ordering key as partitionkey, and the data.
+// Skipped, saying why, without node or without the SDK installed in testdata/cloudevents-js.
+func TestCloudEventsStructuredDeliveryReadByJavaScriptSDK(t *testing.T) {
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed: the CloudEvents JavaScript SDK is not run")
+	}
+	if _, err := os.Stat(filepath.Join(cloudEventsJS, "node_modules", "cloudevents", "package.json")); err != nil {
+		t.Skipf("the CloudEvents JavaScript SDK is not installed (%v): run npm ci --prefix e2e/%s, as .ci/run does", err, cloudEventsJS)
+	}
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	rcv := harness.NewReceiver(t, 200)
+	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"order.created"}, "format": "cloudevents-structured"})
+	published := map[string]any{"specversion": "1.0", "id": "ce-js-1", "type": "order.created", "source": "/shop/a%20b",
+		"subject": "Zürich – 東京", "time": "2025-03-01T12:00:00.123Z", "dataschema": "https://example.com/schemas/order%201",
+		"datacontenttype": "application/json", "tenant": "eu west", "partitionkey": "c-9 é",
+		"data": map[string]any{"orderId": "o-1", "note": "100% <b>&</b>"}}
+	body, err := json.Marshal(published)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := postCE(t, s.URL, map[string]string{"Content-Type": "application/cloudevents+json"}, string(body), nil); code != 202 {
+		t.Fatalf("structured publish answered %d", code)
+	}
+	testwait.Eventually(t, 20*time.Second, "the structured-mode POST", func() bool { return len(rcv.Received()) >= 1 })
+	got := rcv.Received()[0]
+	headers := map[string]string{}
+	for k := range got.Header {
+		headers[strings.ToLower(k)] = got.Header.Get(k)
+	}
+	if headers["content-type"] != "application/cloudevents+json" {
+		t.Errorf("Content-Type %q, want application/cloudevents+json", headers["content-type"])
+	}
+	in, err := json.Marshal(map[string]any{"headers": headers, "body": string(got.Body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "toevent.js")
+	cmd.Dir, cmd.Stdin = cloudEventsJS, bytes.NewReader(in)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("HTTP.toEvent refused the delivery: %v\n%s\nbody: %s", err, stderr.String(), got.Body)
+	}
+	var read map[string]any
+	if err := json.Unmarshal(out, &read); err != nil {
+		t.Fatalf("toevent.js wrote %q: %v", out, err)
+	}
+	for name, want := range published {
+		if name == "data" {
+			continue
+		}
+		if read[name] != want {
+			t.Errorf("the SDK read %s = %#v, want %#v as published", name, read[name], want)
+		}
+	}
+	wantData, _ := json.Marshal(published["data"])
+	if gotData, _ := json.Marshal(read["data"]); !bytes.Equal(gotData, wantData) {
+		t.Errorf("the SDK read data %s, want %s", gotData, wantData)
+	}
+	for name := range read {
+		if _, ok := published[name]; !ok {
+			t.Errorf("the SDK read attribute %s = %#v, which was not published", name, read[name])
 		}
 	}
 }

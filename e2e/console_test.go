@@ -17,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/pulse-sidecar/pulse/e2e/internal/harness"
+	"github.com/pulse-sidecar/pulse/internal/testwait"
 )
 
 // browserNames are the Chromium and Chrome binaries the browser tests look for on PATH.
@@ -138,8 +139,23 @@ func TestConsoleRetriesAFailingDelivery(t *testing.T) {
 		t.Errorf("attempt 2 row %q: want HTTP 200", second)
 	}
 
-	// Pause, then resume: the page says so, the group's state cell follows, and so does the API.
-	page(t, ctx, 10*time.Second, "press pause", chromedp.Click(chromedp.CSS(`button[data-action="pause"][data-group="billing"]`)))
+	// Pause asks first: Cancel leaves the group active; confirming pauses it. Then resume: the page says
+	// so, the group's state cell follows, and so does the API.
+	page(t, ctx, 10*time.Second, "press pause and see the confirmation",
+		chromedp.Click(chromedp.CSS(`button[data-action="pause"][data-group="billing"]`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)))
+	if text := read[string](t, ctx, `document.getElementById("confirm-text").textContent`); !strings.HasPrefix(text, "Pause billing?") {
+		t.Errorf("the confirmation reads %q, want it to ask to pause billing", text)
+	}
+	if ep := getEndpoint(s, t, "billing"); ep.State != "active" {
+		t.Errorf("pressing pause, not yet confirmed, made the endpoint %v", ep.State)
+	}
+	page(t, ctx, 10*time.Second, "cancel the pause", chromedp.Click(chromedp.CSS(`#confirm-no`)), chromedp.WaitNotVisible(chromedp.CSS(`#confirm`)))
+	if ep := getEndpoint(s, t, "billing"); ep.State != "active" {
+		t.Errorf("a cancelled pause made the endpoint %v", ep.State)
+	}
+	page(t, ctx, 10*time.Second, "press pause and confirm",
+		chromedp.Click(chromedp.CSS(`button[data-action="pause"][data-group="billing"]`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+		chromedp.Click(chromedp.CSS(`#confirm-yes`)))
 	until(t, ctx, 10*time.Second, "the pause message", `document.getElementById("message").textContent.startsWith("Paused billing")`)
 	until(t, ctx, 10*time.Second, "the group shown paused", `((b) => b !== null && /^paused/.test(b.closest("tr").querySelector("td.state").textContent))(document.querySelector('button[data-group="billing"][data-action="resume"]'))`)
 	if ep := getEndpoint(s, t, "billing"); ep.State != "paused" {
@@ -379,5 +395,211 @@ func TestConsoleChartsAndLinksADelivery(t *testing.T) {
 	until(t, ctx, 10*time.Second, "its status", `document.querySelector('#tl-summary dd[data-field="status"]').textContent === "success"`)
 	if !read[bool](t, ctx, `document.getElementById("tl-pending").hidden`) {
 		t.Errorf("a successful delivery shows a pending reason")
+	}
+}
+
+// A delivery's own URL opens its view at the top of the page, above the groups and the 50-row list, and the
+// list's attempts column counts a pending delivery's attempts as its view does: a group whose receiver
+// answers 500 with a retry an hour away has a pending delivery with attempt 1 failed and attempt 2 due, after
+// 60 delivered events that fill the list.
+func TestConsoleOpensADeliveryAtTheTopAndCountsItsAttempts(t *testing.T) {
+	path := browserPath(t)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	ok, failing := harness.NewReceiver(t, 200), harness.NewReceiver(t, 500)
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": ok.URL, "topics": []string{"invoice.paid"}})
+	s.RegisterEndpoint(t, "slow", map[string]any{"url": failing.URL, "topics": []string{"order.created"}, "maxRetries": 3,
+		"retryDelay": "1h", "maxRetryDelay": "2h"})
+	batch := make([]map[string]any, 60)
+	for i := range batch {
+		batch[i] = map[string]any{"topic": "invoice.paid", "data": map[string]any{"n": i}}
+	}
+	if code := harness.Do(t, "POST", s.URL+"/v1/events", batch, nil); code != 202 {
+		t.Fatalf("publish the batch = %d", code)
+	}
+	testwait.Eventually(t, 60*time.Second, "60 POSTs to billing", func() bool { return len(ok.Received()) >= 60 })
+	ev := s.Publish(t, "order.created", map[string]any{"order": "o-1"})
+	var pendingID string
+	testwait.Eventually(t, 30*time.Second, "the slow delivery to fail once and wait for attempt 2", func() bool {
+		for _, d := range harness.Get[harness.EventView](t, s.URL+"/v1/events/"+ev).Deliveries {
+			if d.ConsumerGroup == "slow" && d.Status == "pending" && d.Attempts == 2 {
+				pendingID = d.ID
+			}
+		}
+		return pendingID != ""
+	})
+
+	ctx := browser(t, path)
+	page(t, ctx, 30*time.Second, "open the pending delivery by its URL",
+		chromedp.Navigate(s.URL+"/ui/#/deliveries/"+pendingID), chromedp.WaitVisible(chromedp.CSS(`#timeline`)))
+	until(t, ctx, 10*time.Second, "its view", `document.getElementById("tl-id").textContent === "`+pendingID+`"`)
+	until(t, ctx, 10*time.Second, "the list of 50", `document.querySelectorAll('#deliveries tbody tr[data-id]').length === 50`)
+	if n := read[int](t, ctx, `document.querySelectorAll('#attempts tbody tr[data-attempt]').length`); n != 2 {
+		t.Fatalf("the delivery's view shows %d attempts, want 2", n)
+	}
+	// At the top: its view comes before the lists in the page and is in the window as opened.
+	if !read[bool](t, ctx, `!!(document.getElementById("timeline").compareDocumentPosition(document.getElementById("deliveries")) & Node.DOCUMENT_POSITION_FOLLOWING)`) ||
+		!read[bool](t, ctx, `!!(document.getElementById("timeline").compareDocumentPosition(document.getElementById("groups")) & Node.DOCUMENT_POSITION_FOLLOWING)`) {
+		t.Errorf("the delivery's view comes after the groups or the deliveries list in the page")
+	}
+	if top := read[float64](t, ctx, `document.getElementById("timeline").getBoundingClientRect().top`); top < 0 || top > read[float64](t, ctx, `innerHeight / 2`) {
+		t.Errorf("the delivery's view starts %.0f px from the window's top, want within its upper half", top)
+	}
+	row := `#deliveries tr[data-id="` + pendingID + `"]`
+	until(t, ctx, 10*time.Second, "the pending delivery's attempts in the list", `((td) => td !== null && td.textContent === "2")(document.querySelector('`+row+` td.attempts'))`)
+	if n := read[int](t, ctx, `[...document.querySelectorAll('#deliveries tbody tr[data-status="success"] td.attempts')].filter((td) => td.textContent !== "1").length`); n != 0 {
+		t.Errorf("%d delivered rows do not show 1 attempt", n)
+	}
+}
+
+// A long consumer group name (100 characters, one word) and a long URL wrap inside their cells instead of
+// widening the page, and the URL wraps only between its parts (after a / . - ? & =), never inside one; a
+// short name and URL (billing, http://127.0.0.1:9/hook) stay on one line each.
+func TestConsoleWrapsLongNamesAndURLs(t *testing.T) {
+	path := browserPath(t)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	group := "g" + strings.Repeat("0123456789", 9) + "abcdefghi"
+	url := "http://127.0.0.1:9/tenants/europe-west/accounts/acme-corporation/webhooks/invoices/paid-events/receiver?region=eu&format=long-value"
+	s.RegisterEndpoint(t, group, map[string]any{"url": url, "topics": []string{"invoice.paid"}})
+	s.RegisterEndpoint(t, "billing", map[string]any{"url": "http://127.0.0.1:9/hook", "topics": []string{"invoice.paid"}})
+	ctx := browser(t, path, chromedp.WindowSize(1100, 900))
+	page(t, ctx, 30*time.Second, "load the console and see the group",
+		chromedp.Navigate(s.URL+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#groups tr[data-group="`+group+`"]`)))
+	if over := read[float64](t, ctx, `document.documentElement.scrollWidth - document.documentElement.clientWidth`); over > 0 {
+		t.Errorf("the page is %.0f px wider than the window: a long name or URL does not wrap", over)
+	}
+	// A short name and URL stay on one line: wrapping anywhere must not let the table squeeze them.
+	for _, sel := range []string{`#groups tr[data-group="billing"] td.group button`, `#groups tr[data-group="billing"] td.url`} {
+		if n := read[int](t, ctx, `((e) => { const r = document.createRange(); r.selectNodeContents(e); return new Set([...r.getClientRects()].map((c) => Math.round(c.top))).size; })(document.querySelector('`+sel+`'))`); n != 1 {
+			t.Errorf("%s takes %d lines, want 1", sel, n)
+		}
+	}
+	cell := `document.querySelector('#groups tr[data-group="` + group + `"] td.url')`
+	if text := read[string](t, ctx, cell+`.textContent`); text != url {
+		t.Errorf("the URL cell reads %q, want %q", text, url)
+	}
+	lines := read[int](t, ctx, `new Set([...`+cell+`.childNodes].filter((n) => n.nodeType === Node.TEXT_NODE).flatMap((n) => { const r = document.createRange(); r.selectNodeContents(n); return [...r.getClientRects()].map((c) => Math.round(c.top)); })).size`)
+	inside := read[int](t, ctx, `[...`+cell+`.childNodes].filter((n) => n.nodeType === Node.TEXT_NODE).filter((n) => { const r = document.createRange(); r.selectNodeContents(n); return new Set([...r.getClientRects()].map((c) => Math.round(c.top))).size > 1; }).length`)
+	if lines < 2 || inside != 0 {
+		t.Errorf("the URL takes %d lines and wraps inside %d of its parts; want several lines, wrapped between parts only", lines, inside)
+	}
+}
+
+// An endpoint is created, edited (URL, topics, filter, retry policy, headers) and deleted from the console:
+// the API's validation errors show beside the field they name and store nothing; what is saved is what the
+// API then reads; delete asks first, and Cancel keeps the endpoint.
+func TestConsoleCreatesEditsAndDeletesAnEndpoint(t *testing.T) {
+	path := browserPath(t)
+	b := harness.Setup(t)
+	s := b.Start(b.FastEnv())
+	ctx := browser(t, path)
+	page(t, ctx, 30*time.Second, "load the console and open the new endpoint form",
+		chromedp.Navigate(s.URL+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#ep-new`)),
+		chromedp.Click(chromedp.CSS(`#ep-new`)), chromedp.WaitVisible(chromedp.CSS(`#endpoint-form`)))
+	fill := func(what string, fields map[string]string) {
+		t.Helper()
+		values, _ := json.Marshal(fields)
+		read[bool](t, ctx, `Object.entries(`+string(values)+`).every(([id, v]) => { document.getElementById("ep-" + id).value = v; return true; })`)
+		page(t, ctx, 10*time.Second, what, chromedp.Click(chromedp.CSS(`#ep-save`)))
+	}
+	errorBeside := func(field, contains string) {
+		t.Helper()
+		until(t, ctx, 10*time.Second, "the error beside "+field, `!document.getElementById("err-`+field+`").hidden`)
+		if msg := read[string](t, ctx, `document.getElementById("err-`+field+`").textContent`); !strings.Contains(msg, contains) {
+			t.Errorf("the error beside %s reads %q, want it to say %q", field, msg, contains)
+		}
+		if n := read[int](t, ctx, `[...document.querySelectorAll('#endpoint-form .field-error')].filter((e) => !e.hidden).length`); n != 1 {
+			t.Errorf("%d errors shown, want the one beside %s", n, field)
+		}
+	}
+	// The API's own refusals, each beside its field.
+	fill("save with a URL that is not one", map[string]string{"consumerGroup": "shop", "url": "not a url", "topics": "order.created"})
+	errorBeside("url", "url")
+	if code := harness.Do(t, "GET", s.URL+"/v1/endpoints/shop", nil, nil); code != 404 {
+		t.Errorf("a refused create stored the endpoint: GET = %d", code)
+	}
+	fill("save with a filter that does not compile", map[string]string{"url": "http://127.0.0.1:9/hook", "filter": "event.data.amount >"})
+	errorBeside("filter", "")
+	fill("save with maxRetries not a number", map[string]string{"filter": "", "maxRetries": "many"})
+	errorBeside("maxRetries", "maxRetries")
+	fill("save with a bad retry delay", map[string]string{"maxRetries": "2", "retryDelay": "soon"})
+	errorBeside("retryDelay", "")
+	// Created as typed.
+	fill("create the endpoint", map[string]string{"retryDelay": "2s", "maxRetryDelay": "30s", "retryBackoffMultiplier": "3",
+		"filter": "event.data.amount > 100", "headers": "X-Tenant: acme"})
+	until(t, ctx, 10*time.Second, "the created message", `document.getElementById("message").textContent === "Created shop."`)
+	page(t, ctx, 10*time.Second, "see the group", chromedp.WaitVisible(chromedp.CSS(`#groups tr[data-group="shop"]`)))
+	type stored struct {
+		URL, Filter, RetryDelay, MaxRetryDelay string
+		Topics                                 []string
+		MaxRetries                             int
+		RetryBackoffMultiplier                 float64
+		Headers                                map[string]string
+	}
+	got := harness.Get[stored](t, s.URL+"/v1/endpoints/shop")
+	if got.URL != "http://127.0.0.1:9/hook" || len(got.Topics) != 1 || got.Topics[0] != "order.created" || got.Filter != "event.data.amount > 100" ||
+		got.MaxRetries != 2 || got.RetryDelay != "2s" || got.MaxRetryDelay != "30s" || got.RetryBackoffMultiplier != 3 || len(got.Headers) != 1 {
+		t.Errorf("created endpoint reads %+v", got)
+	}
+	// Edit: the form shows the endpoint; a redacted header value sent back is refused beside the headers.
+	page(t, ctx, 10*time.Second, "open the edit form",
+		chromedp.Click(chromedp.CSS(`button[data-action="edit"][data-group="shop"]`)))
+	until(t, ctx, 10*time.Second, "the form filled", `document.getElementById("ep-url").value === "http://127.0.0.1:9/hook" && document.getElementById("ep-consumerGroup").disabled`)
+	if v := read[string](t, ctx, `document.getElementById("ep-topics").value + "|" + document.getElementById("ep-filter").value + "|" + document.getElementById("ep-maxRetries").value`); v != "order.created|event.data.amount > 100|2" {
+		t.Errorf("the edit form reads %q", v)
+	}
+	fill("save with the redacted header value", map[string]string{"url": "http://127.0.0.1:9/v2/hook"})
+	errorBeside("headers", "<redacted>")
+	fill("save the edit", map[string]string{"topics": "order.created, order.paid", "filter": "", "maxRetries": "5",
+		"retryDelay": "1s", "maxRetryDelay": "1m", "headers": "X-Tenant: globex\nX-Env: prod"})
+	until(t, ctx, 10*time.Second, "the saved message", `document.getElementById("message").textContent === "Saved shop."`)
+	got = harness.Get[stored](t, s.URL+"/v1/endpoints/shop")
+	if got.URL != "http://127.0.0.1:9/v2/hook" || len(got.Topics) != 2 || got.Filter != "" || got.MaxRetries != 5 || got.RetryDelay != "1s" ||
+		got.MaxRetryDelay != "1m0s" && got.MaxRetryDelay != "1m" || len(got.Headers) != 2 {
+		t.Errorf("edited endpoint reads %+v", got)
+	}
+	// A second create of the same group is refused beside the name, not a silent replace.
+	page(t, ctx, 10*time.Second, "open the new endpoint form again", chromedp.Click(chromedp.CSS(`#ep-new`)))
+	fill("create shop again", map[string]string{"consumerGroup": "shop", "url": "http://127.0.0.1:9/other", "topics": "x"})
+	errorBeside("consumerGroup", "registered already")
+	if got := harness.Get[stored](t, s.URL+"/v1/endpoints/shop"); got.URL != "http://127.0.0.1:9/v2/hook" {
+		t.Errorf("a second create replaced the endpoint: %+v", got)
+	}
+	// An endpoint with a secret: reads never show it, so an edit that does not type it again is refused
+	// beside the secret (a PUT without it would stop signing), and one that does is saved.
+	const secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+	s.RegisterEndpoint(t, "signed", map[string]any{"url": "http://127.0.0.1:9/signed", "topics": []string{"t"}, "secret": secret})
+	page(t, ctx, 10*time.Second, "open the signed endpoint's edit form",
+		chromedp.WaitVisible(chromedp.CSS(`button[data-action="edit"][data-group="signed"]`)),
+		chromedp.Click(chromedp.CSS(`button[data-action="edit"][data-group="signed"]`)))
+	until(t, ctx, 10*time.Second, "the form filled", `document.getElementById("ep-url").value === "http://127.0.0.1:9/signed"`)
+	fill("save without the secret", map[string]string{"url": "http://127.0.0.1:9/signed/v2"})
+	errorBeside("secret", "secret")
+	if got := harness.Get[stored](t, s.URL+"/v1/endpoints/signed"); got.URL != "http://127.0.0.1:9/signed" {
+		t.Errorf("an edit refused beside the secret changed the endpoint: %+v", got)
+	}
+	fill("save with the secret", map[string]string{"secret": secret})
+	until(t, ctx, 10*time.Second, "the saved message", `document.getElementById("message").textContent === "Saved signed."`)
+	if got := harness.Get[struct{ URL, Secret string }](t, s.URL+"/v1/endpoints/signed"); got.URL != "http://127.0.0.1:9/signed/v2" || !strings.HasSuffix(got.Secret, secret[len(secret)-4:]) {
+		t.Errorf("the edited signed endpoint reads %+v, want the new URL and the secret kept", got)
+	}
+	if !read[bool](t, ctx, `document.getElementById("endpoint-form").hidden`) {
+		t.Errorf("the form stays open after a save")
+	}
+	// Delete asks first; Cancel keeps it; confirming deletes it.
+	page(t, ctx, 10*time.Second, "press delete and cancel",
+		chromedp.Click(chromedp.CSS(`button[data-action="delete"][data-group="shop"]`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+		chromedp.Click(chromedp.CSS(`#confirm-no`)), chromedp.WaitNotVisible(chromedp.CSS(`#confirm`)))
+	if code := harness.Do(t, "GET", s.URL+"/v1/endpoints/shop", nil, nil); code != 200 {
+		t.Fatalf("a cancelled delete: GET = %d, want 200", code)
+	}
+	page(t, ctx, 10*time.Second, "press delete and confirm",
+		chromedp.Click(chromedp.CSS(`button[data-action="delete"][data-group="shop"]`)), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+		chromedp.Click(chromedp.CSS(`#confirm-yes`)))
+	until(t, ctx, 10*time.Second, "the deleted message", `document.getElementById("message").textContent === "Deleted shop."`)
+	until(t, ctx, 10*time.Second, "the group gone", `document.querySelector('#groups tr[data-group="shop"]') === null`)
+	if code := harness.Do(t, "GET", s.URL+"/v1/endpoints/shop", nil, nil); code != 404 {
+		t.Errorf("after the confirmed delete GET = %d, want 404", code)
 	}
 }

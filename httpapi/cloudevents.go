@@ -162,7 +162,9 @@ var ceAttributeName = regexp.MustCompile(`^[a-z0-9]+$`)
 
 // decodeCEHeaders returns a copy of h whose ce-* headers are trimmed and percent-decoded, as the HTTP binding
 // reads them (§3.1.3.2), and the decoded values by attribute name; or a *BadRequestError naming a malformed
-// header, a header that names no valid attribute, or a specversion other than 1.0.
+// header, a header whose value has a byte outside ASCII (raw UTF-8 or Latin-1: the binding requires such
+// characters percent-encoded as UTF-8, so the message says so), a header that names no valid attribute, or a
+// specversion other than 1.0.
 func decodeCEHeaders(h http.Header) (http.Header, map[string]string, error) {
 	out := h.Clone()
 	raw := map[string]string{}
@@ -178,6 +180,10 @@ func decodeCEHeaders(h http.Header) (http.Header, map[string]string, error) {
 			return nil, nil, badRequest("invalid_cloudevent", "header %s is given %d times: an attribute has one value", strings.ToLower(name), len(values))
 		}
 		for i, v := range values {
+			if at := strings.IndexFunc(v, func(r rune) bool { return r >= 0x80 }); at >= 0 {
+				return nil, nil, badRequest("invalid_cloudevent", "header %s: byte %d is not ASCII: header values must be percent-encoded UTF-8 (HTTP binding §3.1.3.2: %q is %s), or send the event in structured mode (Content-Type: %s), whose attributes are JSON strings",
+					strings.ToLower(name), at, "ü", pulsetype.PercentEncodeHeader("ü"), ceStructured)
+			}
 			d, err := pulsetype.PercentDecodeHeader(v)
 			if err != nil {
 				return nil, nil, badRequest("invalid_cloudevent", "header %s: %v", strings.ToLower(name), err)

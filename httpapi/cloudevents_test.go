@@ -161,3 +161,23 @@ func TestCloudEventsStructuredWhitespace(t *testing.T) {
 		}
 	}
 }
+
+// A binary-mode ce-* header whose value has a byte outside ASCII, raw UTF-8 or Latin-1 as an SDK that does not
+// percent-encode sends it, answers 400 saying that header values must be percent-encoded UTF-8 (HTTP binding
+// §3.1.3.2), not a misleading "bad percent-encoding", and not a value stored as it happened to arrive.
+func TestCloudEventsRefuseRawNonASCIIHeader(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"Zürich – 東京", "Z\xfcrich", "/shop/\xe6\x9d\xb1"} {
+		_, _, err := httpapi.DecodeCloudEvents(binaryHeader("Ce-Subject", v), []byte(`{}`))
+		var br *httpapi.BadRequestError
+		if !errors.As(err, &br) || br.Status != 400 || br.Code != "invalid_cloudevent" ||
+			!strings.Contains(br.Message, "header ce-subject: byte ") || !strings.Contains(br.Message, "header values must be percent-encoded UTF-8") {
+			t.Errorf("ce-subject %q: got %v, want 400 invalid_cloudevent saying header values must be percent-encoded UTF-8", v, err)
+		}
+	}
+	// The same characters percent-encoded are read.
+	evs, _, err := httpapi.DecodeCloudEvents(binaryHeader("Ce-Subject", pulsetype.PercentEncodeHeader("Zürich – 東京")), []byte(`{}`))
+	if err != nil || evs[0].Headers["ce-subject"] != "Zürich – 東京" {
+		t.Errorf("percent-encoded subject: %v %v", evs, err)
+	}
+}

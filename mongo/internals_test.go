@@ -46,6 +46,7 @@ var internalCases = []storetest.Case{
 	// schema_test.go, schema_verify_test.go
 	{Name: "CapabilitiesMatchTheServer", Run: internal(testCapabilitiesMatchTheServer)},
 	{Name: "DetectCapabilities", Run: internal(testDetectCapabilities)},
+	{Name: "IndexBuildsSummarized", Run: internal(testIndexBuildsSummarized)},
 	{Name: "GivenCapabilitiesAreNotDetected", Run: internal(testGivenCapabilitiesAreNotDetected)},
 	{Name: "UpdateCommandsHonourMaxUpdateStatements", Run: internal(testUpdateCommandsHonourMaxUpdateStatements)},
 	{Name: "EnsureSchemaCreatesEveryIndexAndIsIdempotent", Run: internal(testEnsureSchemaCreatesEveryIndexAndIsIdempotent)},

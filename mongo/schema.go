@@ -138,7 +138,8 @@ type existingIndex struct {
 // index), and returns them. Where the server has TTL indexes, the three expiresAt indexes must be TTL
 // indexes with expireAfterSeconds 0; where it has not (FerretDB), they are plain and the sweeper takes over.
 // A missing index is built with commitQuorum "majority" where the server takes one (Capabilities.CommitQuorum),
-// with one info line before and after each build; then the one-time queue migration runs (migrateQueue,
+// with one info line before and after each build (at debug, and one info line for all of them, with
+// Options.SummarizeIndexBuilds); then the one-time queue migration runs (migrateQueue,
 // resumable). It blocks until done or ctx ends: the caller gives it a bound of its own, long enough for
 // index builds on large collections (the sidecar's PULSE_SCHEMA_TIMEOUT).
 // It returns an *IndexMismatchError, *UniqueViolationError or *PermissionError for an operator to resolve;
@@ -165,6 +166,11 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 		}
 		caps = detected
 	}
+	buildLog := s.log.Info
+	if s.opts.SummarizeIndexBuilds {
+		buildLog = s.log.Debug
+	}
+	built, buildsBegan := 0, time.Now()
 	for _, spec := range indexSpecs {
 		coll := colls[spec.coll]
 		found, err := listIndexes(ctx, coll)
@@ -191,10 +197,11 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 			build = append(build, options.CreateIndexes().SetCommitQuorumMajority())
 		}
 		began := time.Now()
-		s.log.Info().Str("collection", coll.Name()).Str("index", spec.name).Msg("building index")
+		buildLog().Str("collection", coll.Name()).Str("index", spec.name).Msg("building index")
 		_, err = coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: spec.keys, Options: opts}, build...)
 		if err == nil {
-			s.log.Info().Str("collection", coll.Name()).Str("index", spec.name).Dur("took", time.Since(began)).Msg("index built")
+			built++
+			buildLog().Str("collection", coll.Name()).Str("index", spec.name).Dur("took", time.Since(began)).Msg("index built")
 		}
 		if err != nil {
 			if spec.unique && isUniqueViolation(err) {
@@ -205,6 +212,11 @@ func (s *Store) EnsureSchema(ctx context.Context) (Capabilities, error) {
 			}
 			return caps, fmt.Errorf("create index %q on %q: %w", spec.name, coll.Name(), err)
 		}
+	}
+	if s.opts.SummarizeIndexBuilds && built > 0 {
+		took := time.Since(buildsBegan)
+		s.log.Info().Int("indexes", built).Dur("took", took).
+			Msgf("built %d indexes in %.1f s", built, took.Seconds())
 	}
 	s.caps = caps
 	if err := s.migrateQueue(ctx); err != nil {

@@ -1,11 +1,15 @@
 package mongo
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -294,5 +298,68 @@ func testEnsureSchemaReportsDuplicatesBlockingUniqueIndex(t *testing.T, e *env) 
 				t.Errorf("%d documents after EnsureSchema, want the %d inserted (nothing deleted)", got, len(tt.docs))
 			}
 		})
+	}
+}
+
+// logLines decodes the JSON lines of a zerolog buffer.
+func logLines(t *testing.T, b *bytes.Buffer) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for line := range strings.Lines(b.String()) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// With SummarizeIndexBuilds (the embedded database) a fresh schema's builds log at debug and one info line
+// sums them up, "built N indexes in X s" with N every index; without it (MongoDB) each build keeps its info
+// lines, before and after. A schema with nothing to build logs no summary.
+func testIndexBuildsSummarized(t *testing.T, e *env) {
+	b := e.setup(t)
+	for _, summarize := range []bool{true, false} {
+		var buf bytes.Buffer
+		prefix := fmt.Sprintf("%s_sum%t", testPrefix, summarize)
+		s := New(b.client, b.options(func(o *Options) {
+			o.CollectionPrefix, o.SummarizeIndexBuilds = prefix, summarize
+			o.Logger = zerolog.New(&buf).Level(zerolog.DebugLevel)
+		}))
+		if _, err := s.EnsureSchema(b.ctx); err != nil {
+			t.Fatalf("EnsureSchema: %v", err)
+		}
+		levels := map[string]int{}
+		var summaries []string
+		for _, l := range logLines(t, &buf) {
+			msg, _ := l["message"].(string)
+			switch {
+			case msg == "building index" || msg == "index built":
+				levels[l["level"].(string)]++
+			case strings.HasPrefix(msg, "built "):
+				summaries = append(summaries, l["level"].(string)+" "+msg)
+				if l["indexes"] != float64(len(indexSpecs)) {
+					t.Errorf("summary line %v: indexes, want %d", l, len(indexSpecs))
+				}
+			}
+		}
+		want, wantSummaries := map[string]int{"info": 2 * len(indexSpecs)}, 0
+		if summarize {
+			want, wantSummaries = map[string]int{"debug": 2 * len(indexSpecs)}, 1
+		}
+		if !maps.Equal(levels, want) || len(summaries) != wantSummaries ||
+			summarize && !strings.HasPrefix(summaries[0], fmt.Sprintf("info built %d indexes in ", len(indexSpecs))) {
+			t.Errorf("SummarizeIndexBuilds %t: build lines by level %v (want %v), summaries %q", summarize, levels, want, summaries)
+		}
+		buf.Reset()
+		if _, err := s.EnsureSchema(b.ctx); err != nil {
+			t.Fatalf("EnsureSchema again: %v", err)
+		}
+		for _, l := range logLines(t, &buf) {
+			if msg, _ := l["message"].(string); strings.Contains(msg, "index") {
+				t.Errorf("SummarizeIndexBuilds %t: a schema with nothing to build logged %v", summarize, l)
+			}
+		}
 	}
 }

@@ -22,7 +22,8 @@ const (
 	AtMostOnce  DeliveryMode = "at-most-once"
 )
 
-// WebhookFormat is the shape of an endpoint's webhook request: FormatEnvelope or FormatCloudEvents.
+// WebhookFormat is the shape of an endpoint's webhook request: FormatEnvelope, FormatCloudEvents or
+// FormatCloudEventsStructured.
 type WebhookFormat string
 
 // Formats of the webhook request of an endpoint.
@@ -32,6 +33,10 @@ const (
 	// FormatCloudEvents is a CloudEvents 1.0 binary-mode request: ce-* headers and the data as the body (see
 	// webhook.Body).
 	FormatCloudEvents WebhookFormat = "cloudevents"
+	// FormatCloudEventsStructured is a CloudEvents 1.0 structured-mode request: the event as one JSON object
+	// (application/cloudevents+json), every attribute a member, untouched by any header encoding (see
+	// webhook.Body). It is the mode for receivers whose SDK does not percent-decode ce-* headers.
+	FormatCloudEventsStructured WebhookFormat = "cloudevents-structured"
 )
 
 // OffsetReset is which events a newly registered consumer group receives: OffsetLatest or OffsetEarliest.
@@ -95,7 +100,7 @@ type Endpoint struct {
 	filter   *Filter // Filter compiled, set by Normalize or CompileFilter
 	Delivery DeliveryMode
 	Ordered  bool
-	// Format is FormatEnvelope (the default) or FormatCloudEvents.
+	// Format is FormatEnvelope (the default), FormatCloudEvents or FormatCloudEventsStructured.
 	Format                 WebhookFormat
 	OffsetReset            OffsetReset
 	MaxRetries             *int
@@ -200,7 +205,7 @@ func (e *Endpoint) Normalize() error {
 	if err := oneOf("delivery", &e.Delivery, AtLeastOnce, AtMostOnce); err != nil {
 		return err
 	}
-	if err := oneOf("format", &e.Format, FormatEnvelope, FormatCloudEvents); err != nil {
+	if err := oneOf("format", &e.Format, FormatEnvelope, FormatCloudEvents, FormatCloudEventsStructured); err != nil {
 		return err
 	}
 	if err := oneOf("offsetReset", &e.OffsetReset, OffsetLatest, OffsetEarliest); err != nil {
@@ -556,14 +561,20 @@ func notInURI(r rune) bool {
 	return r <= ' ' || r >= 0x7f || strings.ContainsRune("\"<>\\^`{|}", r)
 }
 
-// oneOf sets an empty *v to def and returns a *FieldError naming field unless *v is def or alt.
-func oneOf[T ~string](field string, v *T, def, alt T) error {
-	switch *v {
-	case "":
+// oneOf sets an empty *v to def and returns a *FieldError naming field and the allowed values unless *v is
+// def or one of alts.
+func oneOf[T ~string](field string, v *T, def T, alts ...T) error {
+	if *v == "" {
 		*v = def
-	case def, alt:
-	default:
-		return &FieldError{field, fmt.Sprintf("must be %q or %q, got %q", def, alt, *v)}
 	}
-	return nil
+	all := append([]T{def}, alts...)
+	if slices.Contains(all, *v) {
+		return nil
+	}
+	quoted := make([]string, len(all))
+	for i, a := range all {
+		quoted[i] = fmt.Sprintf("%q", a)
+	}
+	list := strings.Join(quoted[:len(quoted)-1], ", ") + " or " + quoted[len(quoted)-1]
+	return &FieldError{field, fmt.Sprintf("must be %s, got %q", list, *v)}
 }

@@ -325,3 +325,17 @@ func TestTopicEntriesThatCanMatch(t *testing.T) {
 		t.Fatalf("pulse.* refused with %v, want its name and the patterns that match", err)
 	}
 }
+
+// format takes the three webhook formats, and the error for another names all three.
+func TestEndpointFormats(t *testing.T) {
+	t.Parallel()
+	for _, f := range []pulsetype.WebhookFormat{pulsetype.FormatEnvelope, pulsetype.FormatCloudEvents, pulsetype.FormatCloudEventsStructured} {
+		if err := validEndpoint(func(e *pulsetype.Endpoint) { e.Format = f }).Normalize(); err != nil {
+			t.Errorf("format %q: %v", f, err)
+		}
+	}
+	err := validEndpoint(func(e *pulsetype.Endpoint) { e.Format = "structured" }).Normalize()
+	if want := `format: must be "envelope", "cloudevents" or "cloudevents-structured", got "structured"`; err == nil || err.Error() != want {
+		t.Errorf("format structured: %v, want %s", err, want)
+	}
+}

@@ -8,11 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/event"
 
@@ -47,7 +49,8 @@ type Options struct {
 	// Version is this build's version, sent in the webhook User-Agent (pulse-sidecar/<version>) and logged
 	// when the sidecar listens; empty: "dev".
 	Version string
-	// Logs receives the log (JSON lines, or console lines with PULSE_LOG_FORMAT=console); nil: discarded.
+	// Logs receives the log: console lines when PULSE_LOG_FORMAT=console, or when it is unset and Logs is a
+	// terminal (an *os.File), else JSON lines; nil: discarded.
 	Logs io.Writer
 	// Monitor, when set, sees every database command of the sidecar (`pulse bench` counts them).
 	Monitor *event.CommandMonitor
@@ -252,6 +255,7 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 		Database: dbName, CollectionPrefix: cfg.CollectionPrefix, LeaseTimeout: cfg.LeaseTimeout,
 		EventRetention: cfg.EventRetention, HistoryRetention: cfg.HistoryRetention, Now: clock.Now, Logger: log,
 		Keys: keys, FilterErrors: m.FilterError,
+		SummarizeIndexBuilds: cfg.MongoDBURI == "", // the embedded database builds in milliseconds
 	})
 	startCtx, cancelStart := context.WithTimeout(ctx, startTimeout)
 	defer cancelStart()
@@ -364,9 +368,12 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	return nil
 }
 
+// newLogger returns the sidecar's logger on w at PULSE_LOG_LEVEL, in the format cfg.LogFormatFor chooses: w is
+// a terminal when it is a file that isatty says is one (the process's stdout on a terminal).
 func newLogger(cfg *config.Config, w io.Writer) zerolog.Logger {
 	level, _ := zerolog.ParseLevel(cfg.LogLevel)
-	if cfg.LogFormat == "console" {
+	f, isFile := w.(*os.File)
+	if cfg.LogFormatFor(isFile && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))) == "console" {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339}
 	}
 	return zerolog.New(w).Level(level).With().Timestamp().Logger()

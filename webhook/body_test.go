@@ -61,3 +61,29 @@ func TestCloudEventEncodesHeaderValues(t *testing.T) {
 		t.Errorf("datacontenttype application/vnd.foo+json sent as Content-Type %q, ce-datacontenttype %q", h["Content-Type"], h["ce-datacontenttype"])
 	}
 }
+
+// In the structured format the request is one application/cloudevents+json object: every attribute a JSON
+// string exactly as stored (no percent-encoding: "%20" stays "%20", "ü" stays "ü"), datacontenttype, the
+// ordering key as partitionkey, and the data as a JSON value; the same bytes on every call.
+func TestStructuredCloudEvent(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6_000_000, time.UTC)
+	ev := &pulsetype.Event{ID: "e-1", Topic: "order.created", Data: []byte(`{"html":"<b>&</b>"}`), CreatedAt: at, OrderingKey: "k é",
+		Headers: map[string]string{"ce-subject": "Zürich – 東京", "ce-source": "/shop/a%20b", "ce-tenant": "eu", "X-Other": "no"}}
+	h, body := webhook.Body(ev, pulsetype.FormatCloudEventsStructured)
+	if len(h) != 1 || h["Content-Type"] != "application/cloudevents+json" {
+		t.Errorf("headers %v, want only Content-Type application/cloudevents+json", h)
+	}
+	want := `{"data":{"html":"<b>&</b>"},"datacontenttype":"application/json","id":"e-1","partitionkey":"k é","source":"/shop/a%20b",` +
+		`"specversion":"1.0","subject":"Zürich – 東京","tenant":"eu","time":"2026-01-02T03:04:05.006Z","type":"order.created"}`
+	if string(body) != want {
+		t.Errorf("body\n%s\nwant\n%s", body, want)
+	}
+	if _, again := webhook.Body(ev, pulsetype.FormatCloudEventsStructured); !bytes.Equal(again, body) {
+		t.Errorf("a second call sent other bytes: %s", again)
+	}
+	ev.Headers["ce-datacontenttype"] = "application/vnd.foo+json"
+	if _, body := webhook.Body(ev, pulsetype.FormatCloudEventsStructured); !bytes.Contains(body, []byte(`"datacontenttype":"application/vnd.foo+json"`)) {
+		t.Errorf("kept datacontenttype not sent: %s", body)
+	}
+}

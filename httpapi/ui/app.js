@@ -2,7 +2,9 @@
 // sidecar needs one, is typed by the operator, kept in this tab's sessionStorage (or memory) and sent only as
 // "Authorization: Bearer"; it never goes into a URL. Every value from the API is written with textContent.
 // Every time is shown in UTC and says so ("2026-12-01 12:32:14 UTC"). A delivery's page has its own URL,
-// #/deliveries/<id>, which opens it when loaded.
+// #/deliveries/<id>, which opens it when loaded, at the top of the page (its view comes before the lists).
+// Endpoints are created, edited and deleted here through PUT and DELETE /v1/endpoints/{consumerGroup}, the
+// API's validation errors shown beside the field they name; deleting and pausing ask for a confirmation.
 "use strict";
 
 (() => {
@@ -25,6 +27,8 @@
     loading: false,
     activity: new Map(), // the last answer of GET /v1/activity, by consumer group
     activityLoading: false, // a GET /v1/activity is in flight: a refresh starts no other
+    attemptCounts: new Map(), // pending delivery id -> {updatedAt, n}: its attempts, as its page counts them
+    editing: null, // the endpoint form: {group, read} (read: the endpoint as GET showed it; null: a new one)
   };
 
   // ---- token ------------------------------------------------------------------------------------------
@@ -204,6 +208,17 @@
     return out;
   }
 
+  // wrappable returns text as nodes with a <wbr> after every URL separator (/ ? & = . : - _ #), so that a long
+  // URL wraps between its parts rather than inside one.
+  function wrappable(text) {
+    const nodes = [];
+    for (const part of text.split(/(?<=[/?&=.:_#-])/)) {
+      if (nodes.length) nodes.push(document.createElement("wbr"));
+      nodes.push(document.createTextNode(part));
+    }
+    return nodes;
+  }
+
   // ---- messages ---------------------------------------------------------------------------------------
 
   function say(text, isError) {
@@ -313,8 +328,8 @@
       const paused = state !== "active";
       const g = ep.consumerGroup;
       return el("tr", { "data-group": g },
-        el("td", {}, el("button", { class: "link", type: "button", text: g, title: "show this group's deliveries", onclick: () => filterGroup(g) })),
-        el("td", { class: "url mono", text: redactURL(ep.url) }),
+        el("td", { class: "group" }, el("button", { class: "link", type: "button", text: g, title: "show this group's deliveries", onclick: () => filterGroup(g) })),
+        el("td", { class: "url mono", title: redactURL(ep.url) }, ...wrappable(redactURL(ep.url))),
         el("td", { class: "state state-" + state, text: stateText }),
         el("td", { class: "num pending", text: st ? String(st.pending) : "" }),
         el("td", { class: "num oldest", text: st && st.pending > 0 ? fmtAge(st.oldestPendingAgeMs) : st ? "—" : "" }),
@@ -323,10 +338,16 @@
         el("td", { class: "num p50", text: st && st.latencyP50Ms !== null && st.latencyP50Ms !== undefined ? fmtMs(st.latencyP50Ms) : st ? "—" : "" }),
         el("td", { class: "activity" }, act ? chart(act) : null),
         el("td", {},
-          el("button", { type: "button", text: paused ? "Resume" : "Pause", "data-action": paused ? "resume" : "pause", "data-group": g,
-            onclick: () => setState(g, paused ? "resume" : "pause") }),
+          el("button", { type: "button", text: paused ? "Resume" : "Pause…", "data-action": paused ? "resume" : "pause", "data-group": g,
+            onclick: () => paused ? setState(g, "resume")
+              : confirmThen("Pause " + g + "? Its deliveries wait, on every replica, until it is resumed.", "Pause " + g, () => setState(g, "pause")) }),
           " ",
-          el("button", { type: "button", text: "Replay…", "data-action": "replay", "data-group": g, onclick: () => openReplay(g) })));
+          el("button", { type: "button", text: "Replay…", "data-action": "replay", "data-group": g, onclick: () => openReplay(g) }),
+          " ",
+          el("button", { type: "button", text: "Edit…", "data-action": "edit", "data-group": g, onclick: () => openEndpoint(g) }),
+          " ",
+          el("button", { type: "button", text: "Delete…", "data-action": "delete", "data-group": g,
+            onclick: () => confirmThen("Delete " + g + "? Its registration goes and its pending deliveries end as cancelled; this cannot be undone.", "Delete " + g, () => deleteEndpoint(g)) })));
     });
     $("groups").tBodies[0].replaceChildren(...rows);
     if (!rows.length) {
@@ -384,6 +405,175 @@
     }
   }
 
+  // ---- confirmation -----------------------------------------------------------------------------------
+
+  // confirmThen shows text with a button yes (and Cancel) above the groups table; yes runs action once.
+  function confirmThen(text, yes, action) {
+    const box = $("confirm");
+    $("confirm-text").textContent = text;
+    $("confirm-yes").textContent = yes;
+    box.onconfirm = action;
+    box.hidden = false;
+    $("confirm-yes").focus();
+  }
+
+  function closeConfirm() {
+    $("confirm").hidden = true;
+    $("confirm").onconfirm = null;
+  }
+
+  // ---- creating, editing and deleting endpoints -------------------------------------------------------
+
+  // The form's fields by the API's field names; the other members of an edited endpoint are sent back as read.
+  const EP_FIELDS = ["consumerGroup", "url", "topics", "filter", "format", "maxRetries", "retryDelay", "retryBackoffMultiplier", "maxRetryDelay", "headers", "secret"];
+  // Members of a read that a PUT does not take back (read-only, or shown redacted).
+  const EP_READ_ONLY = ["state", "stateReason", "stateSince", "createdAt", "updatedAt", "previousSecretExpiresAt"];
+
+  function clearFieldErrors() {
+    for (const f of [...EP_FIELDS, "form"]) {
+      const e = $("err-" + f);
+      e.textContent = "";
+      e.hidden = true;
+      const input = $("ep-" + f);
+      if (input) input.classList.remove("invalid");
+    }
+  }
+
+  // fieldError shows message beside the field the API named (the form's own line for a field it lacks).
+  function fieldError(field, message) {
+    const known = EP_FIELDS.includes(field);
+    const e = $("err-" + (known ? field : "form"));
+    e.textContent = known ? message : (field ? field + ": " : "") + message;
+    e.hidden = false;
+    if (known) $("ep-" + field).classList.add("invalid");
+  }
+
+  // apiFieldOf returns the field an API error names and the rest of its message: invalid_endpoint says
+  // "field: message", a JSON type error 'field "name": ...'.
+  function apiFieldOf(e) {
+    let m = /^([A-Za-z]+): ([\s\S]*)$/.exec(e.message);
+    if (e.code === "invalid_endpoint" && m) return [m[1], m[2]];
+    m = /field "([A-Za-z]+)"/.exec(e.message);
+    if (m) return [m[1], e.message];
+    return ["", e.code + ": " + e.message];
+  }
+
+  async function openEndpoint(group) {
+    closeConfirm();
+    clearFieldErrors();
+    let read = null;
+    if (group) {
+      try {
+        read = await api("GET", v1("/endpoints/" + seg(group)));
+      } catch (e) {
+        sayError("reading endpoint " + group, e);
+        return;
+      }
+    }
+    view.editing = { group, read };
+    const r = read || {};
+    $("ep-title").textContent = group ? "Edit " + group : "New endpoint";
+    $("ep-consumerGroup").value = group || "";
+    $("ep-consumerGroup").disabled = !!group;
+    $("ep-url").value = r.url || "";
+    $("ep-topics").value = (r.topics || []).join(", ");
+    $("ep-filter").value = r.filter || "";
+    $("ep-format").value = r.format || "envelope";
+    for (const k of ["maxRetries", "retryDelay", "retryBackoffMultiplier", "maxRetryDelay"]) $("ep-" + k).value = r[k] === undefined || r[k] === null ? "" : String(r[k]);
+    $("ep-headers").value = Object.entries(r.headers || {}).map(([k, v]) => k + ": " + v).join("\n");
+    $("ep-secret").value = "";
+    $("ep-secret-note").textContent = r.secret ? "it has one (" + r.secret + "): reads never show it, so type it again to keep it, or a new one" : "";
+    $("endpoint-form").hidden = false;
+    $(group ? "ep-url" : "ep-consumerGroup").focus();
+  }
+
+  // endpointBody returns the PUT body of the form: the endpoint as read (when editing) with the form's fields
+  // put in, empty ones left out; or null after showing an error beside a field the console itself can check.
+  function endpointBody() {
+    const read = view.editing && view.editing.read;
+    const body = {};
+    if (read) for (const [k, v] of Object.entries(read)) if (!EP_READ_ONLY.includes(k)) body[k] = v;
+    for (const k of EP_FIELDS) delete body[k];
+    const val = (k) => $("ep-" + k).value.trim();
+    body.url = val("url");
+    body.topics = val("topics").split(/[\s,]+/).filter((t) => t);
+    if (val("filter")) body.filter = $("ep-filter").value;
+    body.format = val("format");
+    for (const k of ["maxRetries", "retryBackoffMultiplier"]) {
+      const v = val(k);
+      if (v) body[k] = /^-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$/.test(v) ? Number(v) : v; // not a number: the API names it
+    }
+    for (const k of ["retryDelay", "maxRetryDelay"]) if (val(k)) body[k] = val(k);
+    const lines = $("ep-headers").value.split("\n").map((l) => l.trim()).filter((l) => l);
+    if (lines.length) {
+      body.headers = {};
+      for (const [i, line] of lines.entries()) {
+        const at = line.indexOf(":");
+        if (at <= 0) {
+          fieldError("headers", "line " + (i + 1) + " is not \"Name: value\"");
+          return null;
+        }
+        body.headers[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+      }
+    }
+    if (val("secret")) body.secret = val("secret");
+    else if (read && read.secret) {
+      fieldError("secret", "the endpoint signs with a secret that reads never show: type it (or a new one) to keep signing; a PUT without it would stop");
+      return null;
+    }
+    return body;
+  }
+
+  async function saveEndpoint(ev) {
+    ev.preventDefault();
+    clearFieldErrors();
+    const editing = view.editing || { group: "", read: null };
+    const group = editing.group || $("ep-consumerGroup").value.trim();
+    if (!group) {
+      fieldError("consumerGroup", "a consumer group name is required");
+      return;
+    }
+    const body = endpointBody();
+    if (!body) return;
+    try {
+      if (!editing.group) {
+        // A PUT replaces: a new endpoint must not overwrite a registered one.
+        const exists = await api("GET", v1("/endpoints/" + seg(group))).then(() => true, (e) => {
+          if (e instanceof APIError && e.status === 404) return false;
+          throw e;
+        });
+        if (exists) {
+          fieldError("consumerGroup", "consumer group " + group + " is registered already: use its Edit button");
+          return;
+        }
+      }
+      await api("PUT", v1("/endpoints/" + seg(group)), body);
+      $("endpoint-form").hidden = true;
+      view.editing = null;
+      say((editing.group ? "Saved " : "Created ") + group + ".");
+      await loadGroups();
+    } catch (e) {
+      if (e instanceof APIError && e.status === 400) {
+        const [field, message] = apiFieldOf(e);
+        fieldError(field, message);
+        return;
+      }
+      if (e instanceof APIError && e.status === 401) return;
+      fieldError("", (e instanceof APIError ? e.status + " " + e.code + ": " : "") + e.message);
+    }
+  }
+
+  async function deleteEndpoint(group) {
+    try {
+      await api("DELETE", v1("/endpoints/" + seg(group)));
+      say("Deleted " + group + ".");
+      if (view.editing && view.editing.group === group) $("endpoint-form").hidden = true;
+      await loadGroups();
+    } catch (e) {
+      sayError("delete " + group, e);
+    }
+  }
+
   // ---- deliveries -------------------------------------------------------------------------------------
 
   function filterGroup(g) {
@@ -415,19 +605,46 @@
     const rows = list.map((d) => el("tr", { "data-id": d.id, "data-status": d.status, class: d.id === view.open ? "selected" : "" },
       el("td", { class: "mono", text: fmtTime(d.createdAt) }),
       el("td", {}, el("button", { class: "link", type: "button", text: d.id, "data-open": d.id, title: "show its attempts", onclick: () => go(d.id) })),
-      el("td", { text: d.consumerGroup }),
-      el("td", { text: d.topic }),
+      el("td", { class: "group", text: d.consumerGroup }),
+      el("td", { class: "group", text: d.topic }),
       el("td", { class: "status status-" + d.status, text: d.status }),
-      el("td", { class: "num", text: d.finalAttempt ? String(d.finalAttempt) : "" }),
+      el("td", { class: "num attempts", text: d.finalAttempt ? String(d.finalAttempt) : attemptsKnown(d) }),
       el("td", { text: d.error ? d.error.code + ": " + d.error.message : "" })));
     $("deliveries").tBodies[0].replaceChildren(...rows);
     if (!rows.length) {
       $("deliveries").tBodies[0].append(el("tr", {}, el("td", { colSpan: 7, class: "muted", text: "No delivery matches." })));
     }
+    countAttempts(list.filter((d) => !d.finalAttempt && d.status === "pending")).catch(() => {});
     $("page-label").textContent = "page " + (view.page + 1);
     $("page-first").disabled = view.page === 0;
     $("page-prev").disabled = view.page === 0;
     $("page-next").disabled = !view.next;
+  }
+
+  // attemptsKnown is the counted attempts of a pending delivery d when its count is still current.
+  function attemptsKnown(d) {
+    const c = view.attemptCounts.get(d.id);
+    return c && c.updatedAt === d.updatedAt ? String(c.n) : "";
+  }
+
+  // countAttempts fills the attempts cell of pending deliveries, which the list does not count: each one's
+  // page (GET /v1/deliveries/{id}) is read, four at a time, once per change of the delivery (updatedAt).
+  async function countAttempts(list) {
+    const todo = list.filter((d) => attemptsKnown(d) === "");
+    const one = async (d) => {
+      const r = await api("GET", v1("/deliveries/" + seg(d.id)));
+      view.attemptCounts.set(d.id, { updatedAt: d.updatedAt, n: (r.attempts || []).length });
+      const row = [...$("deliveries").tBodies[0].rows].find((tr) => tr.dataset.id === d.id);
+      if (row) row.querySelector("td.attempts").textContent = attemptsKnown(d);
+    };
+    const workers = [];
+    for (let w = 0; w < Math.min(4, todo.length); w++) {
+      workers.push((async () => {
+        for (let d = todo.shift(); d; d = todo.shift()) await one(d).catch(() => {});
+      })());
+    }
+    await Promise.all(workers);
+    if (view.attemptCounts.size > 1000) view.attemptCounts.clear(); // a bound; the page counts again
   }
 
   function applyFilters(ev) {
@@ -490,7 +707,7 @@
     for (const tr of $("deliveries").tBodies[0].rows) tr.classList.toggle("selected", tr.dataset.id === id);
     try {
       await loadTimeline();
-      $("timeline").scrollIntoView({ block: "nearest" });
+      $("timeline").scrollIntoView({ block: "start" });
     } catch (e) {
       sayError("loading delivery " + id, e);
     }
@@ -643,6 +860,15 @@
     view.open = hashDelivery(); // a delivery's own URL opens it with the first refresh
     view.scrollTo = view.open;
     $("replay-form").addEventListener("submit", submitReplay);
+    $("ep-new").addEventListener("click", () => openEndpoint(""));
+    $("endpoint-form").addEventListener("submit", saveEndpoint);
+    $("ep-cancel").addEventListener("click", () => { $("endpoint-form").hidden = true; view.editing = null; });
+    $("confirm-no").addEventListener("click", closeConfirm);
+    $("confirm-yes").addEventListener("click", () => {
+      const action = $("confirm").onconfirm;
+      closeConfirm();
+      if (action) action();
+    });
     $("replay-cancel").addEventListener("click", () => { $("replay-form").hidden = true; });
     setInterval(() => {
       if ($("auto").checked && !$("data").hidden && document.visibilityState === "visible") refresh();
