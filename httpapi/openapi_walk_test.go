@@ -46,11 +46,13 @@ func (f failStore) GetDelivery(context.Context, string) (*pulsetype.Delivery, []
 func (f failStore) PutEndpoint(context.Context, *pulsetype.Endpoint) (*pulsetype.Endpoint, bool, error) {
 	return nil, false, f.err
 }
-func (f failStore) GetEndpoint(context.Context, string) (*pulsetype.Endpoint, error) { return nil, f.err }
-func (f failStore) ListEndpoints(context.Context) ([]*pulsetype.Endpoint, error)     { return nil, f.err }
-func (f failStore) DeleteEndpoint(context.Context, string) error                     { return f.err }
-func (f failStore) Ping(context.Context) error                                       { return f.err }
-func (f failStore) ProbeWrite(context.Context) error                                 { return f.err }
+func (f failStore) GetEndpoint(context.Context, string) (*pulsetype.Endpoint, error) {
+	return nil, f.err
+}
+func (f failStore) ListEndpoints(context.Context) ([]*pulsetype.Endpoint, error) { return nil, f.err }
+func (f failStore) DeleteEndpoint(context.Context, string) error                 { return f.err }
+func (f failStore) Ping(context.Context) error                                   { return f.err }
+func (f failStore) ProbeWrite(context.Context) error                             { return f.err }
 func (f failStore) ListDeliveries(context.Context, pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error) {
 	return nil, "", f.err
 }
@@ -67,12 +69,16 @@ func (f failStore) RotateSecret(context.Context, string, string, time.Duration) 
 func (f failStore) SetEndpointState(context.Context, string, pulsetype.EndpointState) (*pulsetype.Endpoint, error) {
 	return nil, f.err
 }
-func (f failStore) Stats(context.Context, []string) ([]*pulsetype.GroupStats, error) { return nil, f.err }
+func (f failStore) Stats(context.Context, []string) ([]*pulsetype.GroupStats, error) {
+	return nil, f.err
+}
 func (f failStore) Activity(context.Context, string) (*pulsetype.GroupActivity, error) {
 	return nil, f.err
 }
-func (f failStore) ActivityAll(context.Context) ([]*pulsetype.GroupActivity, error) { return nil, f.err }
-func (f failStore) LineHead(context.Context, pulsetype.Line) (string, error)        { return "", f.err }
+func (f failStore) ActivityAll(context.Context) ([]*pulsetype.GroupActivity, error) {
+	return nil, f.err
+}
+func (f failStore) LineHead(context.Context, pulsetype.Line) (string, error) { return "", f.err }
 
 // specCodeWord is an error code as the spec's response descriptions name them: snake_case with at least one
 // underscore, or the one word before " —" that opens a description ("unauthorized — ...").
