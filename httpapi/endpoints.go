@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -256,12 +257,20 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"endpoints": each(eps, redacted)})
 }
 
+// deleteEndpoint answers DELETE /v1/endpoints/{consumerGroup}: 204 once the endpoint is gone and at most one
+// page (1,000) of its pending deliveries ended as error/endpoint_deleted; the headers Pulse-Deliveries-Ended
+// and Pulse-Deliveries-Remaining give how many it ended and how many stay pending for the repair scan (or
+// their POST in flight) to end. 404 endpoint_not_found.
 func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := pathParam(r, "consumerGroup")
-	if !s.endpointFound(w, r, group, s.store.DeleteEndpoint(r.Context(), group)) {
+	res, err := s.store.DeleteEndpoint(r.Context(), group)
+	if !s.endpointFound(w, r, group, err) {
 		return
 	}
 	s.notify.EndpointChanged(group)
-	s.audit(r, ActionEndpointDeleted).Str("consumer_group", group).Msg("endpoint deleted")
+	s.audit(r, ActionEndpointDeleted).Str("consumer_group", group).Int64("ended", res.Ended).Int64("remaining", res.Remaining).
+		Msg("endpoint deleted")
+	w.Header().Set("Pulse-Deliveries-Ended", strconv.FormatInt(res.Ended, 10))
+	w.Header().Set("Pulse-Deliveries-Remaining", strconv.FormatInt(res.Remaining, 10))
 	w.WriteHeader(http.StatusNoContent)
 }

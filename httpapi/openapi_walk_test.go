@@ -50,9 +50,11 @@ func (f failStore) GetEndpoint(context.Context, string) (*pulsetype.Endpoint, er
 	return nil, f.err
 }
 func (f failStore) ListEndpoints(context.Context) ([]*pulsetype.Endpoint, error) { return nil, f.err }
-func (f failStore) DeleteEndpoint(context.Context, string) error                 { return f.err }
-func (f failStore) Ping(context.Context) error                                   { return f.err }
-func (f failStore) ProbeWrite(context.Context) error                             { return f.err }
+func (f failStore) DeleteEndpoint(context.Context, string) (pulsetype.Deleted, error) {
+	return pulsetype.Deleted{}, f.err
+}
+func (f failStore) Ping(context.Context) error       { return f.err }
+func (f failStore) ProbeWrite(context.Context) error { return f.err }
 func (f failStore) ListDeliveries(context.Context, pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error) {
 	return nil, "", f.err
 }
@@ -401,4 +403,26 @@ func cmp(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// A delete answers 204 with what it did before answering: the pending deliveries it ended (one page at most)
+// and those it left pending for the repair scan, as the store counted them.
+func TestDeleteAnswersWhatItEndedAndLeft(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(httpapi.New(specStore{}, nopNotifier{}, httpapi.Options{Logger: zerolog.Nop()}).Handler())
+	t.Cleanup(srv.Close)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodDelete, srv.URL+"/v1/endpoints/billing", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get("Pulse-Deliveries-Ended") != "1000" ||
+		resp.Header.Get("Pulse-Deliveries-Remaining") != "4000" {
+		t.Errorf("DELETE answered %d with Pulse-Deliveries-Ended %q and Pulse-Deliveries-Remaining %q, want 204, 1000 and 4000",
+			resp.StatusCode, resp.Header.Get("Pulse-Deliveries-Ended"), resp.Header.Get("Pulse-Deliveries-Remaining"))
+	}
 }

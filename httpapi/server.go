@@ -31,7 +31,7 @@ type Store interface {
 	PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (*pulsetype.Endpoint, bool, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
 	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
-	DeleteEndpoint(ctx context.Context, group string) error
+	DeleteEndpoint(ctx context.Context, group string) (pulsetype.Deleted, error)
 	Ping(ctx context.Context) error
 	ProbeWrite(ctx context.Context) error
 	ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error)
