@@ -416,6 +416,7 @@ var answerCases = []answerCase{
 	{name: "cancel-empty-object", method: "POST", path: "/v1/deliveries/dlv-pending/cancel", body: `{}`},
 	{name: "pause-unknown-field", method: "POST", path: "/v1/endpoints/audit/pause", body: `{"until":"2030-01-01T00:00:00Z"}`},
 	{name: "resume-unknown-field", method: "POST", path: "/v1/endpoints/billing/resume", body: `{"now":true}`},
+	{name: "delete-unknown-field", method: "DELETE", path: "/v1/endpoints/billing", body: `{"force":true}`},
 	{name: "pause-too-large", method: "POST", path: "/v1/endpoints/audit/pause", body: `{"a":"` + strings.Repeat("x", 70_000) + `"}`},
 	// An integral JSON number is an integer, whatever its notation; a fraction is not.
 	{name: "put-endpoint-integral-number", method: "PUT", path: "/v1/endpoints/fresh", body: `{"url":"https://h.example/","topics":["t"],"maxRetries":1e2,"maxConcurrency":4.0}`},

@@ -39,8 +39,8 @@ func decodeStrict(raw []byte, v any) error {
 	return nil
 }
 
-// noBody is the body of a POST that takes none (retry, cancel, pause, resume): nothing, or an empty
-// object. Any member is an unknown field, refused like a typo in a body that has fields.
+// noBody is the body of a route that takes none but may be sent one (the POSTs retry, cancel, pause and
+// resume, and DELETE): nothing, or an empty object. Any member is an unknown field, refused like a typo in a body that has fields.
 type noBody struct{}
 
 // refuseBody reads the body of a route that takes none and answers 400 invalid_json ("<route> takes no

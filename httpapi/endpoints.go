@@ -260,9 +260,12 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 // deleteEndpoint answers DELETE /v1/endpoints/{consumerGroup}: 204 once the endpoint is gone and at most one
 // page (1,000) of its pending deliveries ended as error/endpoint_deleted; the headers Pulse-Deliveries-Ended
 // and Pulse-Deliveries-Remaining give how many it ended and how many stay pending for the repair scan (or
-// their POST in flight) to end. 404 endpoint_not_found.
+// their POST in flight) to end. 404 endpoint_not_found; 400 invalid_json for a body other than nothing or {}.
 func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := pathParam(r, "consumerGroup")
+	if !refuseBody(w, r, "DELETE /v1/endpoints/{consumerGroup}") {
+		return
+	}
 	res, err := s.store.DeleteEndpoint(r.Context(), group)
 	if !s.endpointFound(w, r, group, err) {
 		return

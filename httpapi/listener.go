@@ -53,6 +53,15 @@ func (c *jsonErrorConn) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// CloseWrite shuts down the writing side of the connection when it can (a TCP connection), as net/http does
+// before closing a connection it answered 431 on, so the client reads the answer rather than a reset.
+func (c *jsonErrorConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 // rewriteGoError returns the JSON answer for b when b is a whole error answer of net/http's server.
 func rewriteGoError(b []byte) ([]byte, bool) {
 	rest, ok := bytes.CutPrefix(b, []byte("HTTP/1.1 "))

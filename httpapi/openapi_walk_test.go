@@ -322,6 +322,7 @@ func TestOpenAPIWalksEveryError(t *testing.T) {
 		{name: "cancel-too-large", method: "POST", path: "/v1/deliveries/dlv-pending/cancel", body: `{"a":"` + strings.Repeat("x", 70_000) + `"}`},
 		{name: "resume-too-large", method: "POST", path: "/v1/endpoints/billing/resume", body: `{"a":"` + strings.Repeat("x", 70_000) + `"}`},
 		{name: "delete-not-found", method: "DELETE", path: "/v1/endpoints/nope"},
+		{name: "delete-too-large", method: "DELETE", path: "/v1/endpoints/billing", body: `{"a":"` + strings.Repeat("x", 70_000) + `"}`},
 		{name: "console-missing", method: "GET", path: "/ui/nothing.js"},
 	} {
 		p.base = cmp(p.base, full)
