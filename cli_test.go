@@ -70,13 +70,27 @@ func TestCommandLineConventions(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
-		{"nosuch"}, {"--nosuch"}, {"serve", "--nosuch"}, {"serve", "extra"}, {"devdb", "--nosuch"},
+		{"nosuch"}, {"devdb", "--nosuch"},
 		{"bench", "--nosuch"}, {"bench", "extra"}, {"healthcheck", "--nosuch"}, {"healthcheck", "--timeout", "soon"},
 		{"version", "extra"}, {"help", "nosuch"},
 	} {
 		code, out, errOut := runBinary(t, args...)
 		if code != 2 || out != "" || !strings.Contains(errOut, "Usage: pulse") || !strings.HasPrefix(errOut, "pulse: ") {
 			t.Errorf("pulse %q: exit %d, stdout %q, stderr %q; want 2, the reason and the usage on stderr", args, code, out, errOut)
+		}
+	}
+}
+
+// A flag or an argument given to serve (the default command) prints the reason and one hint, that the
+// configuration is the environment's, not serve's hundred lines of variables; exit 2.
+func TestServeFlagPrintsAHint(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"serve", "--port", "9"}, {"--port", "9"}, {"serve", "--nosuch"}, {"serve", "extra"}} {
+		code, out, errOut := runBinary(t, args...)
+		lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+		if code != 2 || out != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], "pulse: ") ||
+			!strings.HasPrefix(lines[1], "pulse serve takes no flags; set PULSE_LISTEN=") {
+			t.Errorf("pulse %q: exit %d, stdout %q, stderr %q; want 2, the reason and the hint line on stderr", args, code, out, errOut)
 		}
 	}
 }

@@ -43,7 +43,7 @@ func main() {
 }
 
 // exitCode reports err on stderr and returns the process's exit status: 0 for nil, 2 for a command line the
-// program does not accept (with the usage), 1 for anything else.
+// program does not accept (with the usage, or its one-line hint), 1 for anything else.
 func exitCode(err error, stderr io.Writer) int {
 	if err == nil {
 		return 0
@@ -51,7 +51,11 @@ func exitCode(err error, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "pulse:", err)
 	var ue *cli.UsageError
 	if errors.As(err, &ue) {
-		fmt.Fprint(stderr, "\n", ue.Usage)
+		if ue.Hint != "" {
+			fmt.Fprint(stderr, ue.Shown())
+		} else {
+			fmt.Fprint(stderr, "\n", ue.Shown())
+		}
 		return cli.ExitUsage
 	}
 	return 1
@@ -93,7 +97,7 @@ func dispatch(ctx context.Context, args []string, getenv func(string) string, st
 		case a != "" && a[0] != '-':
 			cmd, args = a, args[1:]
 		default: // serve, the default command, has no flags
-			return cli.Usagef(usage, "unknown flag %q", a)
+			return cli.WithHint(cli.Usagef(usage, "unknown flag %q", a), serveHint)
 		}
 	}
 	switch cmd {

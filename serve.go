@@ -16,7 +16,7 @@ import (
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	if err := cli.Parse(fs, args, serveUsage(), stdout); err != nil {
-		return err
+		return cli.WithHint(err, serveHint)
 	}
 	hooks, err := testHooks(getenv)
 	if err != nil {
@@ -32,6 +32,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	return s.Wait()
 }
+
+// serveHint is the line a flag or an argument given to serve prints after its reason, in place of serve's
+// usage (a hundred lines of variables): the configuration is the environment's.
+const serveHint = "pulse serve takes no flags; set PULSE_LISTEN=127.0.0.1:8080 and the other PULSE_* variables instead (pulse serve --help lists them)"
 
 // serveUsage is the text of `pulse serve --help`: every configuration variable with its default and meaning,
 // from config.Variables (the same text as docs/configuration.md), so that the list cannot fall behind.

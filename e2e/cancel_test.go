@@ -88,6 +88,10 @@ func TestCancelAWaitingDeliveryAndReplayIt(t *testing.T) {
 	if d.Status != "success" || lastAttempt(t, d).Attempt != 3 || len(rcv.Received()) != 2 {
 		t.Fatalf("replayed delivery = %+v after %d POSTs, want success at attempt 3 after 2 POSTs", d, len(rcv.Received()))
 	}
+	// The cancelled attempt's text, shown above attempt 3, does not say that nothing follows it.
+	if msg := d.Attempts[1].Error.Message; strings.Contains(msg, "no attempt is sent after it") || !strings.Contains(msg, "retried or replayed") {
+		t.Errorf("the cancelled attempt 2 says %q above attempt 3: it must say that a retry or replay sends again", msg)
+	}
 	if code, bad := cancelDelivery(s, t, did); code != 409 || bad.Error.Code != "delivery_terminal" {
 		t.Fatalf("cancel of a successful delivery answered %d %+v, want 409 delivery_terminal", code, bad)
 	}
@@ -173,7 +177,7 @@ func TestHalfDoneCancelIsFinishedByTheRepair(t *testing.T) {
 	s.RegisterEndpoint(t, "g", map[string]any{"url": rcv.URL, "topics": []string{"t"}})
 	now := time.Now().UTC()
 	id := tornState(b, "g", bson.M{}, bson.M{"status": "error", "endedAt": now, "terminal": true,
-		"error": bson.M{"code": "cancelled", "message": "cancelled through the API: no attempt is sent after it"}})
+		"error": bson.M{"code": "cancelled", "message": "cancelled through the API: nothing more is sent unless the delivery is retried or replayed"}})
 	d := s.WaitDelivery(t, id, "g", 20*time.Second)
 	if d.Status != "cancelled" || d.Error == nil || d.Error.Code != "cancelled" || len(d.Attempts) != 1 {
 		t.Fatalf("delivery = %+v, want cancelled with its one attempt", d)

@@ -105,8 +105,9 @@ func TestOperationsReceiverGetsAnotherGroupsDisableEvent(t *testing.T) {
 	if disabled.Data["reason"] != "gone" || disabled.Data["state"] != "disabled" || disabled.Data["at"] == nil || disabled.Data["count"] != float64(1) {
 		t.Fatalf("disable event data = %v, want shop disabled for reason gone, its time and count 1", disabled.Data)
 	}
-	if disabled.Headers["pulse-consumer-group"] != "shop" {
-		t.Errorf("disable event headers = %v, want pulse-consumer-group shop", disabled.Headers)
+	// The header naming the group it is about is not the request's Pulse-Consumer-Group (the ops group).
+	if disabled.Headers["pulse-subject-group"] != "shop" || disabled.Headers["pulse-consumer-group"] != "" {
+		t.Errorf("disable event headers = %v, want pulse-subject-group shop and no pulse-consumer-group", disabled.Headers)
 	}
 	// The event's fan-out made the ops group's delivery, and none for the group it is about.
 	if n := b.Count("deliveries", bson.M{"consumerGroup": "shop", "eventId": disabled.ID}); n != 0 {

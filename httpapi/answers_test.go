@@ -239,6 +239,10 @@ func (answerStore) RetryDelivery(_ context.Context, id string) (int, error) {
 		return 4, nil
 	case "dlv-pending":
 		return 0, pulsetype.ErrNotTerminal
+	case "dlv-unsubscribed":
+		return 0, pulsetype.ErrNotSubscribed
+	case "dlv-in-flight":
+		return 0, pulsetype.ErrAttemptInFlight
 	}
 	return 0, pulsetype.ErrNotFound
 }
@@ -401,6 +405,25 @@ var answerCases = []answerCase{
 	{name: "read-cross-site", method: "GET", path: "/v1/endpoints", header: map[string]string{"Sec-Fetch-Site": "cross-site"}},
 	{name: "publish-cloudevent-control-character", method: "POST", path: "/v1/events", body: `{"specversion":"1.0","id":"ce-2","type":"t","source":"/s","subject":"a\r\nb"}`,
 		header: map[string]string{"Content-Type": "application/cloudevents+json"}},
+	// Every body refuses a member it has no field for, naming it (a typo must not fall back to a default):
+	// the replay's "stauts" would otherwise replay every failed delivery of all time.
+	{name: "replay-unknown-field", method: "POST", path: "/v1/endpoints/billing/replay", body: `{"stauts":"success","form":"2030-01-01T00:00:00Z"}`},
+	{name: "replay-too-large", method: "POST", path: "/v1/endpoints/billing/replay", body: `{"status":"` + strings.Repeat("x", 70_000) + `"}`},
+	{name: "rotate-unknown-field", method: "POST", path: "/v1/endpoints/billing/rotate-secret", body: `{"secert":"whsec_bmV3LXNlY3JldC1vZi10aGUtcm90YXRpb24="}`},
+	{name: "retry-unknown-field", method: "POST", path: "/v1/deliveries/dlv-failed/retry", body: `{"force":true}`},
+	{name: "retry-not-json", method: "POST", path: "/v1/deliveries/dlv-failed/retry", body: `force`},
+	{name: "cancel-unknown-field", method: "POST", path: "/v1/deliveries/dlv-pending/cancel", body: `{"reason":"x"}`},
+	{name: "cancel-empty-object", method: "POST", path: "/v1/deliveries/dlv-pending/cancel", body: `{}`},
+	{name: "pause-unknown-field", method: "POST", path: "/v1/endpoints/audit/pause", body: `{"until":"2030-01-01T00:00:00Z"}`},
+	{name: "resume-unknown-field", method: "POST", path: "/v1/endpoints/billing/resume", body: `{"now":true}`},
+	{name: "delete-unknown-field", method: "DELETE", path: "/v1/endpoints/billing", body: `{"force":true}`},
+	{name: "pause-too-large", method: "POST", path: "/v1/endpoints/audit/pause", body: `{"a":"` + strings.Repeat("x", 70_000) + `"}`},
+	// An integral JSON number is an integer, whatever its notation; a fraction is not.
+	{name: "put-endpoint-integral-number", method: "PUT", path: "/v1/endpoints/fresh", body: `{"url":"https://h.example/","topics":["t"],"maxRetries":1e2,"maxConcurrency":4.0}`},
+	{name: "put-endpoint-fractional-number", method: "PUT", path: "/v1/endpoints/fresh", body: `{"url":"https://h.example/","topics":["t"],"maxRetries":1.5}`},
+	{name: "put-endpoint-max-retry-delay-below-delay", method: "PUT", path: "/v1/endpoints/fresh", body: `{"url":"https://h.example/","topics":["t"],"retryDelay":"24h","maxRetryDelay":"0s"}`},
+	{name: "deliveries-broken-cursor", method: "GET", path: "/v1/deliveries?after=%%%zz"},
+	{name: "deliveries-broken-parameter", method: "GET", path: "/v1/deliveries?topic=%zz&limit=2"},
 	{name: "publish-cloudevent-specversion", method: "POST", path: "/v1/events", body: `{}`,
 		header: map[string]string{"Ce-Specversion": "2.0", "Ce-Id": "ce-1", "Ce-Type": "t", "Ce-Source": "/s"}},
 }

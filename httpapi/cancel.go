@@ -13,6 +13,9 @@ import (
 // when it is (or became meanwhile) success, error or cancelled.
 func (s *Server) cancelDelivery(w http.ResponseWriter, r *http.Request) {
 	id := pathParam(r, "id")
+	if !refuseBody(w, r, "POST /v1/deliveries/{id}/cancel") {
+		return
+	}
 	res, err := s.store.CancelDelivery(r.Context(), id)
 	if errors.Is(err, pulsetype.ErrTerminal) {
 		writeError(w, http.StatusConflict, "delivery_terminal", firstLine(err)+"; only a pending delivery can be cancelled (a terminal one can be retried)")

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,12 +29,12 @@ type Endpoint struct {
 	Ordered                bool                    `json:"ordered"`
 	Format                 pulsetype.WebhookFormat `json:"format"`
 	OffsetReset            pulsetype.OffsetReset   `json:"offsetReset"`
-	MaxRetries             *int                    `json:"maxRetries,omitempty"`
+	MaxRetries             *Integer                `json:"maxRetries,omitempty"`
 	RetryDelay             *Duration               `json:"retryDelay,omitempty"`
 	RetryBackoffMultiplier *float64                `json:"retryBackoffMultiplier,omitempty"`
 	MaxRetryDelay          *Duration               `json:"maxRetryDelay,omitempty"`
 	Timeout                *Duration               `json:"timeout,omitempty"`
-	MaxConcurrency         *int                    `json:"maxConcurrency,omitempty"`
+	MaxConcurrency         *Integer                `json:"maxConcurrency,omitempty"`
 	Headers                map[string]string       `json:"headers,omitempty"`
 	Secret                 string                  `json:"secret,omitempty"`
 	InsecureSkipVerify     bool                    `json:"insecureSkipVerify,omitempty"`
@@ -56,9 +56,9 @@ type Endpoint struct {
 // EndpointOf returns e's JSON shape. It writes what it is given: pass e.Redacted() for reads and logs.
 func EndpointOf(e *pulsetype.Endpoint) Endpoint {
 	return Endpoint{ConsumerGroup: e.ConsumerGroup, URL: e.URL, Topics: e.Topics, Filter: e.Filter, Delivery: e.Delivery, Ordered: e.Ordered,
-		Format: e.Format, OffsetReset: e.OffsetReset, MaxRetries: e.MaxRetries, RetryDelay: durationPtr(e.RetryDelay),
+		Format: e.Format, OffsetReset: e.OffsetReset, MaxRetries: integerPtr(e.MaxRetries), RetryDelay: durationPtr(e.RetryDelay),
 		RetryBackoffMultiplier: e.RetryBackoffMultiplier, MaxRetryDelay: durationPtr(e.MaxRetryDelay), Timeout: durationPtr(e.Timeout),
-		MaxConcurrency: e.MaxConcurrency, Headers: e.Headers, Secret: e.Secret, InsecureSkipVerify: e.InsecureSkipVerify,
+		MaxConcurrency: integerPtr(e.MaxConcurrency), Headers: e.Headers, Secret: e.Secret, InsecureSkipVerify: e.InsecureSkipVerify,
 		RateLimit: e.RateLimit, MaxRetryDuration: Duration(e.MaxRetryDuration), BacklogAlertAfter: Duration(e.BacklogAlertAfter), DisableAfter: Duration(e.DisableAfter), State: e.State, StateReason: e.StateReason,
 		CreatedAt: Timestamp(e.CreatedAt), UpdatedAt: Timestamp(e.UpdatedAt), PreviousSecretExpiresAt: timestampPtr(e.PreviousSecretExpiresAt),
 		StateSince: timestampPtr(e.StateSince)}
@@ -73,9 +73,9 @@ func redacted(e *pulsetype.Endpoint) Endpoint {
 // endpoint returns the endpoint b describes, not normalized.
 func (b *Endpoint) endpoint() *pulsetype.Endpoint {
 	return &pulsetype.Endpoint{ConsumerGroup: b.ConsumerGroup, URL: b.URL, Topics: b.Topics, Filter: b.Filter, Delivery: b.Delivery, Ordered: b.Ordered,
-		Format: b.Format, OffsetReset: b.OffsetReset, MaxRetries: b.MaxRetries, RetryDelay: domainDuration(b.RetryDelay),
+		Format: b.Format, OffsetReset: b.OffsetReset, MaxRetries: intPtr(b.MaxRetries), RetryDelay: domainDuration(b.RetryDelay),
 		RetryBackoffMultiplier: b.RetryBackoffMultiplier, MaxRetryDelay: domainDuration(b.MaxRetryDelay), Timeout: domainDuration(b.Timeout),
-		MaxConcurrency: b.MaxConcurrency, Headers: b.Headers, Secret: b.Secret, InsecureSkipVerify: b.InsecureSkipVerify,
+		MaxConcurrency: intPtr(b.MaxConcurrency), Headers: b.Headers, Secret: b.Secret, InsecureSkipVerify: b.InsecureSkipVerify,
 		RateLimit: b.RateLimit, MaxRetryDuration: pulsetype.Duration(b.MaxRetryDuration), BacklogAlertAfter: pulsetype.Duration(b.BacklogAlertAfter), DisableAfter: pulsetype.Duration(b.DisableAfter), State: b.State, StateReason: b.StateReason,
 		CreatedAt: time.Time(b.CreatedAt), UpdatedAt: time.Time(b.UpdatedAt), PreviousSecretExpiresAt: timePtr(b.PreviousSecretExpiresAt),
 		StateSince: timePtr(b.StateSince)}
@@ -188,9 +188,8 @@ func decodePut(consumerGroup string, body []byte) (*pulsetype.Endpoint, error) {
 
 func (s *Server) putEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := pathParam(r, "consumerGroup")
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEndpointBody))
-	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("an endpoint body is at most %d bytes", maxEndpointBody))
+	body, ok := readBody(w, r, maxEndpointBody, "an endpoint body")
+	if !ok {
 		return
 	}
 	ep, err := decodePut(group, body)
@@ -258,12 +257,23 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"endpoints": each(eps, redacted)})
 }
 
+// deleteEndpoint answers DELETE /v1/endpoints/{consumerGroup}: 204 once the endpoint is gone and at most one
+// page (1,000) of its pending deliveries ended as error/endpoint_deleted; the headers Pulse-Deliveries-Ended
+// and Pulse-Deliveries-Remaining give how many it ended and how many stay pending for the repair scan (or
+// their POST in flight) to end. 404 endpoint_not_found; 400 invalid_json for a body other than nothing or {}.
 func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	group := pathParam(r, "consumerGroup")
-	if !s.endpointFound(w, r, group, s.store.DeleteEndpoint(r.Context(), group)) {
+	if !refuseBody(w, r, "DELETE /v1/endpoints/{consumerGroup}") {
+		return
+	}
+	res, err := s.store.DeleteEndpoint(r.Context(), group)
+	if !s.endpointFound(w, r, group, err) {
 		return
 	}
 	s.notify.EndpointChanged(group)
-	s.audit(r, ActionEndpointDeleted).Str("consumer_group", group).Msg("endpoint deleted")
+	s.audit(r, ActionEndpointDeleted).Str("consumer_group", group).Int64("ended", res.Ended).Int64("remaining", res.Remaining).
+		Msg("endpoint deleted")
+	w.Header().Set("Pulse-Deliveries-Ended", strconv.FormatInt(res.Ended, 10))
+	w.Header().Set("Pulse-Deliveries-Remaining", strconv.FormatInt(res.Remaining, 10))
 	w.WriteHeader(http.StatusNoContent)
 }

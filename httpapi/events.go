@@ -139,6 +139,9 @@ func strictUnmarshal(b []byte, v *inputEvent) error {
 func describeJSONError(err error) string {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
+		if te.Field == "" {
+			return "the body must be a JSON object, not " + te.Value
+		}
 		return fmt.Sprintf("field %q %s", te.Field, mustBe(te))
 	}
 	return err.Error() // "json: unknown field \"x\"" and friends
@@ -155,6 +158,8 @@ func jsonKind(k string) string {
 		return "a string"
 	case "map":
 		return "an object of strings"
+	case "int", "int64", "int32":
+		return "an integer"
 	default:
 		return "a " + k
 	}

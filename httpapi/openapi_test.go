@@ -31,11 +31,11 @@ import (
 // method the golden answers do not use) and the metrics route.
 type specStore struct{ answerStore }
 
-func (specStore) DeleteEndpoint(_ context.Context, group string) error {
+func (specStore) DeleteEndpoint(_ context.Context, group string) (pulsetype.Deleted, error) {
 	if group == "billing" {
-		return nil
+		return pulsetype.Deleted{Ended: 1000, Remaining: 4000}, nil
 	}
-	return pulsetype.ErrNotFound
+	return pulsetype.Deleted{}, pulsetype.ErrNotFound
 }
 
 // registerDecoders tells kin-openapi how to read the bodies of the media types the API uses beyond its

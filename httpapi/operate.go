@@ -1,25 +1,38 @@
 package httpapi
 
 import (
-	"encoding/json"
+	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
+// listDeliveries answers GET /v1/deliveries?consumerGroup&topic&status&limit&after. A parameter whose
+// percent-encoding is broken (after=%%zz) is refused rather than dropped, as url.Values would drop it: a
+// dropped cursor would answer the first page again, a dropped filter more than asked for. A broken after is
+// invalid_cursor, status invalid_status, limit invalid_limit, any other invalid_query.
 func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) {
-	q := pulsetype.DeliveryFilter{ConsumerGroup: r.URL.Query().Get("consumerGroup"), Topic: r.URL.Query().Get("topic"),
-		Status: pulsetype.Status(r.URL.Query().Get("status")), After: r.URL.Query().Get("after"), Limit: 50}
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		name := brokenParameter(r.URL.RawQuery)
+		code := map[string]string{"after": "invalid_cursor", "status": "invalid_status", "limit": "invalid_limit"}[name]
+		writeError(w, http.StatusBadRequest, cmp.Or(code, "invalid_query"),
+			fmt.Sprintf("the query parameter %q is not valid percent-encoding: %s", name, err))
+		return
+	}
+	q := pulsetype.DeliveryFilter{ConsumerGroup: query.Get("consumerGroup"), Topic: query.Get("topic"),
+		Status: pulsetype.Status(query.Get("status")), After: query.Get("after"), Limit: 50}
 	if q.Status != "" && q.Status != pulsetype.StatusPending && !q.Status.Terminal() {
 		writeError(w, http.StatusBadRequest, "invalid_status", fmt.Sprintf("status must be pending, success, error or cancelled, got %q", q.Status))
 		return
 	}
-	if l := r.URL.Query().Get("limit"); l != "" {
+	if l := query.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 || n > 500 {
 			writeError(w, http.StatusBadRequest, "invalid_limit", "limit must be an integer between 1 and 500")
@@ -39,8 +52,25 @@ func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"deliveries": each(list, deliveryOf), "next": next})
 }
 
+// brokenParameter returns the name of the first parameter of the raw query whose name or value does not
+// unescape, or that holds a semicolon, which url.ParseQuery refuses (its raw name when the name itself is
+// broken).
+func brokenParameter(raw string) string {
+	for pair := range strings.SplitSeq(raw, "&") {
+		name, value, _ := strings.Cut(pair, "=")
+		key, errName := url.QueryUnescape(name)
+		if _, errValue := url.QueryUnescape(value); errName != nil || errValue != nil || strings.Contains(pair, ";") {
+			return cmp.Or(key, name)
+		}
+	}
+	return ""
+}
+
 func (s *Server) retryDelivery(w http.ResponseWriter, r *http.Request) {
 	id := pathParam(r, "id")
+	if !refuseBody(w, r, "POST /v1/deliveries/{id}/retry") {
+		return
+	}
 	n, err := s.store.RetryDelivery(r.Context(), id)
 	switch {
 	case errors.Is(err, pulsetype.ErrNotSubscribed):
@@ -64,13 +94,13 @@ type replayBody struct {
 
 func (s *Server) replay(w http.ResponseWriter, r *http.Request) {
 	group := pathParam(r, "consumerGroup")
-	var b replayBody
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEndpointBody))
-	if err == nil && len(raw) > 0 {
-		err = json.Unmarshal(raw, &b)
+	raw, ok := readBody(w, r, maxEndpointBody, "a replay body")
+	if !ok {
+		return
 	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_json", "the body must be {\"status\": \"error\"|\"success\"|\"cancelled\", \"from\": RFC 3339, \"to\": RFC 3339}: "+err.Error())
+	var b replayBody
+	if err := decodeStrict(raw, &b); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_json", "the body must be {\"status\": \"error\"|\"success\"|\"cancelled\", \"from\": RFC 3339, \"to\": RFC 3339}, each optional: "+err.Error())
 		return
 	}
 	if b.Status == "" {

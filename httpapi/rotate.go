@@ -1,11 +1,9 @@
 package httpapi
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -33,19 +31,14 @@ type rotateAnswer struct {
 // duration from 0 to MaxSecretOverlap); 404 endpoint_not_found.
 func (s *Server) rotateSecret(w http.ResponseWriter, r *http.Request) {
 	group := pathParam(r, "consumerGroup")
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxEndpointBody))
-	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("a rotation body is at most %d bytes", maxEndpointBody))
+	raw, ok := readBody(w, r, maxEndpointBody, "a rotation body")
+	if !ok {
 		return
 	}
 	var b rotateBody
-	if len(bytes.TrimSpace(raw)) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&b); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_json", `the body must be {"secret": "whsec_...", "overlap": "24h"}, both optional: `+describeJSONError(err))
-			return
-		}
+	if err := decodeStrict(raw, &b); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_json", `the body must be {"secret": "whsec_...", "overlap": "24h"}, both optional: `+err.Error())
+		return
 	}
 	overlap := pulsetype.DefaultSecretOverlap
 	if len(b.Overlap) > 0 {

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -30,7 +31,7 @@ type Store interface {
 	PutEndpoint(ctx context.Context, e *pulsetype.Endpoint) (*pulsetype.Endpoint, bool, error)
 	GetEndpoint(ctx context.Context, group string) (*pulsetype.Endpoint, error)
 	ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error)
-	DeleteEndpoint(ctx context.Context, group string) error
+	DeleteEndpoint(ctx context.Context, group string) (pulsetype.Deleted, error)
 	Ping(ctx context.Context) error
 	ProbeWrite(ctx context.Context) error
 	ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) ([]*pulsetype.Delivery, string, error)
@@ -270,6 +271,11 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
+	writeJSONTo(w, v)
+}
+
+// writeJSONTo writes v as one line of JSON, without HTML escaping.
+func writeJSONTo(w io.Writer, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(v)

@@ -11,14 +11,18 @@ import (
 // (state paused, stateReason paused, stateSince); 404 endpoint_not_found. Pausing a paused endpoint keeps
 // its stateSince. The body, if any, is ignored.
 func (s *Server) pauseEndpoint(w http.ResponseWriter, r *http.Request) {
-	s.setEndpointState(w, r, pulsetype.EndpointPaused, ActionEndpointPaused, "endpoint paused")
+	if refuseBody(w, r, "POST /v1/endpoints/{consumerGroup}/pause") {
+		s.setEndpointState(w, r, pulsetype.EndpointPaused, ActionEndpointPaused, "endpoint paused")
+	}
 }
 
 // resumeEndpoint answers POST /v1/endpoints/{consumerGroup}/resume: 200 with the endpoint (state active) after
 // a pause or a disable (410 Gone, disableAfter); 404 endpoint_not_found. Resuming an active endpoint
 // changes nothing.
 func (s *Server) resumeEndpoint(w http.ResponseWriter, r *http.Request) {
-	s.setEndpointState(w, r, pulsetype.EndpointActive, ActionEndpointResumed, "endpoint resumed")
+	if refuseBody(w, r, "POST /v1/endpoints/{consumerGroup}/resume") {
+		s.setEndpointState(w, r, pulsetype.EndpointActive, ActionEndpointResumed, "endpoint resumed")
+	}
 }
 
 func (s *Server) setEndpointState(w http.ResponseWriter, r *http.Request, state pulsetype.EndpointState, action, msg string) {

@@ -17,8 +17,10 @@ import (
 // them between its read and its write (a claim, a retry created by a result or the repair scan).
 const maxCancelTries = 4
 
-// cancelled is the error of a cancelled delivery and of the attempt that records its cancel.
-var cancelled = &pulsetype.ErrorInfo{Code: pulsetype.CodeCancelled, Message: "cancelled through the API: no attempt is sent after it"}
+// cancelled is the error of a cancelled delivery and of the attempt that records its cancel. The attempt's
+// text stays in the delivery's history after a retry or replay, above the attempts that re-opened it, so it
+// says what holds either way: nothing more is sent until then.
+var cancelled = &pulsetype.ErrorInfo{Code: pulsetype.CodeCancelled, Message: "cancelled through the API: nothing more is sent unless the delivery is retried or replayed"}
 
 // CancelDelivery ends a pending delivery as cancelled in two writes that keep every later attempt from being
 // sent (docs/delivery.md, "Cancelling a delivery"); a POST leased before it may still finish

@@ -162,25 +162,33 @@ func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error
 // DeleteEndpoint removes a consumer group's endpoint and ends its pending deliveries as
 // error/endpoint_deleted (see EndPending): the first page of Options.PageSize at once, the rest by the
 // repair scan, which ends the work of a deleted group, so the call's time is bounded whatever the backlog.
-// It returns pulsetype.ErrNotFound when the group has no endpoint
-// (after ending whatever the group still had pending).
-func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
+// It returns how many it ended and how many stayed pending (pulsetype.Deleted), or pulsetype.ErrNotFound when
+// the group has no endpoint (after ending whatever the group still had pending).
+func (s *Store) DeleteEndpoint(ctx context.Context, group string) (pulsetype.Deleted, error) {
 	res, err := s.subscriptions.DeleteOne(ctx, bson.M{"_id": group})
 	if err != nil {
-		return wrap("delete endpoint", err)
+		return pulsetype.Deleted{}, wrap("delete endpoint", err)
 	}
 	// Ended also when the group was already gone: a delete that failed (or crashed) between its two steps is
 	// finished by deleting again. Only the first page here, so the request is answered in a bounded time
 	// whatever the backlog: the repair scan ends the rest of a deleted group's work (reconciler, KindDeletedGroup),
 	// and nothing of the group is POSTed meanwhile, its endpoint being gone.
-	if err := s.endPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: group,
-		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}, 1); err != nil {
-		return err
+	ended, err := s.endPending(ctx, pulsetype.EndPendingParams{ConsumerGroup: group,
+		Error: pulsetype.ErrorInfo{Code: pulsetype.CodeEndpointDeleted, Message: "the consumer group was deleted"}}, 1)
+	if err != nil {
+		return pulsetype.Deleted{}, err
+	}
+	// What is left for the repair scan: a count of index keys (pulse_deliveries_group_status_created), as
+	// GET /v1/stats counts a group's pending deliveries.
+	left, err := s.deliveries.CountDocuments(ctx, bson.M{"consumerGroup": group, "status": pulsetype.StatusPending},
+		options.Count().SetHint("pulse_deliveries_group_status_created"))
+	if err != nil {
+		return pulsetype.Deleted{}, wrap("count the deleted group's pending deliveries", err)
 	}
 	if res.DeletedCount == 0 {
-		return pulsetype.ErrNotFound
+		return pulsetype.Deleted{}, pulsetype.ErrNotFound
 	}
-	return nil
+	return pulsetype.Deleted{Ended: ended, Remaining: left}, nil
 }
 
 // EndPending ends the pending work of p.ConsumerGroup (of p.Topics only, when given) that its subscription
@@ -193,11 +201,13 @@ func (s *Store) DeleteEndpoint(ctx context.Context, group string) error {
 // Running it twice, or again after it stopped part-way, is harmless: every write is conditional on what it
 // ends still being pending. It logs one info line when it ended any.
 func (s *Store) EndPending(ctx context.Context, p pulsetype.EndPendingParams) error {
-	return s.endPending(ctx, p, 0)
+	_, err := s.endPending(ctx, p, 0)
+	return err
 }
 
-// endPending is EndPending stopping after maxPages pages (0: none left), the rest left pending.
-func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, maxPages int) error {
+// endPending is EndPending stopping after maxPages pages (0: none left), the rest left pending. It returns
+// how many deliveries it ended.
+func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, maxPages int) (int64, error) {
 	scope := bson.M{"consumerGroup": p.ConsumerGroup}
 	if p.Topics != nil {
 		scope["topic"] = bson.M{"$in": p.Topics}
@@ -208,7 +218,7 @@ func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, ma
 	cur, err := s.queue.Find(ctx, scope, options.Find().SetProjection(bson.M{"deliveryId": 1, "topic": 1}).SetSort(queueLineOrder).
 		SetBatchSize(int32(s.pageSize())))
 	if err != nil {
-		return wrap("find queued attempts of a group", err)
+		return 0, wrap("find queued attempts of a group", err)
 	}
 	defer cur.Close(context.WithoutCancel(ctx))
 	var total endedPage
@@ -225,14 +235,14 @@ func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, ma
 	for cur.Next(ctx) {
 		var q queueDoc
 		if err := cur.Decode(&q); err != nil {
-			return wrap("find queued attempts of a group", err)
+			return total.ended, wrap("find queued attempts of a group", err)
 		}
 		if p.Keep != nil && p.Keep(q.Topic) {
 			continue // a topic the group still subscribes to (through a pattern)
 		}
 		if len(page) >= s.pageSize() && page[len(page)-1].DeliveryID != q.DeliveryID {
 			if err := flush(); err != nil {
-				return err
+				return total.ended, err
 			}
 			if maxPages > 0 && pages == maxPages {
 				break
@@ -241,18 +251,18 @@ func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, ma
 		page = append(page, q)
 	}
 	if err := cur.Err(); err != nil {
-		return wrap("find queued attempts of a group", err)
+		return total.ended, wrap("find queued attempts of a group", err)
 	}
 	if len(page) > 0 {
 		if err := flush(); err != nil {
-			return err
+			return total.ended, err
 		}
 	}
 	if total.ended > 0 || total.busy > 0 {
 		s.log.Info().Str("consumer_group", p.ConsumerGroup).Strs("topics", p.Topics).Str("error_code", string(p.Error.Code)).
 			Int64("ended", total.ended).Int("in_flight", total.busy).Msg("pending deliveries ended")
 	}
-	return nil
+	return total.ended, nil
 }
 
 // queueLineOrder is the key order of index pulse_queue_line: a consumer group's queue documents by line,

@@ -207,7 +207,7 @@ func testClaimHeadsKeepsANewRegistrationsHead(t *testing.T, e *env) {
 		}
 		once.Do(func() {
 			fired = true // lineHead's read: the group is deleted and registered again, and an event fanned out
-			if err := other.DeleteEndpoint(b.ctx, "o"); err != nil {
+			if _, err := other.DeleteEndpoint(b.ctx, "o"); err != nil {
 				hookErr = err
 				return
 			}

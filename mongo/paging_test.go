@@ -90,13 +90,19 @@ func testEndPendingWorksInPages(t *testing.T, e *env) {
 		t.Fatalf("ClaimAttempts = %v, %v", leased, err)
 	}
 	log.reset()
-	if err := s.DeleteEndpoint(b.ctx, "g"); err != nil {
+	deleted, err := s.DeleteEndpoint(b.ctx, "g")
+	if err != nil {
 		t.Fatal(err)
 	}
 	// The delete ends one page and answers; the repair scan ends the rest of the deleted group's work.
 	ended := b.count("deliveries", bson.M{"consumerGroup": "g", "status": pulsetype.StatusError})
 	if ended < page-1 || ended > page+1 {
 		t.Errorf("the delete ended %d deliveries before answering, want its first page (%d, give or take the delivery in flight)", ended, page)
+	}
+	// It says so: what it ended, and what it left pending for the repair scan (the delivery in flight among them).
+	left := b.count("deliveries", bson.M{"consumerGroup": "g", "status": pulsetype.StatusPending})
+	if deleted.Ended != int64(ended) || deleted.Remaining != int64(left) || deleted.Ended+deleted.Remaining != backlog {
+		t.Errorf("DeleteEndpoint = %+v, want ended %d and remaining %d of the backlog of %d", deleted, ended, left, backlog)
 	}
 	if _, err := reconciler.New(s, "r", time.Second, nil, zerolog.Nop()).Repair(b.ctx); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package opsevents
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +61,13 @@ func TestDeliveryFailedOfAnOperationalEventPublishesNothing(t *testing.T) {
 	got := rec.all()
 	if len(got) != 1 || got[0].Topic != pulsetype.TopicDeliveryFailed || got[0].Headers[pulsetype.SubjectGroupHeader] != "billing" {
 		t.Fatalf("published %d events (%v), want one pulse.delivery.failed about billing", len(got), got)
+	}
+	// The header naming the group the event is about is not the webhook request's Pulse-Consumer-Group,
+	// which names the receiving group: an envelope's headers beside the request's would then disagree.
+	for k := range got[0].Headers {
+		if strings.EqualFold(k, "Pulse-Consumer-Group") {
+			t.Errorf("the event's header %q has the name of the request header that names the receiving group", k)
+		}
 	}
 	d := dataOf(t, got[0])
 	if d["deliveryId"] != "d3" || d["eventId"] != "e3" || d["attempt"] != float64(4) || d["errorCode"] != "handler_error" || d["httpStatus"] != float64(500) {

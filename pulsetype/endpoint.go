@@ -227,8 +227,15 @@ func (e *Endpoint) Normalize() error {
 	if err := fillDuration(&e.RetryDelay, DefaultRetryDelay, "retryDelay", 0, 24*time.Hour); err != nil {
 		return err
 	}
-	if err := fillDuration(&e.MaxRetryDelay, DefaultMaxRetryDelay, "maxRetryDelay", 0, 7*24*time.Hour); err != nil {
+	// maxRetryDelay caps the delays that grow from retryDelay, so a cap below the first delay would make
+	// every retry come sooner than asked (0s: at once): refused. Left out, it is DefaultMaxRetryDelay, or
+	// retryDelay when that is longer.
+	maxDefault := max(DefaultMaxRetryDelay, time.Duration(*e.RetryDelay))
+	if err := fillDuration(&e.MaxRetryDelay, maxDefault, "maxRetryDelay", 0, 7*24*time.Hour); err != nil {
 		return err
+	}
+	if *e.MaxRetryDelay < *e.RetryDelay {
+		return &FieldError{"maxRetryDelay", fmt.Sprintf("must be at least retryDelay (%s), got %s", time.Duration(*e.RetryDelay), time.Duration(*e.MaxRetryDelay))}
 	}
 	if err := fillDuration(&e.Timeout, DefaultTimeout, "timeout", time.Millisecond, MaxTimeout); err != nil {
 		return err

@@ -112,6 +112,19 @@ func TestEndpointNormalizeKeepsExplicitValues(t *testing.T) {
 	}
 }
 
+// Without maxRetryDelay, a retryDelay above DefaultMaxRetryDelay is its own cap: the default never undercuts
+// the delay it caps.
+func TestEndpointNormalizeMaxRetryDelayDefaultsToRetryDelay(t *testing.T) {
+	t.Parallel()
+	e := validEndpoint(func(e *pulsetype.Endpoint) { e.RetryDelay = durationPtr(2 * time.Hour) })
+	if err := e.Normalize(); err != nil {
+		t.Fatalf("Normalize() = %v, want nil", err)
+	}
+	if got := time.Duration(*e.MaxRetryDelay); got != 2*time.Hour {
+		t.Errorf("maxRetryDelay = %s, want the retryDelay 2h0m0s", got)
+	}
+}
+
 func TestEndpointNormalizeRejects(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -147,6 +160,10 @@ func TestEndpointNormalizeRejects(t *testing.T) {
 		{"delivery unknown", func(e *pulsetype.Endpoint) { e.Delivery = "exactly-once" }, "delivery"},
 		{"offsetReset unknown", func(e *pulsetype.Endpoint) { e.OffsetReset = "middle" }, "offsetReset"},
 		{"maxRetries negative", func(e *pulsetype.Endpoint) { e.MaxRetries = intPtr(-1) }, "maxRetries"},
+		// A cap below the first delay would make every retry sooner than retryDelay (0s: at once).
+		{"maxRetryDelay below retryDelay", func(e *pulsetype.Endpoint) {
+			e.RetryDelay, e.MaxRetryDelay = durationPtr(24*time.Hour), durationPtr(0)
+		}, "maxRetryDelay"},
 		{"maxRetries above 100", func(e *pulsetype.Endpoint) { e.MaxRetries = intPtr(101) }, "maxRetries"},
 		{"retryDelay negative", func(e *pulsetype.Endpoint) { e.RetryDelay = durationPtr(-time.Second) }, "retryDelay"},
 		{"timeout zero", func(e *pulsetype.Endpoint) { e.Timeout = durationPtr(0) }, "timeout"},

@@ -23,8 +23,12 @@ const (
 	TopicBacklogHigh = "pulse.backlog.high"
 	// SubjectGroupHeader is the header of an operational event that names the consumer group it is about:
 	// that group never receives the event (see WantsInput), so a disabled endpoint cannot receive its own
-	// disable event.
-	SubjectGroupHeader = "pulse-consumer-group"
+	// disable event. It is not the webhook request's Pulse-Consumer-Group header, which names the group
+	// receiving the POST (an operations receiver's), hence its own name.
+	SubjectGroupHeader = "pulse-subject-group"
+	// legacySubjectGroupHeader is SubjectGroupHeader's name up to 0.1.0: events stored under it (published
+	// by an older sidecar, not fanned out yet) still never reach the group they are about.
+	legacySubjectGroupHeader = "pulse-consumer-group"
 )
 
 // OperationalTopics are the topics of the sidecar's own events, every one of three segments: a subscription
@@ -51,5 +55,12 @@ func Reserved(topic string) bool { return strings.HasPrefix(topic, ReservedTopic
 
 // aboutItself reports whether ev is an operational event about the consumer group group itself.
 func aboutItself(ev *Event, group string) bool {
-	return Reserved(ev.Topic) && group != "" && ev.Headers[SubjectGroupHeader] == group
+	if !Reserved(ev.Topic) || group == "" {
+		return false
+	}
+	subject, ok := ev.Headers[SubjectGroupHeader]
+	if !ok {
+		subject = ev.Headers[legacySubjectGroupHeader]
+	}
+	return subject == group
 }

@@ -16,6 +16,11 @@ func TestOperationalEventNotForItsOwnGroup(t *testing.T) {
 	if shop.Wants(ev) || !ops.Wants(ev) {
 		t.Fatalf("shop wants its own disable event: %v; ops wants it: %v; want false, true", shop.Wants(ev), ops.Wants(ev))
 	}
+	// An event an older sidecar stored names its group under the header's former name.
+	legacy := &pulsetype.Event{Topic: pulsetype.TopicEndpointDisabled, Headers: map[string]string{"pulse-consumer-group": "shop"}}
+	if shop.Wants(legacy) || !ops.Wants(legacy) {
+		t.Fatalf("under the former header name, shop wants its own disable event: %v; ops wants it: %v; want false, true", shop.Wants(legacy), ops.Wants(legacy))
+	}
 	app := &pulsetype.Event{Topic: "orders", Headers: map[string]string{pulsetype.SubjectGroupHeader: "shop"}}
 	shop.Topics = []string{"orders"}
 	if !shop.Wants(app) {

@@ -20,6 +20,15 @@ type EndPendingParams struct {
 	Error         ErrorInfo
 }
 
+// Deleted is what a store's DeleteEndpoint did with the group's pending deliveries before it returned:
+// Ended is how many it ended as error/endpoint_deleted (at most one page, the store's bound on the work a
+// delete does before it answers), Remaining how many of the group's deliveries were still pending then: the
+// rest of a backlog larger than the page, and those whose POST was in flight, all of which the repair scan
+// (or the POST's worker) ends later.
+type Deleted struct {
+	Ended, Remaining int64
+}
+
 // ReplayParams are the arguments of a store's ReplayDeliveries: the terminal deliveries of ConsumerGroup in
 // Status whose createdAt lies in [From, To).
 type ReplayParams struct {

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/pulse-sidecar/pulse/httpapi"
 )
 
 // httpServers are the API's HTTP servers (the API and, with PULSE_PROBE_LISTEN, the probes).
@@ -18,12 +20,13 @@ type httpServers struct {
 
 func newHTTPServers() *httpServers { return &httpServers{failed: make(chan error, 1)} }
 
-// serve serves h on ln in a goroutine until shutdown.
+// serve serves h on ln in a goroutine until shutdown. The answers net/http writes before h runs (a malformed
+// or second Host header, headers over the limit) are JSON errors too (httpapi.JSONErrorListener).
 func (s *httpServers) serve(h http.Handler, ln net.Listener) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 	s.servers = append(s.servers, srv)
 	s.serving.Go(func() {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(httpapi.JSONErrorListener(ln)); !errors.Is(err, http.ErrServerClosed) {
 			select {
 			case s.failed <- err:
 			default: // another server failed first

@@ -15,10 +15,13 @@ import (
 // ExitUsage is the exit status of a command line the program does not accept.
 const ExitUsage = 2
 
-// UsageError is a command line the program does not accept. Usage is the text to show with it.
+// UsageError is a command line the program does not accept. Usage is the text to show with it, unless Hint
+// is set: then that one line is shown instead (a command whose usage is long, such as serve's list of
+// variables, points at what to do rather than repeat it).
 type UsageError struct {
 	Err   error
 	Usage string
+	Hint  string
 }
 
 // Error returns the reason without the usage text.
@@ -30,6 +33,23 @@ func (e *UsageError) Unwrap() error { return e.Err }
 // Usagef returns a *UsageError with the formatted reason and usage.
 func Usagef(usage, format string, args ...any) error {
 	return &UsageError{Err: fmt.Errorf(format, args...), Usage: usage}
+}
+
+// WithHint returns err with hint in place of its usage when err is a *UsageError, else err.
+func WithHint(err error, hint string) error {
+	var ue *UsageError
+	if !errors.As(err, &ue) {
+		return err
+	}
+	return &UsageError{Err: ue.Err, Usage: ue.Usage, Hint: hint}
+}
+
+// Shown returns what to print after the reason of e: its hint line, else its usage.
+func (e *UsageError) Shown() string {
+	if e.Hint != "" {
+		return strings.TrimRight(e.Hint, "\n") + "\n"
+	}
+	return e.Usage
 }
 
 // IsHelp reports whether args ask for help: "-h", "-help", "--help" or a lone "help".

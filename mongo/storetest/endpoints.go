@@ -73,10 +73,10 @@ func testPutEndpointReplaceKeepsCreatedAt(t *testing.T, e *Env) {
 	if !slices.Equal(second.Topics, []string{"b", "c"}) {
 		t.Errorf("replaced topics = %v, want [b c]", second.Topics)
 	}
-	if err := s.DeleteEndpoint(b.ctx, "billing"); err != nil {
+	if _, err := s.DeleteEndpoint(b.ctx, "billing"); err != nil {
 		t.Fatalf("DeleteEndpoint: %v", err)
 	}
-	if err := s.DeleteEndpoint(b.ctx, "billing"); !errors.Is(err, pulsetype.ErrNotFound) {
+	if _, err := s.DeleteEndpoint(b.ctx, "billing"); !errors.Is(err, pulsetype.ErrNotFound) {
 		t.Errorf("second DeleteEndpoint = %v, want ErrNotFound", err)
 	}
 	if _, err := s.GetEndpoint(b.ctx, "billing"); !errors.Is(err, pulsetype.ErrNotFound) {
