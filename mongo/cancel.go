@@ -45,7 +45,9 @@ func (s *Store) CancelDelivery(ctx context.Context, id string) (pulsetype.Cancel
 	}
 	if upd.ModifiedCount > 0 {
 		if !res.InFlight { // no attempt of it is pending: nothing of it stays queued
-			if _, err := s.deleteMany(ctx, s.queue, bson.M{"deliveryId": id}); err != nil {
+			// Fenced by attempt number, as EndDelivery is: a retry that reopened the delivery between two tries
+			// of this re-issued delete queued an attempt after FinalAttempt, which stays.
+			if _, err := s.deleteMany(ctx, s.queue, bson.M{"deliveryId": id, "attempt": bson.M{"$lte": res.FinalAttempt}}); err != nil {
 				return pulsetype.CancelResult{}, wrap("remove a cancelled delivery from the queue", err)
 			}
 		}

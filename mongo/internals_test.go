@@ -58,6 +58,7 @@ var internalCases = []storetest.Case{
 	{Name: "EnsureSchemaRefusesUserWithoutIndexRights", Run: internal(testEnsureSchemaRefusesUserWithoutIndexRights)},
 	// reissue_test.go
 	{Name: "ClaimsAndRenewalsAreReissued", Run: internal(testClaimsAndRenewalsAreReissued)},
+	{Name: "ReissuedWritesKeepAReopen", Run: internal(testReissuedWritesKeepAReopen)},
 	// sealing_test.go
 	{Name: "EndpointSecretsEncryptedAtRest", Run: internal(testEndpointSecretsEncryptedAtRest)},
 	// connect_test.go

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
@@ -143,7 +144,7 @@ type lossyProxy struct {
 	wg   sync.WaitGroup
 
 	mu    sync.Mutex
-	lose  map[string]bool // collection -> lose the reply of its next update
+	lose  map[string]bool // "command collection" -> lose the reply of its next such command (update or delete)
 	sent  map[string]int  // collection -> update commands forwarded
 	conns devdb.Conns
 }
@@ -172,10 +173,13 @@ func startLossyProxy(t *testing.T, uri string) *lossyProxy {
 }
 
 // loseNext makes the proxy lose the reply of the next update command on coll.
-func (p *lossyProxy) loseNext(coll string) {
+func (p *lossyProxy) loseNext(coll string) { p.loseNextOf("update", coll) }
+
+// loseNextOf makes the proxy lose the reply of the next command cmd ("update" or "delete") on coll.
+func (p *lossyProxy) loseNextOf(cmd, coll string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.lose[coll] = true
+	p.lose[cmd+" "+coll] = true
 }
 
 // updates returns how many update commands on coll the proxy forwarded.
@@ -216,12 +220,14 @@ func (p *lossyProxy) relay(client, upstream net.Conn) {
 		if err != nil {
 			return
 		}
-		coll, moreToCome := updateOf(req)
+		cmd, coll, moreToCome := writeOf(req)
 		lost := false
 		if coll != "" {
 			p.mu.Lock()
-			p.sent[coll]++
-			lost, p.lose[coll] = p.lose[coll], false
+			if cmd == "update" {
+				p.sent[coll]++
+			}
+			lost, p.lose[cmd+" "+coll] = p.lose[cmd+" "+coll], false
 			p.mu.Unlock()
 		}
 		if _, err := upstream.Write(req); err != nil || moreToCome {
@@ -240,18 +246,93 @@ func (p *lossyProxy) relay(client, upstream net.Conn) {
 	}
 }
 
-// updateOf returns, for an OP_MSG holding an update command, its collection, and the message's moreToCome
-// flag.
-func updateOf(msg []byte) (coll string, moreToCome bool) {
+// writeOf returns, for an OP_MSG holding an update or a delete command, the command and its collection, and
+// the message's moreToCome flag.
+func writeOf(msg []byte) (cmd, coll string, moreToCome bool) {
 	body, moreToCome := devdb.MessageBody(msg)
-	if devdb.CommandName(body) == "update" {
+	if cmd = devdb.CommandName(body); cmd == "update" || cmd == "delete" {
 		coll, _ = body.Index(0).Value().StringValueOK()
 	}
-	return coll, moreToCome
+	return cmd, coll, moreToCome
 }
 
 func (p *lossyProxy) close() {
 	_ = p.ln.Close()
 	p.conns.CloseAll()
 	p.wg.Wait()
+}
+
+// A write that is re-issued after its reply was lost never undoes a reopen that landed between its two tries:
+// the retry of a delivery fired (through the command monitor) when the first try of CancelDelivery's removal
+// of the delivery's queue documents failed keeps the queue document of the reopened attempt, and the retry
+// fired when the first try of FollowUps' end of a delivery failed stays pending (neither the cancel's
+// deleteMany nor the follow-up's end knew the reopened attempt; both are fenced by attempt number).
+func testReissuedWritesKeepAReopen(t *testing.T, e *env) {
+	b := e.setup(t)
+	direct := b.store(nil, nil)
+	b.putEndpoint(direct, "g", "t-cancel", "t-follow")
+	proxy := startLossyProxy(t, b.srv.URI)
+	var (
+		mu     sync.Mutex
+		reopen func() // run once, when the next command the lossy proxy loses fails
+	)
+	monitor := &event.CommandMonitor{Failed: func(_ context.Context, ev *event.CommandFailedEvent) {
+		mu.Lock()
+		f := reopen
+		reopen = nil
+		mu.Unlock()
+		if f != nil && (ev.CommandName == "delete" || ev.CommandName == "update") {
+			f()
+		}
+	}}
+	s := New(b.srv.Connect(options.Client().SetHosts([]string{proxy.addr}).SetDirect(true).SetMonitor(monitor)), b.options(nil))
+	reopenOnFailure := func(deliveryID string, want int) {
+		mu.Lock()
+		defer mu.Unlock()
+		reopen = func() {
+			if n, err := direct.RetryDelivery(b.ctx, deliveryID); err != nil || n != want {
+				t.Errorf("RetryDelivery between the two tries = %d, %v; want attempt %d", n, err, want)
+			}
+		}
+	}
+
+	t.Run("cancel", func(t *testing.T) {
+		a := storetest.FanOutN(t, b.ctx, direct, 1, "t-cancel")[0]
+		reopenOnFailure(a.DeliveryID, 2)
+		proxy.loseNextOf("delete", testPrefix+".queue")
+		if _, err := s.CancelDelivery(b.ctx, a.DeliveryID); err != nil {
+			t.Fatalf("CancelDelivery = %v, want its removal from the queue re-issued", err)
+		}
+		if c := b.count("queue", bson.M{"deliveryId": a.DeliveryID, "attempt": 2}); c != 1 {
+			t.Errorf("queue documents of the reopened attempt 2 = %d, want 1 (the cancel's re-issued deleteMany removed it)", c)
+		}
+		if d, _, err := direct.GetDelivery(b.ctx, a.DeliveryID); err != nil || d.Status != pulsetype.StatusPending {
+			t.Errorf("delivery after the reopen = %+v, %v; want pending", d, err)
+		}
+	})
+
+	t.Run("follow-up", func(t *testing.T) {
+		claimed, err := direct.ClaimAttempts(b.ctx, "owner", storetest.FanOutN(t, b.ctx, direct, 1, "t-follow"))
+		if err != nil || len(claimed) != 1 {
+			t.Fatalf("ClaimAttempts = %d attempts, %v", len(claimed), err)
+		}
+		a := claimed[0]
+		cs := []pulsetype.Completion{{Attempt: a, Result: pulsetype.AttemptResult{Status: pulsetype.StatusSuccess, HTTPStatus: 200, Duration: time.Millisecond},
+			Next: pulsetype.NextStep{EndStatus: pulsetype.StatusSuccess}}}
+		if _, err := direct.FinishAttempts(b.ctx, cs); err != nil {
+			t.Fatal(err)
+		}
+		reopenOnFailure(a.DeliveryID, 2)
+		proxy.loseNextOf("update", testPrefix+".deliveries")
+		if err := s.FollowUps(b.ctx, cs); err != nil {
+			t.Fatalf("FollowUps = %v, want its end re-issued", err)
+		}
+		d, _, err := direct.GetDelivery(b.ctx, a.DeliveryID)
+		if err != nil || d.Status != pulsetype.StatusPending || d.ReopenedAttempt != 2 {
+			t.Errorf("delivery after the reopen = %+v, %v; want pending with attempt 2 (the re-issued end ended it with attempt 1)", d, err)
+		}
+		if c := b.count("queue", bson.M{"deliveryId": a.DeliveryID, "attempt": 2}); c != 1 {
+			t.Errorf("queue documents of the reopened attempt 2 = %d, want 1", c)
+		}
+	})
 }
