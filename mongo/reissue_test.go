@@ -1,9 +1,11 @@
 package mongo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
 	"github.com/pulse-sidecar/pulse/internal/devdb"
 	"github.com/pulse-sidecar/pulse/mongo/storetest"
@@ -20,39 +23,47 @@ import (
 )
 
 // The store re-issues a write the driver does not retry (updateMany, deleteMany, a bulk holding them) when it
-// fails for the topology's sake, and only then: a stepdown's NotWritablePrimary or a RetryableWriteError label
-// is sent again until it succeeds (reissueTries in all), a duplicate key or a cancelled context is not.
+// fails for the topology's sake, and only then: a stepdown's NotWritablePrimary, a RetryableWriteError label, a
+// lost reply or no server found (an election without a primary) is sent again until it succeeds, however many
+// tries that takes within the context's deadline (four stepdowns: more than the three tries of a count), and
+// given up at the deadline; a duplicate key or a cancelled context is not sent again.
 func TestReissue(t *testing.T) {
 	t.Parallel()
 	stepdown := mongo.CommandError{Code: 10107, Name: "NotWritablePrimary", Message: "not primary"}
 	labelled := mongo.CommandError{Code: 1, Labels: []string{"RetryableWriteError"}}
 	network := mongo.CommandError{Labels: []string{"NetworkError"}, Message: "connection closed"}
+	noPrimary := topology.ServerSelectionError{Wrapped: errors.New("server selection timeout")}
 	duplicate := mongo.WriteException{WriteErrors: []mongo.WriteError{{Code: 11000, Message: "dup"}}}
 	for _, tt := range []struct {
 		name      string
-		failures  []error // what the tries answer, in order; nil after them
-		wantCalls int
+		failures  []error       // what the tries answer, in order; nil after them
+		deadline  time.Duration // of the context; 0: a minute
+		wantCalls int           // 0: at least 2, the last answering a failure
 		wantErr   error
 	}{
-		{"a stepdown, then success", []error{stepdown}, 2, nil},
-		{"a lost reply (a network error), then success", []error{network}, 2, nil},
-		{"a labelled error twice, then success", []error{labelled, labelled}, 3, nil},
-		{"a stepdown every time", []error{stepdown, stepdown, stepdown, stepdown}, reissueTries, stepdown},
-		{"a duplicate key", []error{duplicate}, 1, duplicate},
-		{"cancelled", []error{context.Canceled}, 1, context.Canceled},
+		{"a stepdown, then success", []error{stepdown}, 0, 2, nil},
+		{"a lost reply (a network error), then success", []error{network}, 0, 2, nil},
+		{"a labelled error twice, then success", []error{labelled, labelled}, 0, 3, nil},
+		{"no server found, then success", []error{noPrimary}, 0, 2, nil},
+		{"four stepdowns, then success", []error{stepdown, stepdown, stepdown, stepdown}, 0, 5, nil},
+		{"a stepdown until the deadline", slices.Repeat([]error{stepdown}, 1000), 400 * time.Millisecond, 0, stepdown},
+		{"a duplicate key", []error{duplicate}, 0, 1, duplicate},
+		{"cancelled", []error{context.Canceled}, 0, 1, context.Canceled},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(tt.deadline, time.Minute))
+			defer cancel()
 			calls := 0
-			err := reissue(context.Background(), func(context.Context) error {
+			err := reissue(ctx, func(context.Context) error {
 				calls++
 				if calls <= len(tt.failures) {
 					return tt.failures[calls-1]
 				}
 				return nil
 			})
-			if calls != tt.wantCalls {
-				t.Errorf("write sent %d times, want %d", calls, tt.wantCalls)
+			if tt.wantCalls > 0 && calls != tt.wantCalls || tt.wantCalls == 0 && (calls < 2 || calls >= len(tt.failures)) {
+				t.Errorf("write sent %d times, want %d (0: at least 2, and given up at the deadline)", calls, tt.wantCalls)
 			}
 			if (err == nil) != (tt.wantErr == nil) || err != nil && err.Error() != tt.wantErr.Error() {
 				t.Errorf("reissue = %v, want %v", err, tt.wantErr)

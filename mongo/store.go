@@ -191,11 +191,16 @@ func findAll[T any](ctx context.Context, coll *mongo.Collection, what string, fi
 // only what the first did not, and a delete of what is gone deletes nothing. A second try's counts cover only
 // what it changed: callers that branch on them read the documents back (FinishAttempts) or only log them.
 
-// reissueTries bounds how often updateMany, deleteMany and bulkUpdate send one write; reissueWait is the wait
-// after the first retryable failure, doubled after each further one.
+// Re-issue is bounded by time, not by a count of tries: an election lasts up to about 12 s (MongoDB's manual,
+// "Replica Set Elections"), and a write given up on before it ends may have applied (a lost reply) and stay
+// unknown to its caller: a claim that applied is then reaped after its lease as worker_lost, a failed attempt
+// without a POST. reissue sends the write again while it fails for the topology's sake (retryableWrite) or
+// finds no server (noServer: no primary yet, or the network is cut), until the context's deadline (the
+// request's, or the lease's for a claim); a context without a deadline gets reissueBound.
 const (
-	reissueTries = 3
-	reissueWait  = 100 * time.Millisecond
+	reissueWait    = 100 * time.Millisecond // the wait after the first retryable failure, doubled after each further one
+	reissueMaxWait = time.Second            // the longest wait between two tries
+	reissueBound   = 10 * time.Second       // how long a write whose context has no deadline is re-issued
 )
 
 // retryableWrite reports whether a write that failed with err may have failed for the topology's sake and
@@ -227,23 +232,35 @@ func retryableWrite(err error) bool {
 	return false
 }
 
-// reissue runs write, and runs it again, reissueTries times in all, while it fails with a retryableWrite
-// error and ctx has not ended. It returns the last error.
+// reissuable reports whether a write that failed with err is sent again: a retryableWrite error, or no
+// server found within the server selection timeout (noServer), as while a replica set elects a primary.
+func reissuable(err error) bool {
+	return retryableWrite(err) || (err != nil && noServer(err) && !errors.Is(err, context.Canceled))
+}
+
+// reissue runs write, and runs it again after a pause (reissueWait, doubling up to reissueMaxWait) while it
+// fails with a reissuable error and the pause ends before ctx's deadline (reissueBound after the first try
+// when ctx has none). It returns the last error.
 func reissue(ctx context.Context, write func(context.Context) error) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(reissueBound)
+	}
 	wait := reissueWait
-	var err error
-	for try := range reissueTries {
-		if err = write(ctx); !retryableWrite(err) || try == reissueTries-1 {
+	for {
+		err := write(ctx)
+		if !reissuable(err) || time.Until(deadline) <= wait {
 			return err
 		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return err
-		case <-time.After(wait):
+		case <-t.C:
 		}
-		wait *= 2
+		wait = min(2*wait, reissueMaxWait)
 	}
-	return err
 }
 
 // updateMany is coll.UpdateMany, re-issued on a retryable error (see reissue); update must be safe to repeat.
