@@ -112,11 +112,8 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	} else { // some were leased by another replica first, or have ended: read back which are ours
 		// Read again while the server does not answer, as the claim was: the read-back is what tells which
 		// attempts the claim leased.
-		var docs []attemptDoc
-		if err := reissue(ctx, func(ctx context.Context) (err error) {
-			docs, err = findAll[attemptDoc](ctx, s.history, "read back claimed attempts", bson.M{"_id": bson.M{"$in": ids}})
-			return err
-		}); err != nil {
+		docs, err := reread[attemptDoc](ctx, s.history, "read back claimed attempts", bson.M{"_id": bson.M{"$in": ids}})
+		if err != nil {
 			return nil, err
 		}
 		var stale []*attemptDoc

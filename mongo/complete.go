@@ -75,7 +75,7 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	for j, i := range sent {
 		ids[j] = cs[i].Attempt.ID
 	}
-	docs, err := findAll[attemptDoc](ctx, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
+	docs, err := reread[attemptDoc](ctx, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
 		options.Find().SetProjection(bson.M{fieldFencingToken: 1, "status": 1, "httpStatus": 1, "endedAt": 1, "error": 1}))
 	if err != nil {
 		return err
@@ -195,18 +195,14 @@ func (s *Store) createAttempts(ctx context.Context, attempts []*attemptDoc) ([]b
 		l := lines[a.DeliveryID]
 		queue[i], docs[i] = queued(a, l.OrderingKey, l.EventCreatedAt), a
 	}
-	if _, err := s.queue.InsertMany(ctx, queue, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+	if err := s.insertNew(ctx, s.queue, queue); err != nil {
 		return nil, wrap("queue attempts", err)
 	}
-	_, err = s.history.InsertMany(ctx, docs, options.InsertMany().SetOrdered(false))
-	if err != nil && !onlyDuplicates(err) {
+	inserted, err := s.insertAttempts(ctx, docs)
+	if err != nil {
 		return nil, wrap("insert attempts", err)
 	}
-	inserted := make([]bool, len(attempts))
-	for i := range attempts {
-		inserted[i] = !failedAt(err, i)
-	}
-	return inserted, s.unqueueDuplicates(ctx, docs, err)
+	return inserted, s.unqueueDuplicates(ctx, docs, inserted)
 }
 
 // line is where a delivery's attempts stand in its line (see queueDoc).

@@ -238,28 +238,126 @@ func reissuable(err error) bool {
 	return retryableWrite(err) || (err != nil && noServer(err) && !errors.Is(err, context.Canceled))
 }
 
-// reissue runs write, and runs it again after a pause (reissueWait, doubling up to reissueMaxWait) while it
-// fails with a reissuable error and the pause ends before ctx's deadline (reissueBound after the first try
-// when ctx has none). It returns the last error.
+// reissue runs write, and runs it again after a pause (see pause) while it fails with a reissuable error.
+// It returns the last error.
 func reissue(ctx context.Context, write func(context.Context) error) error {
+	p := newPauses(ctx)
+	for {
+		err := write(ctx)
+		if !reissuable(err) || !p.pause(ctx) {
+			return err
+		}
+	}
+}
+
+// pauses are the waits between the tries of a re-issued command: reissueWait, doubling up to reissueMaxWait,
+// while the wait ends before the context's deadline (reissueBound after the first try when it has none).
+type pauses struct {
+	deadline time.Time
+	wait     time.Duration
+}
+
+func newPauses(ctx context.Context) *pauses {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(reissueBound)
 	}
-	wait := reissueWait
+	return &pauses{deadline: deadline, wait: reissueWait}
+}
+
+// pause waits before the next try and reports true, or reports false at once when the wait would not end
+// before the deadline, and false when ctx ends during the wait.
+func (p *pauses) pause(ctx context.Context) bool {
+	if time.Until(p.deadline) <= p.wait {
+		return false
+	}
+	t := time.NewTimer(p.wait)
+	defer t.Stop()
+	p.wait = min(2*p.wait, reissueMaxWait)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// reread is findAll, sent again (see reissue) while the database does not answer: for the read-backs that
+// tell a caller what its re-issued writes did.
+func reread[T any](ctx context.Context, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
+	var out []T
+	err := reissue(ctx, func(ctx context.Context) (err error) {
+		out, err = findAll[T](ctx, coll, what, filter, opts...)
+		return err
+	})
+	return out, err
+}
+
+// insertNew is coll.InsertMany, unordered, of documents whose keys make a repeat a duplicate: re-issued
+// while the database does not answer, and a duplicate (an earlier try, or another writer, inserted it) is
+// success. For the queue's documents and the deliveries, whose duplicates are always the same work.
+func (s *Store) insertNew(ctx context.Context, coll *mongo.Collection, docs []any) error {
+	return reissue(ctx, func(ctx context.Context) error {
+		_, err := coll.InsertMany(ctx, docs, options.InsertMany().SetOrdered(false))
+		if onlyDuplicates(err) {
+			return nil
+		}
+		return err
+	})
+}
+
+// insertAttempts inserts attempt documents (each with a new _id) into the history with one unordered
+// insertMany, re-issued while the database does not answer, and returns for each whether it is in the history
+// as this call inserted it; false: a duplicate of another writer's attempt (the same delivery and number, on
+// the unique index). Before a re-issue it reads back, by _id, which documents an unanswered try inserted: those
+// count as inserted, and only the others are sent again, so that a lost reply never makes this call's own
+// attempt look like another writer's.
+func (s *Store) insertAttempts(ctx context.Context, docs []any) ([]bool, error) {
+	inserted := make([]bool, len(docs))
+	rest := make([]int, len(docs)) // indexes of docs not known to be in the history
+	for i := range rest {
+		rest[i] = i
+	}
+	p := newPauses(ctx)
 	for {
-		err := write(ctx)
-		if !reissuable(err) || time.Until(deadline) <= wait {
-			return err
+		batch := make([]any, len(rest))
+		for j, i := range rest {
+			batch[j] = docs[i]
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
+		_, err := s.history.InsertMany(ctx, batch, options.InsertMany().SetOrdered(false))
+		if err == nil || onlyDuplicates(err) {
+			for j, i := range rest {
+				inserted[i] = !failedAt(err, j)
+			}
+			return inserted, nil
 		}
-		wait = min(2*wait, reissueMaxWait)
+		if !reissuable(err) || !p.pause(ctx) {
+			return nil, err
+		}
+		ids := make([]string, len(rest))
+		for j, i := range rest {
+			ids[j] = docs[i].(*attemptDoc).ID
+		}
+		found, rerr := reread[attemptDoc](ctx, s.history, "read back inserted attempts", bson.M{"_id": bson.M{"$in": ids}},
+			options.Find().SetProjection(bson.M{"_id": 1}))
+		if rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		there := make(map[string]bool, len(found))
+		for _, d := range found {
+			there[d.ID] = true
+		}
+		kept := rest[:0]
+		for _, i := range rest {
+			if there[docs[i].(*attemptDoc).ID] {
+				inserted[i] = true
+			} else {
+				kept = append(kept, i)
+			}
+		}
+		if rest = kept; len(rest) == 0 {
+			return inserted, nil
+		}
 	}
 }
 
