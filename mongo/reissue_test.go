@@ -4,9 +4,12 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -346,4 +349,46 @@ func testReissuedWritesKeepAReopen(t *testing.T, e *env) {
 			t.Errorf("queue documents of the reopened attempt 2 = %d, want 1", c)
 		}
 	})
+}
+
+// poolCleared is an error like the driver's pool cleared error ("connection pool for … was cleared because
+// another operation failed with: …"), whose type the driver does not export: a driver.RetryablePoolError.
+type poolCleared struct{ cause error }
+
+func (e poolCleared) Error() string {
+	return "connection pool for 127.0.0.1:27017 was cleared because another operation failed with: " + e.cause.Error()
+}
+func (poolCleared) Retryable() bool { return true }
+
+// Every error of the driver's connections and pool, and every socket error, says the database is unavailable
+// (the API answers 503 database_unavailable, never a bare 500), and a pool cleared before the write was sent
+// is re-issued; an error of the request is neither.
+func TestUnavailableCoversConnectionAndPoolErrors(t *testing.T) {
+	t.Parallel()
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	for _, err := range []error{
+		poolCleared{reset},
+		fmt.Errorf("insert events: %w", poolCleared{reset}),
+		topology.ConnectionError{ConnectionID: "c1", Wrapped: reset},
+		topology.WaitQueueTimeoutError{Wrapped: context.DeadlineExceeded},
+		topology.ErrPoolClosed,
+		reset,
+		fmt.Errorf("read reply: %w", io.ErrUnexpectedEOF),
+		syscall.ECONNREFUSED,
+	} {
+		if !unavailable(err) {
+			t.Errorf("unavailable(%v) = false, want true", err)
+		}
+		if wrapped := wrap("publish", err); !errors.Is(wrapped, pulsetype.ErrUnavailable) {
+			t.Errorf("wrap(%v) does not wrap pulsetype.ErrUnavailable", err)
+		}
+	}
+	if !retryableWrite(poolCleared{reset}) {
+		t.Error("a pool cleared error is not re-issued")
+	}
+	for _, err := range []error{errors.New("bad filter"), mongo.WriteException{WriteErrors: []mongo.WriteError{{Code: 11000}}}, pulsetype.ErrNotFound} {
+		if unavailable(err) {
+			t.Errorf("unavailable(%v) = true, want false", err)
+		}
+	}
 }

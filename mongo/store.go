@@ -5,13 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
 	"github.com/pulse-sidecar/pulse/internal/sealing"
@@ -138,14 +142,26 @@ var unavailableCodes = map[int32]bool{1: true, 6: true, 7: true, 89: true, 91: t
 	11600: true, 11602: true, 13435: true, 13436: true, 14031: true}
 
 // unavailable reports whether err means the database cannot serve now: a network error, a timeout (server
-// selection included), a deadline, or a server error code of unavailableCodes (as a command error, a write
-// error or a write concern error).
+// selection included), a deadline, an error of the driver's connections or connection pool (a connection
+// that failed or was closed, a pool cleared after another operation's network error, a wait for a
+// connection that timed out), a socket error (a reset, a refused connection, EOF), or a server error code
+// of unavailableCodes (as a command error, a write error or a write concern error).
 func unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
 	if mongo.IsNetworkError(err) || mongo.IsTimeout(err) || errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
 	var sse topology.ServerSelectionError
-	if errors.As(err, &sse) {
+	var ce topology.ConnectionError
+	var wqe topology.WaitQueueTimeoutError
+	var pe topology.PoolError
+	var pool driver.RetryablePoolError // the driver's pool cleared error ("connection pool ... was cleared")
+	var ne net.Error
+	if errors.As(err, &sse) || errors.As(err, &ce) || errors.As(err, &wqe) || errors.As(err, &pe) || errors.As(err, &pool) ||
+		errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
 		return true
 	}
 	var se mongo.ServerError
@@ -213,7 +229,8 @@ func retryableWrite(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	if mongo.IsNetworkError(err) {
+	var pool driver.RetryablePoolError // a pool cleared by another operation's network error: nothing was sent
+	if mongo.IsNetworkError(err) || errors.As(err, &pool) && pool.Retryable() {
 		return true
 	}
 	var le interface{ HasErrorLabel(string) bool }
