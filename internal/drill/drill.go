@@ -20,6 +20,9 @@
 //     with no reset (a cut that drops packets).
 //   - Reset closes each connection with a TCP reset (SO_LINGER 0) when a request arrives.
 //
+// HangOpen leaves the connections open at that moment half-open for good (new ones are served as the mode
+// says): the cut that stopped a sidecar's loop on its pooled connections while a fresh one answered pings.
+//
 // Run switches through a script of modes (a drill) and back to Pass. A Proxy counts what it did (Stats). It
 // is safe for concurrent use.
 package drill
@@ -124,6 +127,9 @@ type Proxy struct {
 	conns devdb.Conns
 	stop  chan struct{}
 	once  sync.Once
+
+	mu      sync.Mutex
+	clients map[net.Conn]bool // open client connections -> hung by HangOpen
 }
 
 // Listen starts a Proxy on a free port of the loopback interface in front of the TCP address upstream, in
@@ -133,7 +139,7 @@ func Listen(upstream string) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("drill listen: %w", err)
 	}
-	p := &Proxy{ln: ln, upstream: upstream, stop: make(chan struct{})}
+	p := &Proxy{ln: ln, upstream: upstream, stop: make(chan struct{}), clients: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -151,6 +157,24 @@ func (p *Proxy) Set(m Mode) {
 	if old := Mode(p.mode.Swap(int32(m))); old == HalfOpen && m != HalfOpen {
 		p.conns.CloseOpen()
 	}
+}
+
+// HangOpen makes every client connection open now stop answering, whatever the mode, until the proxy
+// closes: each reads on and never answers, as a connection left half-open by a cut without a reset does.
+// Connections accepted later are served as the mode says. It returns how many connections it hung.
+func (p *Proxy) HangOpen() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.clients {
+		p.clients[c] = true
+	}
+	return len(p.clients)
+}
+
+func (p *Proxy) hung(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.clients[c]
 }
 
 // Run runs the drill steps, one after the other, then switches back to Pass; it blocks until then or until
@@ -204,9 +228,17 @@ func (p *Proxy) accept() {
 		if !p.conns.Track(c) {
 			return
 		}
+		p.mu.Lock()
+		p.clients[c] = false
+		p.mu.Unlock()
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
+			defer func() {
+				p.mu.Lock()
+				delete(p.clients, c)
+				p.mu.Unlock()
+			}()
 			defer p.conns.Untrack(c)
 			p.serve(c)
 		}()
@@ -227,6 +259,10 @@ func (p *Proxy) serve(client net.Conn) {
 			return
 		}
 		body, moreToCome := devdb.MessageBody(req)
+		if p.hung(client) {
+			p.held.Add(1)
+			continue // read on, never answer
+		}
 		switch p.Mode() {
 		case Close:
 			p.closed.Add(1)
