@@ -133,7 +133,7 @@ func (s *Store) stopAttempts(ctx context.Context, d *pulsetype.Delivery) (res pu
 // attempts by id. A delivery without queue documents (written before the queue existed, and not migrated)
 // gets all its attempts (AttemptsOf).
 func (s *Store) queuedAttemptsOf(ctx context.Context, deliveryID string) ([]*pulsetype.Attempt, error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "find queued attempts", bson.M{"deliveryId": deliveryID},
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "find queued attempts", bson.M{"deliveryId": deliveryID},
 		options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
 		return nil, err
@@ -143,7 +143,7 @@ func (s *Store) queuedAttemptsOf(ctx context.Context, deliveryID string) ([]*pul
 		return byDelivery[deliveryID], err
 	}
 	ids := idsOf(queued, func(q queueDoc) string { return q.ID })
-	docs, err := findAll[attemptDoc](ctx, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": ids}})
+	docs, err := findAll[attemptDoc](ctx, s, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return nil, err
 	}

@@ -56,7 +56,7 @@ func (s *Store) DueAttempts(ctx context.Context, groups []string, limit int) ([]
 			opts.SetHint(queueGroupDueIndex)
 		}
 	}
-	docs, err := findAll[queueDoc](ctx, s.queue, "find claimable attempts", filter, opts)
+	docs, err := findAll[queueDoc](ctx, s, s.queue, "find claimable attempts", filter, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 	} else { // some were leased by another replica first, or have ended: read back which are ours
 		// Read again while the server does not answer, as the claim was: the read-back is what tells which
 		// attempts the claim leased.
-		docs, err := reread[attemptDoc](ctx, s.history, "read back claimed attempts", bson.M{"_id": bson.M{"$in": ids}})
+		docs, err := reread[attemptDoc](ctx, s, s.history, "read back claimed attempts", bson.M{"_id": bson.M{"$in": ids}})
 		if err != nil {
 			return nil, err
 		}
@@ -161,7 +161,7 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	if int(res.MatchedCount) == len(leases) {
 		return nil, nil
 	}
-	held, err := findAll[attemptDoc](ctx, s.history, "find renewed leases", filter, options.Find().SetProjection(bson.M{fieldFencingToken: 1}))
+	held, err := findAll[attemptDoc](ctx, s, s.history, "find renewed leases", filter, options.Find().SetProjection(bson.M{fieldFencingToken: 1}))
 	if err != nil {
 		return nil, err
 	}

@@ -75,7 +75,7 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	for j, i := range sent {
 		ids[j] = cs[i].Attempt.ID
 	}
-	docs, err := reread[attemptDoc](ctx, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
+	docs, err := reread[attemptDoc](ctx, s, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
 		options.Find().SetProjection(bson.M{fieldFencingToken: 1, "status": 1, "httpStatus": 1, "endedAt": 1, "error": 1}))
 	if err != nil {
 		return err
@@ -215,7 +215,7 @@ type line struct {
 // reopened, or repaired) from the delivery itself. It costs one query of the queue and, for deliveries
 // without queue documents, one read of them by id.
 func (s *Store) linesOf(ctx context.Context, deliveryIDs []string) (map[string]line, error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "read lines of queued deliveries", bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "read lines of queued deliveries", bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
 		options.Find().SetProjection(bson.M{"deliveryId": 1, "orderingKey": 1, "eventCreatedAt": 1}))
 	if err != nil {
 		return nil, err
@@ -233,7 +233,7 @@ func (s *Store) linesOf(ctx context.Context, deliveryIDs []string) (map[string]l
 	if len(missing) == 0 {
 		return out, nil
 	}
-	docs, err := findAll[deliveryDoc](ctx, s.deliveries, "read lines of deliveries", bson.M{"_id": bson.M{"$in": missing}},
+	docs, err := findAll[deliveryDoc](ctx, s, s.deliveries, "read lines of deliveries", bson.M{"_id": bson.M{"$in": missing}},
 		options.Find().SetProjection(bson.M{"orderingKey": 1, "eventCreatedAt": 1}))
 	if err != nil {
 		return nil, err

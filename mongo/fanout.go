@@ -195,7 +195,7 @@ func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit in
 	now := s.now()
 	filter := bson.M{"createdAt": bson.M{"$lt": now.Add(-age)},
 		"$or": bson.A{bson.M{"deferredUntil": bson.M{"$exists": false}}, bson.M{"deferredUntil": bson.M{"$lte": now}}}}
-	marks, err := findAll[outboxDoc](ctx, s.outbox, "find unfinished fan-outs", filter,
+	marks, err := findAll[outboxDoc](ctx, s, s.outbox, "find unfinished fan-outs", filter,
 		options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}).SetLimit(int64(limit)))
 	if err != nil || len(marks) == 0 {
 		return 0, false, err

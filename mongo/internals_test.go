@@ -68,6 +68,8 @@ var internalCases = []storetest.Case{
 	{Name: "ShardPlanCoversHotQueries", Run: internal(testShardPlanCoversHotQueries)},
 	// hotpaths_test.go
 	{Name: "HotQueriesUseAnIndex", Run: internal(testHotQueriesUseAnIndex)},
+	// readlimit_test.go
+	{Name: "ReadsCarryAServerSideLimit", Run: internal(testReadsCarryAServerSideLimit)},
 	// stats_test.go
 	{Name: "GroupStatsCountsTheLastHour", Run: internal(testGroupStatsCountsTheLastHour)},
 	{Name: "ConsoleReadsWith10000Deliveries", Run: internal(testConsoleReadsWith10000Deliveries)},

@@ -38,6 +38,10 @@ type Options struct {
 	// Capabilities, when set, are what the server can do, taken as given: EnsureSchema neither probes nor
 	// asks. Nil: EnsureSchema detects them (DetectCapabilities).
 	Capabilities *Capabilities
+	// ReadConcern is the read concern level ("majority", "local", ...) the store's finds and aggregations
+	// send themselves (they are sent as commands, see reads.go, which the client's read concern does not
+	// reach); "" sends none: the server's default.
+	ReadConcern string
 	// PageSize bounds the ids one command of the store's bulk work names (ending a group's pending work, the
 	// queue migration): that work runs in pages of this many documents, so no command grows with the backlog.
 	// 0 means DefaultPageSize.
@@ -184,10 +188,11 @@ func (s *Store) ProbeWrite(ctx context.Context) error {
 	return wrap("probe a write", err)
 }
 
-// findAll runs a find on coll and decodes every matching document into a T, reading the cursor to its end.
-// Errors are wrapped with what.
-func findAll[T any](ctx context.Context, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
-	cur, err := coll.Find(ctx, filter, opts...)
+// findAll runs a find on coll (see find: with a server-side time limit) and decodes every matching document
+// into a T, reading the cursor to its end. s gives the read concern (nil: the server's default). Errors are
+// wrapped with what.
+func findAll[T any](ctx context.Context, s *Store, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
+	cur, err := s.find(ctx, coll, filter, opts...)
 	if err != nil {
 		return nil, wrap(what, err)
 	}
@@ -301,10 +306,10 @@ func (p *pauses) pause(ctx context.Context) bool {
 
 // reread is findAll, sent again (see reissue) while the database does not answer: for the read-backs that
 // tell a caller what its re-issued writes did.
-func reread[T any](ctx context.Context, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
+func reread[T any](ctx context.Context, s *Store, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
 	var out []T
 	err := reissue(ctx, func(ctx context.Context) (err error) {
-		out, err = findAll[T](ctx, coll, what, filter, opts...)
+		out, err = findAll[T](ctx, s, coll, what, filter, opts...)
 		return err
 	})
 	return out, err
@@ -355,7 +360,7 @@ func (s *Store) insertAttempts(ctx context.Context, docs []any) ([]bool, error) 
 		for j, i := range rest {
 			ids[j] = docs[i].(*attemptDoc).ID
 		}
-		found, rerr := reread[attemptDoc](ctx, s.history, "read back inserted attempts", bson.M{"_id": bson.M{"$in": ids}},
+		found, rerr := reread[attemptDoc](ctx, s, s.history, "read back inserted attempts", bson.M{"_id": bson.M{"$in": ids}},
 			options.Find().SetProjection(bson.M{"_id": 1}))
 		if rerr != nil {
 			return nil, errors.Join(err, rerr)
