@@ -75,7 +75,7 @@ func publishUntilStored(t *testing.T, s *harness.Sidecar, id string) {
 	})
 }
 
-// The database resets every connection while publishes arrive concurrently (the driver then clears its
+// The database resets every connection while array publishes arrive concurrently (the driver then clears its
 // pool, and requests waiting for a connection fail with "connection pool ... was cleared"): every publish
 // answers 202 or 503 database_unavailable, never a bare 500, and each publish re-sent after the resets is
 // stored and delivered.
@@ -89,14 +89,16 @@ func TestConnectionResetsAnswer503(t *testing.T) {
 
 	codes := map[string]int{}
 	var mu sync.Mutex
-	const rounds, perRound = 4, 16
+	const rounds, perRound = 6, 24
 	for r := range rounds {
 		proxy.Set(drill.Reset)
 		var wg sync.WaitGroup
 		for i := range perRound {
 			wg.Go(func() {
+				// Arrays of two: each is written by its own commands (no group commit), so several
+				// connections are in use when one is reset and the driver clears the pool under the others.
 				id := fmt.Sprintf("r%d-%d", r, i)
-				a, err := timedRequest("POST", s.URL+"/v1/events", map[string]any{"id": id, "topic": "t", "data": id})
+				a, err := timedRequest("POST", s.URL+"/v1/events", []map[string]any{{"id": id, "topic": "t", "data": id}, {"id": id + "-b", "topic": "t", "data": id}})
 				if err != nil {
 					t.Errorf("publish: %v", err)
 					return
@@ -122,8 +124,11 @@ func TestConnectionResetsAnswer503(t *testing.T) {
 	for r := range rounds {
 		for i := range perRound {
 			id := fmt.Sprintf("r%d-%d", r, i)
-			publishUntilStored(t, s, id)
-			ids = append(ids, id)
+			testwait.Eventually(t, 3*time.Minute, "publish "+id+" to be stored", func() bool {
+				a, err := timedRequest("POST", s.URL+"/v1/events", []map[string]any{{"id": id, "topic": "t", "data": id}, {"id": id + "-b", "topic": "t", "data": id}})
+				return err == nil && (a.code == 202 || a.code == 200)
+			})
+			ids = append(ids, id, id+"-b")
 		}
 	}
 	s.WantSuccess(t, "g", 2*time.Minute, ids...)
