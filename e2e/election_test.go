@@ -42,8 +42,8 @@ func (f electionFigures) String() string {
 // every command with an election error for 12 s, after the writes under way lose their replies and before
 // the connections are closed (drill.ElectionDrill). Every event answered 202 is then delivered once to each
 // group, in order per key in the ordered group, no attempt is recorded without its POST, and every publish
-// during the drill answers 503 database_unavailable within twice PULSE_DATABASE_TIMEOUT; the client re-sends
-// those with the same id and nothing is lost.
+// during the drill answers 503 database_unavailable within PULSE_DATABASE_TIMEOUT (and half of it, for a busy
+// machine); the client re-sends those with the same id and nothing is lost.
 func TestElection12s(t *testing.T) {
 	runElection(t, drill.ElectionLength, "30s")
 }
@@ -249,7 +249,7 @@ func runElection(t *testing.T, length time.Duration, lease string) {
 	if f.answered503 == 0 {
 		t.Errorf("no publish answered 503 during the drill: it did not reach the database")
 	}
-	if f.slowest503 > 2*dbTimeout {
-		t.Errorf("the slowest publish answered 503 in %s during the drill, over twice PULSE_DATABASE_TIMEOUT %s", f.slowest503, dbTimeout)
+	if f.slowest503 > dbTimeout+dbTimeout/2 {
+		t.Errorf("the slowest publish answered 503 in %s during the drill, over PULSE_DATABASE_TIMEOUT %s and half of it", f.slowest503, dbTimeout)
 	}
 }
