@@ -46,6 +46,9 @@ type loop struct {
 	// no claim and no repair finds). They ran in one goroutine before the reconciliation had its own.
 	fanning sync.Mutex
 
+	// turning and reconciling say since when a turn and a reconciliation pass run (Dispatcher.Stalled).
+	turning, reconciling busy
+
 	// Owned by the loop's goroutine.
 	backlog  bool // the database may hold due attempts this process had no capacity for
 	window   dueWindow
@@ -148,6 +151,8 @@ func reapInterval(opts Options) time.Duration {
 // there, and at least every reap interval while local work keeps the loop busy; local work (fan-out, claims
 // of attempts created here) runs always.
 func (l *loop) turn(ctx context.Context, poll bool) {
+	l.turning.begin()
+	defer l.turning.end()
 	l.fanOut(ctx)
 	l.flushMarks(ctx, false)
 	poll = poll || time.Since(l.lastPoll) >= reapInterval(l.opts)
@@ -174,6 +179,7 @@ func (l *loop) reconcile(ctx context.Context) {
 	defer timer.Stop()
 	for {
 		worked := false
+		l.reconciling.begin()
 		if start := time.Now(); l.reap.due(start) {
 			reaped, err := l.rec.Reap(ctx)
 			if err != nil {
@@ -192,6 +198,7 @@ func (l *loop) reconcile(ctx context.Context) {
 			l.repair.ran(start, time.Now(), n > 0)
 			worked = worked || n > 0
 		}
+		l.reconciling.end()
 		if worked {
 			l.pollNow()
 		}

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -272,7 +273,16 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		}
 		e.TraceParent, e.TraceState = traceparent, tracestate
 	}
-	published, err := s.store.Publish(r.Context(), events)
+	// Bounded by PublishTimeout (PULSE_DATABASE_TIMEOUT): a database that does not answer (an election, a
+	// half-open connection) gets the publish a 503 within it, never a wait without end. A round already
+	// under way may still store the events: a publish re-sent with the same ids is stored once.
+	pctx := r.Context()
+	if s.opts.PublishTimeout > 0 {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(pctx, s.opts.PublishTimeout)
+		defer cancel()
+	}
+	published, err := s.store.Publish(pctx, events)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}

@@ -82,6 +82,13 @@ type Options struct {
 	// AllowedHosts are further host names (no port) the API listener answers under CheckHost
 	// (PULSE_ALLOWED_HOSTS).
 	AllowedHosts []string
+	// PublishTimeout bounds the database work of one POST /v1/events (PULSE_DATABASE_TIMEOUT): past it the
+	// publish answers 503 database_unavailable. 0: no bound but the client's.
+	PublishTimeout time.Duration
+	// Stalled, when set, reports the sidecar's own work that is stuck (a dispatcher turn or a reconciliation
+	// pass that has not completed within its bound), for /readyz: a database that answers a fresh ping while
+	// the sidecar's connections hang is not ready. Nil: never.
+	Stalled func() error
 }
 
 // Metrics is what the API needs of the sidecar's metrics (package metrics implements it): the handler it
@@ -176,8 +183,8 @@ func (s *Server) probeRouter() chi.Router {
 	return r
 }
 
-// readyz answers 200 when the database answers a ping and accepts a write within 2 s each, and the
-// sidecar is not shutting down; 503 otherwise.
+// readyz answers 200 when the database answers a ping and accepts a write within 2 s each, the sidecar's
+// own work is not stuck (Options.Stalled; 503 stalled) and the sidecar is not shutting down; 503 otherwise.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -190,6 +197,12 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := s.store.ProbeWrite(ctx); err != nil {
 		s.unavailable(w, "the database refuses writes: "+firstLine(err))
 		return
+	}
+	if s.opts.Stalled != nil {
+		if err := s.opts.Stalled(); err != nil {
+			writeError(w, http.StatusServiceUnavailable, "stalled", "the sidecar's work is stuck: "+firstLine(err))
+			return
+		}
 	}
 	if s.draining.Load() {
 		writeError(w, http.StatusServiceUnavailable, "shutting_down", "the sidecar is shutting down")

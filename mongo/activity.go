@@ -74,7 +74,7 @@ func (s *Store) pendingOf(ctx context.Context, group string) (int64, *time.Time,
 func (s *Store) ActivityAll(ctx context.Context) ([]*pulsetype.GroupActivity, error) {
 	now := s.now().UTC()
 	from := pulsetype.ActivityWindow(now)
-	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{},
+	groups, err := findAll[subscriptionDoc](ctx, s, s.subscriptions, "list consumer groups", bson.M{},
 		options.Find().SetProjection(bson.M{"_id": 1}).SetSort(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
 		return nil, err
@@ -125,7 +125,7 @@ func (s *Store) ActivityAll(ctx context.Context) ([]*pulsetype.GroupActivity, er
 func (s *Store) endedSince(ctx context.Context, what string, filter bson.M, from time.Time) ([]endedAttempt, error) {
 	filter["status"] = bson.M{"$in": bson.A{pulsetype.StatusSuccess, pulsetype.StatusError}}
 	filter["endedAt"] = bson.M{"$gte": from}
-	return findAll[endedAttempt](ctx, s.history, what, filter,
+	return findAll[endedAttempt](ctx, s, s.history, what, filter,
 		options.Find().SetSort(bson.D{{Key: "endedAt", Value: -1}}).SetLimit(pulsetype.ActivityScanLimit).
 			SetProjection(bson.M{"consumerGroup": 1, "status": 1, "endedAt": 1, "error.code": 1}).SetHint("pulse_history_group_status_ended"))
 }

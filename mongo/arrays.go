@@ -27,7 +27,7 @@ func (s *Store) rollForward(ctx context.Context, batches []string) (map[string]*
 	if len(batches) == 0 {
 		return nil, nil
 	}
-	members, err := findAll[*eventDoc](ctx, s.events, "read events of arrays", bson.M{"batch": bson.M{"$in": batches}})
+	members, err := findAll[*eventDoc](ctx, s, s.events, "read events of arrays", bson.M{"batch": bson.M{"$in": batches}})
 	if err != nil {
 		return nil, err
 	}

@@ -39,7 +39,7 @@ func (s *Store) Backfill(ctx context.Context, owner string, batch int) (int, err
 	if err != nil {
 		return 0, wrap("take discovery lease", err)
 	}
-	docs, err := findAll[*eventDoc](ctx, s.events, "read events to backfill",
+	docs, err := findAll[*eventDoc](ctx, s, s.events, "read events to backfill",
 		withTopics(bson.M{"_id": bson.M{"$gt": sub.Backfill.Cursor}, "staged": bson.M{"$ne": true}}, sub.Topics),
 		options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(int64(batch)))
 	if err != nil {

@@ -47,7 +47,9 @@ func (s *Store) CancelDelivery(ctx context.Context, id string) (pulsetype.Cancel
 	}
 	if upd.ModifiedCount > 0 {
 		if !res.InFlight { // no attempt of it is pending: nothing of it stays queued
-			if _, err := s.deleteMany(ctx, s.queue, bson.M{"deliveryId": id}); err != nil {
+			// Fenced by attempt number, as EndDelivery is: a retry that reopened the delivery between two tries
+			// of this re-issued delete queued an attempt after FinalAttempt, which stays.
+			if _, err := s.deleteMany(ctx, s.queue, bson.M{"deliveryId": id, "attempt": bson.M{"$lte": res.FinalAttempt}}); err != nil {
 				return pulsetype.CancelResult{}, wrap("remove a cancelled delivery from the queue", err)
 			}
 		}
@@ -133,7 +135,7 @@ func (s *Store) stopAttempts(ctx context.Context, d *pulsetype.Delivery) (res pu
 // attempts by id. A delivery without queue documents (written before the queue existed, and not migrated)
 // gets all its attempts (AttemptsOf).
 func (s *Store) queuedAttemptsOf(ctx context.Context, deliveryID string) ([]*pulsetype.Attempt, error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "find queued attempts", bson.M{"deliveryId": deliveryID},
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "find queued attempts", bson.M{"deliveryId": deliveryID},
 		options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
 		return nil, err
@@ -143,7 +145,7 @@ func (s *Store) queuedAttemptsOf(ctx context.Context, deliveryID string) ([]*pul
 		return byDelivery[deliveryID], err
 	}
 	ids := idsOf(queued, func(q queueDoc) string { return q.ID })
-	docs, err := findAll[attemptDoc](ctx, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": ids}})
+	docs, err := findAll[attemptDoc](ctx, s, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return nil, err
 	}

@@ -186,10 +186,10 @@ func (s *Store) supportsChangeStreams(ctx context.Context) (bool, error) {
 // the first document of an empty selection of the queue (a filter no document matches, served by _id). Code
 // 238 NotImplemented means no (FerretDB v1); other failures are returned wrapped.
 func (s *Store) supportsFirstOfGroups(ctx context.Context) (bool, error) {
-	cur, err := s.queue.Aggregate(ctx, bson.A{
+	cur, err := s.aggregate(ctx, s.queue, bson.A{
 		bson.M{"$match": bson.M{"_id": ""}},
 		bson.M{"$group": bson.M{"_id": "$orderingKey", "head": bson.M{"$first": "$$ROOT"}}},
-	})
+	}, "")
 	if err == nil {
 		err = cur.Close(ctx)
 	}

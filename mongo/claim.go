@@ -56,7 +56,7 @@ func (s *Store) DueAttempts(ctx context.Context, groups []string, limit int) ([]
 			opts.SetHint(queueGroupDueIndex)
 		}
 	}
-	docs, err := findAll[queueDoc](ctx, s.queue, "find claimable attempts", filter, opts)
+	docs, err := findAll[queueDoc](ctx, s, s.queue, "find claimable attempts", filter, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -81,13 +81,19 @@ func (d *queueDoc) attempt() *pulsetype.Attempt {
 // heartbeatAt and startedAt now, and lockedUntil now + lease timeout; one update of their queue documents then
 // copies the lease, so claims of the queue skip them. When the update matched fewer than all of them, a
 // second query reads back every one's state: the ones leased under the token are ours, and the queue
-// documents of the others are corrected (leased elsewhere, or ended). It returns the leased attempts with
-// their lease fields set, possibly none; it does not modify its argument.
+// documents of the others are corrected (leased elsewhere, or ended). Each write and the read-back are
+// re-issued while the database does not answer (an election, a lost reply), for up to the lease timeout.
+// It returns the leased attempts with their lease fields set, possibly none; it does not modify its argument.
 func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pulsetype.Attempt) ([]*pulsetype.Attempt, error) {
 	if len(attempts) == 0 {
 		return nil, nil
 	}
 	l := s.newLease(owner)
+	// The claim's writes are re-issued (see reissue) until the lease they grant would run out: an election
+	// that answers none of them for seconds must not leave a claim that applied unknown to this process, to be
+	// reaped after its lease as worker_lost (a failed attempt without a POST).
+	ctx, cancel := context.WithTimeout(ctx, s.opts.LeaseTimeout)
+	defer cancel()
 	ids := idsOf(attempts, func(a *pulsetype.Attempt) string { return a.ID })
 	// Re-issued on a retryable error with the same lease: a second try matches only what the first did not
 	// lease, so its count falls short and the read-back by token below finds every attempt either try won.
@@ -104,7 +110,9 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 			out[i] = &c
 		}
 	} else { // some were leased by another replica first, or have ended: read back which are ours
-		docs, err := findAll[attemptDoc](ctx, s.history, "read back claimed attempts", bson.M{"_id": bson.M{"$in": ids}})
+		// Read again while the server does not answer, as the claim was: the read-back is what tells which
+		// attempts the claim leased.
+		docs, err := reread[attemptDoc](ctx, s, s.history, "read back claimed attempts", bson.M{"_id": bson.M{"$in": ids}})
 		if err != nil {
 			return nil, err
 		}
@@ -116,15 +124,17 @@ func (s *Store) ClaimAttempts(ctx context.Context, owner string, attempts []*pul
 				stale = append(stale, &docs[i])
 			}
 		}
-		if err := s.hintQueue(ctx, stale); err != nil {
-			return nil, err
+		if err := s.hintQueue(ctx, stale); err != nil { // hints only: the attempts leased are still ours
+			s.log.Warn().Err(err).Int("attempts", len(stale)).Msg("correct the queue hints of attempts claimed elsewhere failed")
 		}
 	}
 	if len(out) > 0 {
 		leased := idsOf(out, func(a *pulsetype.Attempt) string { return a.ID })
 		// Re-issued on a retryable error: the copy of a lease only this call holds sets the same values again.
+		// The copy is a hint (see queueDoc): when it fails, the attempts are still this claim's and are run; a
+		// claim that finds one in the queue without it matches nothing in the history and corrects the hint.
 		if _, err := s.updateMany(ctx, s.queue, bson.M{"_id": bson.M{"$in": leased}}, bson.M{"$set": l.queueSet()}); err != nil {
-			return nil, wrap("copy leases to the queue", err)
+			s.log.Warn().Err(err).Int("attempts", len(leased)).Msg("copy leases to the queue failed: the claimed attempts run, their queue hints are corrected later")
 		}
 	}
 	return out, nil
@@ -151,7 +161,7 @@ func (s *Store) Renew(ctx context.Context, leases []pulsetype.LeaseKey) (lost []
 	if int(res.MatchedCount) == len(leases) {
 		return nil, nil
 	}
-	held, err := findAll[attemptDoc](ctx, s.history, "find renewed leases", filter, options.Find().SetProjection(bson.M{fieldFencingToken: 1}))
+	held, err := findAll[attemptDoc](ctx, s, s.history, "find renewed leases", filter, options.Find().SetProjection(bson.M{fieldFencingToken: 1}))
 	if err != nil {
 		return nil, err
 	}

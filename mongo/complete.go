@@ -75,7 +75,7 @@ func (s *Store) readBackFinished(ctx context.Context, cs []pulsetype.Completion,
 	for j, i := range sent {
 		ids[j] = cs[i].Attempt.ID
 	}
-	docs, err := findAll[attemptDoc](ctx, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
+	docs, err := reread[attemptDoc](ctx, s, s.history, "read back finished attempts", bson.M{"_id": bson.M{"$in": ids}},
 		options.Find().SetProjection(bson.M{fieldFencingToken: 1, "status": 1, "httpStatus": 1, "endedAt": 1, "error": 1}))
 	if err != nil {
 		return err
@@ -126,8 +126,8 @@ func (s *Store) outcomeSet(r pulsetype.AttemptResult, now time.Time) bson.M {
 
 // FollowUps applies the next step of each recorded completion (see pulsetype.RetryPolicy.Decide), then removes the
 // completed attempts from the queue, with at most five commands: one bulk update ends the deliveries that
-// ended (pending ones only: a delivery another replica ended stays as it is; successes with the same final
-// attempt share one updateMany); for the retries, one read of their lines from the queue, one insert of the
+// ended (pending ones not reopened for a later attempt, see notReopenedAfter: a delivery another replica
+// ended, or a retry reopened, stays as it is; successes with the same final attempt share one updateMany); for the retries, one read of their lines from the queue, one insert of the
 // next attempts' queue documents and one unordered insertMany of the next attempts (a duplicate means
 // another writer created that attempt, with its own queue document); last, one delete of the completed
 // attempts' queue documents. All are idempotent; after a crash in between, the repair scan finds the rest
@@ -148,12 +148,12 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 		case c.Next.EndStatus == pulsetype.StatusSuccess:
 			succeeded[a.Number] = append(succeeded[a.Number], a.DeliveryID)
 		default:
-			ends = append(ends, mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": a.DeliveryID, "status": pulsetype.StatusPending}).
+			ends = append(ends, mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": a.DeliveryID, "status": pulsetype.StatusPending, "$or": notReopenedAfter(a.Number)}).
 				SetUpdate(bson.M{"$set": endSet(c.Next.EndStatus, a.Number, c.Next.EndError, now, exp)}))
 		}
 	}
 	for n, ids := range succeeded {
-		ends = append(ends, mongo.NewUpdateManyModel().SetFilter(bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending}).
+		ends = append(ends, mongo.NewUpdateManyModel().SetFilter(bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending, "$or": notReopenedAfter(n)}).
 			SetUpdate(bson.M{"$set": endSet(pulsetype.StatusSuccess, n, nil, now, exp)}))
 	}
 	if len(ends) > 0 {
@@ -168,6 +168,14 @@ func (s *Store) FollowUps(ctx context.Context, cs []pulsetype.Completion) error 
 		return wrap("remove completed attempts from the queue", err)
 	}
 	return nil
+}
+
+// notReopenedAfter is the $or that fences the end of a delivery by its final attempt n: the delivery was not
+// reopened (RetryDelivery, a replay) for a later attempt (reopenedAttempt absent or at most n). An end that is
+// re-issued after a reopen landed between its two tries (FollowUps' bulk update is re-issued, see reissue)
+// then matches nothing, instead of ending the reopened delivery with the old final attempt.
+func notReopenedAfter(n int) bson.A {
+	return bson.A{bson.M{"reopenedAttempt": nil}, bson.M{"reopenedAttempt": bson.M{"$lte": n}}}
 }
 
 // createAttempts inserts pending attempts: their queue documents first (placed in their deliveries' lines,
@@ -187,18 +195,14 @@ func (s *Store) createAttempts(ctx context.Context, attempts []*attemptDoc) ([]b
 		l := lines[a.DeliveryID]
 		queue[i], docs[i] = queued(a, l.OrderingKey, l.EventCreatedAt), a
 	}
-	if _, err := s.queue.InsertMany(ctx, queue, options.InsertMany().SetOrdered(false)); err != nil && !onlyDuplicates(err) {
+	if err := s.insertNew(ctx, s.queue, queue); err != nil {
 		return nil, wrap("queue attempts", err)
 	}
-	_, err = s.history.InsertMany(ctx, docs, options.InsertMany().SetOrdered(false))
-	if err != nil && !onlyDuplicates(err) {
+	inserted, err := s.insertAttempts(ctx, docs)
+	if err != nil {
 		return nil, wrap("insert attempts", err)
 	}
-	inserted := make([]bool, len(attempts))
-	for i := range attempts {
-		inserted[i] = !failedAt(err, i)
-	}
-	return inserted, s.unqueueDuplicates(ctx, docs, err)
+	return inserted, s.unqueueDuplicates(ctx, docs, inserted)
 }
 
 // line is where a delivery's attempts stand in its line (see queueDoc).
@@ -211,7 +215,7 @@ type line struct {
 // reopened, or repaired) from the delivery itself. It costs one query of the queue and, for deliveries
 // without queue documents, one read of them by id.
 func (s *Store) linesOf(ctx context.Context, deliveryIDs []string) (map[string]line, error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "read lines of queued deliveries", bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "read lines of queued deliveries", bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
 		options.Find().SetProjection(bson.M{"deliveryId": 1, "orderingKey": 1, "eventCreatedAt": 1}))
 	if err != nil {
 		return nil, err
@@ -229,7 +233,7 @@ func (s *Store) linesOf(ctx context.Context, deliveryIDs []string) (map[string]l
 	if len(missing) == 0 {
 		return out, nil
 	}
-	docs, err := findAll[deliveryDoc](ctx, s.deliveries, "read lines of deliveries", bson.M{"_id": bson.M{"$in": missing}},
+	docs, err := findAll[deliveryDoc](ctx, s, s.deliveries, "read lines of deliveries", bson.M{"_id": bson.M{"$in": missing}},
 		options.Find().SetProjection(bson.M{"orderingKey": 1, "eventCreatedAt": 1}))
 	if err != nil {
 		return nil, err

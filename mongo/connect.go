@@ -22,6 +22,10 @@ type ConnectOptions struct {
 	ServerSelectionTimeout time.Duration
 	// Monitor, when set, sees every command the client sends (pulse bench counts them).
 	Monitor *drvevent.CommandMonitor
+	// OperationTimeout is the driver's client-side operation timeout (CSOT, timeoutMS): every operation whose
+	// context has no deadline gets one this long, and the driver sends the server the time left as maxTimeMS,
+	// so no call waits without end on a connection that never answers. 0: none (each caller's own).
+	OperationTimeout time.Duration
 }
 
 // Connect returns a client of the server at uri, named pulse-sidecar in the server's logs. It does no I/O:
@@ -36,6 +40,9 @@ func Connect(uri string, opts ConnectOptions) (*mongo.Client, error) {
 	}
 	if opts.Monitor != nil {
 		co.SetMonitor(opts.Monitor)
+	}
+	if opts.OperationTimeout > 0 {
+		co.SetTimeout(opts.OperationTimeout)
 	}
 	return mongo.Connect(co)
 }

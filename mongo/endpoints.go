@@ -146,7 +146,7 @@ func (s *Store) endpointDoc(ctx context.Context, group string) (*subscriptionDoc
 // ListEndpoints returns every endpoint, ordered by consumer group; a *DecryptError when one endpoint's
 // secret or header value does not decrypt.
 func (s *Store) ListEndpoints(ctx context.Context) ([]*pulsetype.Endpoint, error) {
-	docs, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list endpoints", bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	docs, err := findAll[subscriptionDoc](ctx, s, s.subscriptions, "list endpoints", bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +215,7 @@ func (s *Store) endPending(ctx context.Context, p pulsetype.EndPendingParams, ma
 	// In the order of pulse_queue_line, which puts a delivery's queue documents next to each other (one
 	// delivery is one event of one line), so a page never splits a delivery: its POST in flight is seen
 	// with its other queue document.
-	cur, err := s.queue.Find(ctx, scope, options.Find().SetProjection(bson.M{"deliveryId": 1, "topic": 1}).SetSort(queueLineOrder).
+	cur, err := s.find(ctx, s.queue, scope, options.Find().SetProjection(bson.M{"deliveryId": 1, "topic": 1}).SetSort(queueLineOrder).
 		SetBatchSize(int32(s.pageSize())))
 	if err != nil {
 		return 0, wrap("find queued attempts of a group", err)
@@ -292,7 +292,7 @@ func (s *Store) endPendingPage(ctx context.Context, queued []queueDoc, info *pul
 		bson.M{"$set": attemptSet}); err != nil {
 		return out, wrap("end pending attempts", err)
 	}
-	attempts, err := findAll[attemptDoc](ctx, s.history, "find leased attempts", bson.M{"_id": bson.M{"$in": ids}},
+	attempts, err := findAll[attemptDoc](ctx, s, s.history, "find leased attempts", bson.M{"_id": bson.M{"$in": ids}},
 		options.Find().SetProjection(bson.M{"deliveryId": 1, "status": 1}))
 	if err != nil {
 		return out, err
@@ -345,7 +345,7 @@ func (s *Store) subscriptionsFor(ctx context.Context, topics []string) ([]subscr
 			entries = append(entries, p)
 		}
 	}
-	return findAll[subscriptionDoc](ctx, s.subscriptions, "find subscriptions", bson.M{"topics": bson.M{"$in": entries}},
+	return findAll[subscriptionDoc](ctx, s, s.subscriptions, "find subscriptions", bson.M{"topics": bson.M{"$in": entries}},
 		options.Find().SetProjection(bson.M{"_id": 1, "topics": 1, "filter": 1, "offsetReset": 1, "createdAt": 1, "incarnation": 1}))
 }
 

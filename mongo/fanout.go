@@ -125,26 +125,29 @@ func (s *Store) insertDeliveries(ctx context.Context, events []*pulsetype.Event,
 	if len(deliveries) == 0 {
 		return nil, nil
 	}
-	unordered := options.InsertMany().SetOrdered(false)
-	if len(queue) > 0 {
-		if _, err := s.queue.InsertMany(ctx, queue, unordered); err != nil && !onlyDuplicates(err) {
+	// Each insert is re-issued while the database does not answer (an election, a lost reply), for up to a
+	// lease timeout: attempts inserted leased that this call never learns of would be reaped as worker_lost.
+	ctx, cancel := context.WithTimeout(ctx, s.opts.LeaseTimeout)
+	defer cancel()
+	if len(queue) > 0 { // none when every delivery ended as filter_error
+		if err := s.insertNew(ctx, s.queue, queue); err != nil {
 			return nil, wrap("queue first attempts", err)
 		}
 	}
-	if _, err := s.deliveries.InsertMany(ctx, deliveries, unordered); err != nil && !onlyDuplicates(err) {
+	if err := s.insertNew(ctx, s.deliveries, deliveries); err != nil {
 		return nil, wrap("insert deliveries", err)
 	}
-	_, err := s.history.InsertMany(ctx, attempts, unordered)
-	if err != nil && !onlyDuplicates(err) {
+	inserted, err := s.insertAttempts(ctx, attempts)
+	if err != nil {
 		return nil, wrap("insert first attempts", err)
 	}
 	out := make([]*pulsetype.Attempt, 0, len(attempts))
 	for i, doc := range attempts {
-		if !failedAt(err, i) && !failed[i] {
+		if inserted[i] && !failed[i] {
 			out = append(out, doc.(*attemptDoc).attempt())
 		}
 	}
-	if err := s.unqueueDuplicates(ctx, attempts, err); err != nil {
+	if err := s.unqueueDuplicates(ctx, attempts, inserted); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -167,13 +170,12 @@ func (s *Store) endByFilter(d *deliveryDoc, a *attemptDoc, sub *subscriptionDoc,
 	}
 }
 
-// unqueueDuplicates removes the queue documents of the attempts (as inserted into the history with the
-// insertMany that returned err) that were duplicates: another writer created that attempt number of the
-// delivery first, with its own queue document.
-func (s *Store) unqueueDuplicates(ctx context.Context, attempts []any, err error) error {
+// unqueueDuplicates removes the queue documents of the attempts that were not inserted (insertAttempts):
+// another writer created that attempt number of the delivery first, with its own queue document.
+func (s *Store) unqueueDuplicates(ctx context.Context, attempts []any, inserted []bool) error {
 	var ids []string
 	for i, doc := range attempts {
-		if failedAt(err, i) {
+		if !inserted[i] {
 			ids = append(ids, doc.(*attemptDoc).ID)
 		}
 	}
@@ -221,7 +223,7 @@ func (s *Store) fanOutStalePage(ctx context.Context, age time.Duration, limit in
 	now := s.now()
 	filter := bson.M{"createdAt": bson.M{"$lt": now.Add(-age)},
 		"$or": bson.A{bson.M{"deferredUntil": bson.M{"$exists": false}}, bson.M{"deferredUntil": bson.M{"$lte": now}}}}
-	marks, err := findAll[outboxDoc](ctx, s.outbox, "find unfinished fan-outs", filter,
+	marks, err := findAll[outboxDoc](ctx, s, s.outbox, "find unfinished fan-outs", filter,
 		options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}).SetLimit(int64(limit)))
 	if err != nil || len(marks) == 0 {
 		return 0, false, err

@@ -17,9 +17,9 @@ const maxGroupCommit = 256
 const groupCommitTimeout = time.Minute
 
 // groupCommit writes concurrent publishes of one event each together (Store.Publish). A caller that finds no
-// round running writes the events queued so far (its own first) in one round (publishRound); calls that
-// arrive meanwhile queue for the next round, which the first of them to be answered starts in a goroutine of
-// its own. Each call returns once its own event's outcome is known. Events with an id already queued wait
+// round running starts one, in a goroutine, that writes the events queued so far (its own first) in one round
+// (publishRound); calls that arrive meanwhile queue for the next round, which the round before starts in a
+// goroutine of its own. Each call returns once its own event's outcome is known or its context ends. Events with an id already queued wait
 // for a later round, so a round holds distinct ids. A round that found no server (the driver's server
 // selection timeout, PULSE_DATABASE_TIMEOUT, passed) answers the calls queued meanwhile with its error too:
 // a round of their own would wait that timeout again, so a call would answer only after up to twice the
@@ -51,7 +51,10 @@ func (g *groupCommit) publish(ctx context.Context, e *pulsetype.Event) (pulsetyp
 	g.running = true
 	g.mu.Unlock()
 	if start {
-		g.round(context.WithoutCancel(ctx))
+		// In a goroutine of its own, so that this caller, too, answers when its context ends (a publish
+		// bounded by PULSE_DATABASE_TIMEOUT on a connection that never answers); the round goes on for the
+		// others within groupCommitTimeout.
+		go g.round(context.WithoutCancel(ctx))
 	}
 	select {
 	case o := <-c.done:

@@ -33,7 +33,7 @@ func (s *Store) GetDelivery(ctx context.Context, id string) (*pulsetype.Delivery
 // AttemptsOf returns the attempts of each delivery, in attempt order, keyed by delivery id (served by the
 // unique index on deliveryId + attempt).
 func (s *Store) AttemptsOf(ctx context.Context, deliveryIDs []string) (map[string][]*pulsetype.Attempt, error) {
-	docs, err := findAll[attemptDoc](ctx, s.history, "find attempts", bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
+	docs, err := findAll[attemptDoc](ctx, s, s.history, "find attempts", bson.M{"deliveryId": bson.M{"$in": deliveryIDs}},
 		options.Find().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}))
 	if err != nil {
 		return nil, err
@@ -47,7 +47,7 @@ func (s *Store) AttemptsOf(ctx context.Context, deliveryIDs []string) (map[strin
 
 // DeliveriesOfEvent returns the unexpired deliveries of an event, by consumer group.
 func (s *Store) DeliveriesOfEvent(ctx context.Context, eventID string) ([]*pulsetype.Delivery, error) {
-	cur, err := s.deliveries.Find(ctx, bson.M{"eventId": eventID},
+	cur, err := s.find(ctx, s.deliveries, bson.M{"eventId": eventID},
 		options.Find().SetSort(bson.D{{Key: "consumerGroup", Value: 1}}))
 	if err != nil {
 		return nil, wrap("find deliveries", err)
@@ -82,7 +82,7 @@ func expired(at *time.Time, now time.Time) bool { return at != nil && !at.After(
 // pending deliveries that is no longer registered is counted too. A registered group with nothing pending
 // reads 0.
 func (s *Store) PendingByGroup(ctx context.Context) (map[string]int64, error) {
-	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
+	groups, err := findAll[subscriptionDoc](ctx, s, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
 		return nil, err
 	}
@@ -98,10 +98,10 @@ func (s *Store) PendingByGroup(ctx context.Context) (map[string]int64, error) {
 		}
 		return out, nil
 	}
-	cur, err := s.deliveries.Aggregate(ctx, mongo.Pipeline{
+	cur, err := s.aggregate(ctx, s.deliveries, mongo.Pipeline{
 		{{Key: "$match", Value: bson.M{"status": pulsetype.StatusPending}}},
 		{{Key: "$group", Value: bson.M{"_id": "$consumerGroup", "n": bson.M{"$sum": 1}}}},
-	})
+	}, "")
 	if err != nil {
 		return nil, wrap("count pending deliveries", err)
 	}

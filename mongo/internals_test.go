@@ -59,6 +59,7 @@ var internalCases = []storetest.Case{
 	{Name: "EnsureSchemaRefusesUserWithoutIndexRights", Run: internal(testEnsureSchemaRefusesUserWithoutIndexRights)},
 	// reissue_test.go
 	{Name: "ClaimsAndRenewalsAreReissued", Run: internal(testClaimsAndRenewalsAreReissued)},
+	{Name: "ReissuedWritesKeepAReopen", Run: internal(testReissuedWritesKeepAReopen)},
 	// sealing_test.go
 	{Name: "EndpointSecretsEncryptedAtRest", Run: internal(testEndpointSecretsEncryptedAtRest)},
 	// connect_test.go
@@ -68,6 +69,8 @@ var internalCases = []storetest.Case{
 	{Name: "ShardPlanCoversHotQueries", Run: internal(testShardPlanCoversHotQueries)},
 	// hotpaths_test.go
 	{Name: "HotQueriesUseAnIndex", Run: internal(testHotQueriesUseAnIndex)},
+	// readlimit_test.go
+	{Name: "ReadsCarryAServerSideLimit", Run: internal(testReadsCarryAServerSideLimit)},
 	// stats_test.go
 	{Name: "GroupStatsCountsTheLastHour", Run: internal(testGroupStatsCountsTheLastHour)},
 	{Name: "ConsoleReadsWith10000Deliveries", Run: internal(testConsoleReadsWith10000Deliveries)},

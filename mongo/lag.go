@@ -21,7 +21,7 @@ import (
 // Stats does there), one scan whatever the number of groups. /metrics
 // serves it as pulse_oldest_pending_delivery_age_seconds, opsevents.BacklogWatcher for pulse.backlog.high.
 func (s *Store) OldestPending(ctx context.Context) (map[string]time.Time, error) {
-	groups, err := findAll[subscriptionDoc](ctx, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
+	groups, err := findAll[subscriptionDoc](ctx, s, s.subscriptions, "list consumer groups", bson.M{}, options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +49,7 @@ func (s *Store) OldestPending(ctx context.Context) (map[string]time.Time, error)
 // pending deliveries (consumer group and createdAt only): the one scan a per-group query would repeat per
 // group. FerretDB has neither $min nor $first in $group, so the minimum is taken here.
 func (s *Store) oldestPendingByScan(ctx context.Context, groups []subscriptionDoc, out map[string]time.Time) (map[string]time.Time, error) {
-	pending, err := findAll[deliveryDoc](ctx, s.deliveries, "scan pending deliveries", bson.M{"status": pulsetype.StatusPending},
+	pending, err := findAll[deliveryDoc](ctx, s, s.deliveries, "scan pending deliveries", bson.M{"status": pulsetype.StatusPending},
 		options.Find().SetProjection(bson.M{"consumerGroup": 1, "createdAt": 1}))
 	if err != nil {
 		return nil, err

@@ -43,7 +43,7 @@ func (s *Store) unfinishedBefore(ctx context.Context, topic string, heads []*que
 			latest = q.EventCreatedAt
 		}
 	}
-	marks, err := findAll[outboxDoc](ctx, s.outbox, "find earlier unfinished fan-outs",
+	marks, err := findAll[outboxDoc](ctx, s, s.outbox, "find earlier unfinished fan-outs",
 		bson.M{"topic": topic, "orderingKey": bson.M{"$in": keys}, "createdAt": bson.M{"$lte": latest.Add(OrderSettle)}},
 		options.Find().SetSort(outboxByLine).SetLimit(int64(maxOrderCheck*len(heads))))
 	if err != nil {
@@ -60,7 +60,7 @@ func (s *Store) unfinishedBefore(ctx context.Context, topic string, heads []*que
 			covered[q.OrderingKey] = latest
 			continue
 		}
-		more, err := findAll[outboxDoc](ctx, s.outbox, "find earlier unfinished fan-outs of a line",
+		more, err := findAll[outboxDoc](ctx, s, s.outbox, "find earlier unfinished fan-outs of a line",
 			bson.M{"topic": topic, "orderingKey": keyFilter(q.OrderingKey), "createdAt": bson.M{"$lte": q.EventCreatedAt.Add(OrderSettle)}},
 			options.Find().SetSort(outboxByLine).SetLimit(maxOrderCheck))
 		if err != nil {
@@ -111,7 +111,7 @@ func (s *Store) earlierMayAppear(ctx context.Context, sub *subscriptionDoc, head
 	if len(candidates) == 0 {
 		return blocked, earlier, nil
 	}
-	found, err := findAll[deliveryDoc](ctx, s.deliveries, "find deliveries of earlier events",
+	found, err := findAll[deliveryDoc](ctx, s, s.deliveries, "find deliveries of earlier events",
 		bson.M{"_id": bson.M{"$in": slices.Collect(maps.Keys(candidates))}}, options.Find().SetProjection(bson.M{"status": 1, "eventCreatedAt": 1}))
 	if err != nil {
 		return nil, nil, err

@@ -32,7 +32,7 @@ func (s *Store) headsOfLines(ctx context.Context, group, topic string, after *st
 	if !s.caps.FirstOfGroups {
 		return s.headsOfLinesByScan(ctx, match)
 	}
-	cur, err := s.queue.Aggregate(ctx, headsPipeline(match))
+	cur, err := s.aggregate(ctx, s.queue, headsPipeline(match), "")
 	if err != nil {
 		return nil, nil, wrap("find heads of lines", err)
 	}
@@ -73,7 +73,7 @@ const lineScanBound = 4 * MaxLineKeys
 // returns are whole as far as their heads go; the next read continues after the last of them, also when
 // that is the line without a key holding lineScanBound documents or more (next "": the keyed lines).
 func (s *Store) headsOfLinesByScan(ctx context.Context, match bson.M) (firsts []queueDoc, next *string, err error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "find heads of lines", match, options.Find().SetSort(lineOrder).SetLimit(lineScanBound))
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "find heads of lines", match, options.Find().SetSort(lineOrder).SetLimit(lineScanBound))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -106,7 +106,7 @@ func (s *Store) queuedBefore(ctx context.Context, heads []*lineHeadDoc) (map[str
 		tied["eventCreatedAt"], tied["eventId"] = h.q.EventCreatedAt, bson.M{"$lt": h.q.EventID}
 		branches = append(branches, before, tied)
 	}
-	queued, err := findAll[queueDoc](ctx, s.queue, "read the heads of lines again", bson.M{"$or": branches},
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "read the heads of lines again", bson.M{"$or": branches},
 		options.Find().SetProjection(bson.M{"orderingKey": 1}))
 	if err != nil {
 		return nil, err
@@ -162,7 +162,7 @@ func (s *Store) LineHead(ctx context.Context, line pulsetype.Line) (string, erro
 
 // readLineHead is lineHead without its removals.
 func (s *Store) readLineHead(ctx context.Context, line pulsetype.Line) (*deliveryDoc, *queueDoc, []string, error) {
-	queued, err := findAll[queueDoc](ctx, s.queue, "find head of line", lineFilter(line),
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "find head of line", lineFilter(line),
 		options.Find().SetSort(lineOrder).SetLimit(lineScan))
 	if err != nil || len(queued) == 0 {
 		return nil, nil, nil, err
@@ -173,7 +173,7 @@ func (s *Store) readLineHead(ctx context.Context, line pulsetype.Line) (*deliver
 			ids = append(ids, q.DeliveryID)
 		}
 	}
-	deliveries, err := findAll[deliveryDoc](ctx, s.deliveries, "read deliveries of a line", bson.M{"_id": bson.M{"$in": ids}})
+	deliveries, err := findAll[deliveryDoc](ctx, s, s.deliveries, "read deliveries of a line", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -203,7 +203,7 @@ func (s *Store) unqueueEnded(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	running, err := findAll[attemptDoc](ctx, s.history, "find running attempts of ended deliveries",
+	running, err := findAll[attemptDoc](ctx, s, s.history, "find running attempts of ended deliveries",
 		bson.M{"_id": bson.M{"$in": ids}, "status": pulsetype.StatusPending}, options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
 		return err

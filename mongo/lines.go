@@ -98,7 +98,7 @@ func (s *Store) ClaimHeads(ctx context.Context, p pulsetype.ClaimHeadsParams) (p
 	})
 	wg.Go(func() {
 		ids := distinct(idsOf(look, func(q *queueDoc) string { return q.DeliveryID }))
-		deliveries, readErr = findAll[deliveryDoc](ctx, s.deliveries, "read deliveries of lines", bson.M{"_id": bson.M{"$in": ids}})
+		deliveries, readErr = findAll[deliveryDoc](ctx, s, s.deliveries, "read deliveries of lines", bson.M{"_id": bson.M{"$in": ids}})
 	})
 	if len(due) > 0 {
 		wg.Go(func() { marks, covered, markErr = s.unfinishedBefore(ctx, p.Topic, due) })
@@ -285,7 +285,7 @@ func (s *Store) staleAfterLook(ctx context.Context, group string, stale []*lineH
 // after a crash): its delivery waits.
 func (s *Store) endStaleHeads(ctx context.Context, stale []*lineHeadDoc) error {
 	ids := idsOf(stale, func(h *lineHeadDoc) string { return h.q.ID })
-	attempts, err := findAll[attemptDoc](ctx, s.history, "find head attempts of an earlier registration", bson.M{"_id": bson.M{"$in": ids}})
+	attempts, err := findAll[attemptDoc](ctx, s, s.history, "find head attempts of an earlier registration", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return err
 	}

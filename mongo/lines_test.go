@@ -261,7 +261,7 @@ func testClaimHeadsKeepsANewRegistrationsHead(t *testing.T, e *env) {
 	if hookErr != nil {
 		t.Fatalf("hook: %v", hookErr)
 	}
-	all, _ := findAll[deliveryDoc](b.ctx, b.coll("deliveries"), "all", bson.M{})
+	all, _ := findAll[deliveryDoc](b.ctx, nil, b.coll("deliveries"), "all", bson.M{})
 	for _, x := range all {
 		t.Logf("delivery %s event %s status %s incarnation %s", x.ID, x.EventID, x.Status, x.Incarnation)
 	}

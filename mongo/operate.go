@@ -44,7 +44,7 @@ func (s *Store) ListDeliveries(ctx context.Context, f pulsetype.DeliveryFilter) 
 	case f.ConsumerGroup != "":
 		hint = "pulse_deliveries_group_created"
 	}
-	cur, err := s.deliveries.Find(ctx, filter, options.Find().
+	cur, err := s.find(ctx, s.deliveries, filter, options.Find().
 		SetSort(bson.D{{Key: "createdAt", Value: -1}, {Key: "_id", Value: -1}}).SetLimit(int64(f.Limit+1)).SetHint(hint))
 	if err != nil {
 		return nil, "", wrap("list deliveries", err)
@@ -168,7 +168,7 @@ func (s *Store) ReplayDeliveries(ctx context.Context, p pulsetype.ReplayParams) 
 	for {
 		filter := bson.M{"consumerGroup": p.ConsumerGroup, "status": p.Status, "createdAt": bson.M{"$gte": p.From, "$lt": p.To},
 			"_id": bson.M{"$gt": after}, "$or": bson.A{bson.M{"expiresAt": nil}, bson.M{"expiresAt": bson.M{"$gt": s.now()}}}}
-		batch, err := findAll[deliveryDoc](ctx, s.deliveries, "find deliveries to replay", filter,
+		batch, err := findAll[deliveryDoc](ctx, s, s.deliveries, "find deliveries to replay", filter,
 			options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(100).SetProjection(bson.M{"_id": 1}))
 		if err != nil {
 			return total, err

@@ -416,7 +416,7 @@ func (s *Store) commitEvents(ctx context.Context, ids []string) (map[string]time
 		// in part (the server completes it).
 		return nil, wrap("commit events", err)
 	}
-	committed, err := findAll[eventDoc](ctx, s.events, "read back committed events",
+	committed, err := findAll[eventDoc](ctx, s, s.events, "read back committed events",
 		bson.M{"_id": bson.M{"$in": ids}, "staged": bson.M{"$ne": true}}, options.Find().SetProjection(bson.M{"createdAt": 1}))
 	if err != nil {
 		return nil, err
@@ -447,7 +447,7 @@ func sameContent(d *eventDoc, e *pulsetype.Event) bool {
 // findEvents returns every stored event with these ids (staged and expired ones included: Publish decides
 // what they mean), by id.
 func (s *Store) findEvents(ctx context.Context, ids []string) (map[string]*eventDoc, error) {
-	docs, err := findAll[*eventDoc](ctx, s.events, "find events", bson.M{"_id": bson.M{"$in": ids}})
+	docs, err := findAll[*eventDoc](ctx, s, s.events, "find events", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return nil, err
 	}

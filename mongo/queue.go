@@ -46,11 +46,11 @@ func (s *Store) QueuedDeliveries(ctx context.Context, afterID string, limit int)
 	if more {
 		page.Next = deliveryIDs[len(deliveryIDs)-1]
 	}
-	deliveries, err := findAll[deliveryDoc](ctx, s.deliveries, "read queued deliveries", bson.M{"_id": bson.M{"$in": deliveryIDs}})
+	deliveries, err := findAll[deliveryDoc](ctx, s, s.deliveries, "read queued deliveries", bson.M{"_id": bson.M{"$in": deliveryIDs}})
 	if err != nil {
 		return page, err
 	}
-	history, err := findAll[attemptDoc](ctx, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": attemptIDs}})
+	history, err := findAll[attemptDoc](ctx, s, s.history, "read queued attempts", bson.M{"_id": bson.M{"$in": attemptIDs}})
 	if err != nil {
 		return page, err
 	}
@@ -155,7 +155,7 @@ func (s *Store) RepairQueue(ctx context.Context, r pulsetype.QueueRepairs) error
 // call reads it).
 func (s *Store) queuedAfter(ctx context.Context, afterID string, limit int) ([]queueDoc, bool, error) {
 	bound := 4 * limit
-	queued, err := findAll[queueDoc](ctx, s.queue, "scan the queue", bson.M{"deliveryId": bson.M{"$gt": afterID}},
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "scan the queue", bson.M{"deliveryId": bson.M{"$gt": afterID}},
 		options.Find().SetSort(bson.D{{Key: "deliveryId", Value: 1}, {Key: "attempt", Value: 1}}).SetLimit(int64(bound)))
 	if err != nil {
 		return nil, false, err
@@ -223,7 +223,7 @@ func (s *Store) migrateQueue(ctx context.Context) error {
 		return wrap("record the queue migration's progress", err)
 	}
 	for !prog.DeliveriesDone {
-		pending, err := findAll[deliveryDoc](ctx, s.deliveries, "find pending deliveries to queue",
+		pending, err := findAll[deliveryDoc](ctx, s, s.deliveries, "find pending deliveries to queue",
 			bson.M{"status": pulsetype.StatusPending, "_id": bson.M{"$gt": prog.DeliveriesAfter}},
 			options.Find().SetSort(bson.D{{Key: "status", Value: 1}, {Key: "_id", Value: 1}}).SetLimit(int64(s.pageSize())))
 		if err != nil {
@@ -250,7 +250,7 @@ func (s *Store) migrateQueue(ctx context.Context) error {
 			filter["$or"] = bson.A{bson.M{"createdAt": bson.M{"$gt": *prog.EventsAfterAt}},
 				bson.M{"createdAt": *prog.EventsAfterAt, "_id": bson.M{"$gt": prog.EventsAfter}}}
 		}
-		marked, err := findAll[eventDoc](ctx, s.events, "find events to fan out", filter,
+		marked, err := findAll[eventDoc](ctx, s, s.events, "find events to fan out", filter,
 			options.Find().SetProjection(bson.M{"topic": 1, "orderingKey": 1, "createdAt": 1}).
 				SetSort(bson.D{{Key: "fanout", Value: 1}, {Key: "createdAt", Value: 1}, {Key: "_id", Value: 1}}).SetLimit(int64(s.pageSize())))
 		if err != nil {

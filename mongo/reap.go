@@ -23,13 +23,13 @@ const reapScan = 16
 // returns the reaped attempt, or nil when there was none or another replica reaped it first.
 func (s *Store) ReapOne(ctx context.Context) (*pulsetype.Attempt, error) {
 	now := s.now()
-	queued, err := findAll[queueDoc](ctx, s.queue, "find expired leases", bson.M{fieldLeasedUntil: bson.M{"$lt": now}, "ended": bson.M{"$ne": true}},
+	queued, err := findAll[queueDoc](ctx, s, s.queue, "find expired leases", bson.M{fieldLeasedUntil: bson.M{"$lt": now}, "ended": bson.M{"$ne": true}},
 		options.Find().SetSort(bson.D{{Key: fieldLeasedUntil, Value: 1}}).SetLimit(reapScan).SetProjection(bson.M{"_id": 1}))
 	if err != nil || len(queued) == 0 {
 		return nil, err
 	}
 	ids := idsOf(queued, func(q queueDoc) string { return q.ID })
-	docs, err := findAll[attemptDoc](ctx, s.history, "read expired leases", bson.M{"_id": bson.M{"$in": ids}})
+	docs, err := findAll[attemptDoc](ctx, s, s.history, "read expired leases", bson.M{"_id": bson.M{"$in": ids}})
 	if err != nil {
 		return nil, err
 	}

@@ -140,7 +140,7 @@ func (d *subscriptionDoc) openSecrets(ep *pulsetype.Endpoint, keys *sealing.Keyr
 // key of a stored value stops at once, naming the endpoint. It also returns how many endpoints still hold
 // secrets in clear or under an older key (rewritten, and so re-encrypted, when next registered).
 func (s *Store) CheckSecrets(ctx context.Context) (stale int, err error) {
-	docs, err := findAll[subscriptionDoc](ctx, s.subscriptions, "check endpoint secrets", bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	docs, err := findAll[subscriptionDoc](ctx, s, s.subscriptions, "check endpoint secrets", bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
 		return 0, err
 	}

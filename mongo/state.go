@@ -61,7 +61,7 @@ func (s *Store) InactiveGroups(ctx context.Context, groups []string) (map[string
 	if len(groups) == 0 {
 		return out, nil
 	}
-	docs, err := findAll[subscriptionDoc](ctx, s.subscriptions, "read endpoint states",
+	docs, err := findAll[subscriptionDoc](ctx, s, s.subscriptions, "read endpoint states",
 		bson.M{"_id": bson.M{"$in": groups}, "state": notActive}, options.Find().SetProjection(bson.M{"_id": 1}))
 	if err != nil {
 		return nil, err
@@ -110,7 +110,7 @@ func (s *Store) RecordHealth(ctx context.Context, failed map[string]time.Duratio
 
 // EndpointStates returns the state of every consumer group's endpoint, with one query (for /metrics).
 func (s *Store) EndpointStates(ctx context.Context) (map[string]pulsetype.EndpointState, error) {
-	docs, err := findAll[subscriptionDoc](ctx, s.subscriptions, "read endpoint states", bson.M{},
+	docs, err := findAll[subscriptionDoc](ctx, s, s.subscriptions, "read endpoint states", bson.M{},
 		options.Find().SetProjection(bson.M{"_id": 1, "state": 1}))
 	if err != nil {
 		return nil, err

@@ -80,7 +80,7 @@ func (s *Store) groupStats(ctx context.Context, group string, now, since time.Ti
 	}
 	// The sample is of answered POSTs (an HTTP status): a refused connection or a reaped attempt (worker_lost,
 	// no durationMs) says nothing of the receiver's latency.
-	sample, err := findAll[endedAttempt](ctx, s.history, "find attempt durations",
+	sample, err := findAll[endedAttempt](ctx, s, s.history, "find attempt durations",
 		bson.M{"consumerGroup": group, "status": bson.M{"$in": bson.A{pulsetype.StatusSuccess, pulsetype.StatusError}},
 			"endedAt": bson.M{"$gt": since}, "error.code": bson.M{"$nin": endedCodes}, "httpStatus": bson.M{"$gt": 0}, "durationMs": bson.M{"$exists": true}},
 		options.Find().SetSort(bson.D{{Key: "endedAt", Value: -1}}).SetLimit(pulsetype.LatencySampleSize).
@@ -111,7 +111,7 @@ func (s *Store) statsByScan(ctx context.Context, groups []string, now, since tim
 		out[i] = &pulsetype.GroupStats{ConsumerGroup: g}
 		by[g] = out[i]
 	}
-	pending, err := findAll[deliveryDoc](ctx, s.deliveries, "scan pending deliveries", bson.M{"status": pulsetype.StatusPending},
+	pending, err := findAll[deliveryDoc](ctx, s, s.deliveries, "scan pending deliveries", bson.M{"status": pulsetype.StatusPending},
 		options.Find().SetProjection(bson.M{"consumerGroup": 1, "createdAt": 1}))
 	if err != nil {
 		return nil, err
@@ -124,7 +124,7 @@ func (s *Store) statsByScan(ctx context.Context, groups []string, now, since tim
 			}
 		}
 	}
-	ended, err := findAll[endedAttempt](ctx, s.history, "scan ended attempts", bson.M{"endedAt": bson.M{"$gt": since}},
+	ended, err := findAll[endedAttempt](ctx, s, s.history, "scan ended attempts", bson.M{"endedAt": bson.M{"$gt": since}},
 		options.Find().SetProjection(bson.M{"consumerGroup": 1, "status": 1, "error": 1, "durationMs": 1, "httpStatus": 1, "endedAt": 1}))
 	if err != nil {
 		return nil, err

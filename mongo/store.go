@@ -5,14 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
 	"github.com/pulse-sidecar/pulse/internal/sealing"
@@ -35,6 +39,10 @@ type Options struct {
 	// Capabilities, when set, are what the server can do, taken as given: EnsureSchema neither probes nor
 	// asks. Nil: EnsureSchema detects them (DetectCapabilities).
 	Capabilities *Capabilities
+	// ReadConcern is the read concern level ("majority", "local", ...) the store's finds and aggregations
+	// send themselves (they are sent as commands, see reads.go, which the client's read concern does not
+	// reach); "" sends none: the server's default.
+	ReadConcern string
 	// PageSize bounds the ids one command of the store's bulk work names (ending a group's pending work, the
 	// queue migration): that work runs in pages of this many documents, so no command grows with the backlog.
 	// 0 means DefaultPageSize.
@@ -149,14 +157,26 @@ var unavailableCodes = map[int32]bool{1: true, 6: true, 7: true, 89: true, 91: t
 	11600: true, 11602: true, 13435: true, 13436: true, 14031: true}
 
 // unavailable reports whether err means the database cannot serve now: a network error, a timeout (server
-// selection included), a deadline, or a server error code of unavailableCodes (as a command error, a write
-// error or a write concern error).
+// selection included), a deadline, an error of the driver's connections or connection pool (a connection
+// that failed or was closed, a pool cleared after another operation's network error, a wait for a
+// connection that timed out), a socket error (a reset, a refused connection, EOF), or a server error code
+// of unavailableCodes (as a command error, a write error or a write concern error).
 func unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
 	if mongo.IsNetworkError(err) || mongo.IsTimeout(err) || errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
 	var sse topology.ServerSelectionError
-	if errors.As(err, &sse) {
+	var ce topology.ConnectionError
+	var wqe topology.WaitQueueTimeoutError
+	var pe topology.PoolError
+	var pool driver.RetryablePoolError // the driver's pool cleared error ("connection pool ... was cleared")
+	var ne net.Error
+	if errors.As(err, &sse) || errors.As(err, &ce) || errors.As(err, &wqe) || errors.As(err, &pe) || errors.As(err, &pool) ||
+		errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
 		return true
 	}
 	var se mongo.ServerError
@@ -179,10 +199,11 @@ func (s *Store) ProbeWrite(ctx context.Context) error {
 	return wrap("probe a write", err)
 }
 
-// findAll runs a find on coll and decodes every matching document into a T, reading the cursor to its end.
-// Errors are wrapped with what.
-func findAll[T any](ctx context.Context, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
-	cur, err := coll.Find(ctx, filter, opts...)
+// findAll runs a find on coll (see find: with a server-side time limit) and decodes every matching document
+// into a T, reading the cursor to its end. s gives the read concern (nil: the server's default). Errors are
+// wrapped with what.
+func findAll[T any](ctx context.Context, s *Store, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
+	cur, err := s.find(ctx, coll, filter, opts...)
 	if err != nil {
 		return nil, wrap(what, err)
 	}
@@ -202,11 +223,16 @@ func findAll[T any](ctx context.Context, coll *mongo.Collection, what string, fi
 // only what the first did not, and a delete of what is gone deletes nothing. A second try's counts cover only
 // what it changed: callers that branch on them read the documents back (FinishAttempts) or only log them.
 
-// reissueTries bounds how often updateMany, deleteMany and bulkUpdate send one write; reissueWait is the wait
-// after the first retryable failure, doubled after each further one.
+// Re-issue is bounded by time, not by a count of tries: an election lasts up to about 12 s (MongoDB's manual,
+// "Replica Set Elections"), and a write given up on before it ends may have applied (a lost reply) and stay
+// unknown to its caller: a claim that applied is then reaped after its lease as worker_lost, a failed attempt
+// without a POST. reissue sends the write again while it fails for the topology's sake (retryableWrite) or
+// finds no server (noServer: no primary yet, or the network is cut), until the context's deadline (the
+// request's, or the lease's for a claim); a context without a deadline gets reissueBound.
 const (
-	reissueTries = 3
-	reissueWait  = 100 * time.Millisecond
+	reissueWait    = 100 * time.Millisecond // the wait after the first retryable failure, doubled after each further one
+	reissueMaxWait = time.Second            // the longest wait between two tries
+	reissueBound   = 10 * time.Second       // how long a write whose context has no deadline is re-issued
 )
 
 // retryableWrite reports whether a write that failed with err may have failed for the topology's sake and
@@ -219,7 +245,8 @@ func retryableWrite(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	if mongo.IsNetworkError(err) {
+	var pool driver.RetryablePoolError // a pool cleared by another operation's network error: nothing was sent
+	if mongo.IsNetworkError(err) || errors.As(err, &pool) && pool.Retryable() {
 		return true
 	}
 	var le interface{ HasErrorLabel(string) bool }
@@ -238,23 +265,133 @@ func retryableWrite(err error) bool {
 	return false
 }
 
-// reissue runs write, and runs it again, reissueTries times in all, while it fails with a retryableWrite
-// error and ctx has not ended. It returns the last error.
+// reissuable reports whether a write that failed with err is sent again: a retryableWrite error, or no
+// server found within the server selection timeout (noServer), as while a replica set elects a primary.
+func reissuable(err error) bool {
+	return retryableWrite(err) || (err != nil && noServer(err) && !errors.Is(err, context.Canceled))
+}
+
+// reissue runs write, and runs it again after a pause (see pause) while it fails with a reissuable error.
+// It returns the last error.
 func reissue(ctx context.Context, write func(context.Context) error) error {
-	wait := reissueWait
-	var err error
-	for try := range reissueTries {
-		if err = write(ctx); !retryableWrite(err) || try == reissueTries-1 {
+	p := newPauses(ctx)
+	for {
+		err := write(ctx)
+		if !reissuable(err) || !p.pause(ctx) {
 			return err
 		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(wait):
-		}
-		wait *= 2
 	}
-	return err
+}
+
+// pauses are the waits between the tries of a re-issued command: reissueWait, doubling up to reissueMaxWait,
+// while the wait ends before the context's deadline (reissueBound after the first try when it has none).
+type pauses struct {
+	deadline time.Time
+	wait     time.Duration
+}
+
+func newPauses(ctx context.Context) *pauses {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(reissueBound)
+	}
+	return &pauses{deadline: deadline, wait: reissueWait}
+}
+
+// pause waits before the next try and reports true, or reports false at once when the wait would not end
+// before the deadline, and false when ctx ends during the wait.
+func (p *pauses) pause(ctx context.Context) bool {
+	if time.Until(p.deadline) <= p.wait {
+		return false
+	}
+	t := time.NewTimer(p.wait)
+	defer t.Stop()
+	p.wait = min(2*p.wait, reissueMaxWait)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// reread is findAll, sent again (see reissue) while the database does not answer: for the read-backs that
+// tell a caller what its re-issued writes did.
+func reread[T any](ctx context.Context, s *Store, coll *mongo.Collection, what string, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
+	var out []T
+	err := reissue(ctx, func(ctx context.Context) (err error) {
+		out, err = findAll[T](ctx, s, coll, what, filter, opts...)
+		return err
+	})
+	return out, err
+}
+
+// insertNew is coll.InsertMany, unordered, of documents whose keys make a repeat a duplicate: re-issued
+// while the database does not answer, and a duplicate (an earlier try, or another writer, inserted it) is
+// success. For the queue's documents and the deliveries, whose duplicates are always the same work.
+func (s *Store) insertNew(ctx context.Context, coll *mongo.Collection, docs []any) error {
+	return reissue(ctx, func(ctx context.Context) error {
+		_, err := coll.InsertMany(ctx, docs, options.InsertMany().SetOrdered(false))
+		if onlyDuplicates(err) {
+			return nil
+		}
+		return err
+	})
+}
+
+// insertAttempts inserts attempt documents (each with a new _id) into the history with one unordered
+// insertMany, re-issued while the database does not answer, and returns for each whether it is in the history
+// as this call inserted it; false: a duplicate of another writer's attempt (the same delivery and number, on
+// the unique index). Before a re-issue it reads back, by _id, which documents an unanswered try inserted: those
+// count as inserted, and only the others are sent again, so that a lost reply never makes this call's own
+// attempt look like another writer's.
+func (s *Store) insertAttempts(ctx context.Context, docs []any) ([]bool, error) {
+	inserted := make([]bool, len(docs))
+	rest := make([]int, len(docs)) // indexes of docs not known to be in the history
+	for i := range rest {
+		rest[i] = i
+	}
+	p := newPauses(ctx)
+	for {
+		batch := make([]any, len(rest))
+		for j, i := range rest {
+			batch[j] = docs[i]
+		}
+		_, err := s.history.InsertMany(ctx, batch, options.InsertMany().SetOrdered(false))
+		if err == nil || onlyDuplicates(err) {
+			for j, i := range rest {
+				inserted[i] = !failedAt(err, j)
+			}
+			return inserted, nil
+		}
+		if !reissuable(err) || !p.pause(ctx) {
+			return nil, err
+		}
+		ids := make([]string, len(rest))
+		for j, i := range rest {
+			ids[j] = docs[i].(*attemptDoc).ID
+		}
+		found, rerr := reread[attemptDoc](ctx, s, s.history, "read back inserted attempts", bson.M{"_id": bson.M{"$in": ids}},
+			options.Find().SetProjection(bson.M{"_id": 1}))
+		if rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		there := make(map[string]bool, len(found))
+		for _, d := range found {
+			there[d.ID] = true
+		}
+		kept := rest[:0]
+		for _, i := range rest {
+			if there[docs[i].(*attemptDoc).ID] {
+				inserted[i] = true
+			} else {
+				kept = append(kept, i)
+			}
+		}
+		if rest = kept; len(rest) == 0 {
+			return inserted, nil
+		}
+	}
 }
 
 // updateMany is coll.UpdateMany, re-issued on a retryable error (see reissue); update must be safe to repeat.

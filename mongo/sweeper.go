@@ -54,7 +54,7 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 func (s *Store) rollForwardSwept(ctx context.Context, filter bson.M) error {
 	f := bson.M{"batch": bson.M{"$exists": true}}
 	maps.Copy(f, filter)
-	docs, err := findAll[eventDoc](ctx, s.events, "find staged events of arrays", f, options.Find().SetProjection(bson.M{"batch": 1}))
+	docs, err := findAll[eventDoc](ctx, s, s.events, "find staged events of arrays", f, options.Find().SetProjection(bson.M{"batch": 1}))
 	if err != nil {
 		return err
 	}

@@ -234,7 +234,8 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	dbName = cmp.Or(dbName, config.DefaultDatabase)
 	// An unreachable database fails each command after PULSE_DATABASE_TIMEOUT (server selection) instead of
 	// the driver's 30 s, so API requests answer 503 database_unavailable within that bound.
-	client, err := mongo.Connect(uri, mongo.ConnectOptions{ServerSelectionTimeout: cfg.DatabaseTimeout, Monitor: s.opts.Monitor})
+	client, err := mongo.Connect(uri, mongo.ConnectOptions{ServerSelectionTimeout: cfg.DatabaseTimeout, Monitor: s.opts.Monitor,
+		OperationTimeout: operationTimeout(cfg)}) // see deadlines.go
 	if err != nil {
 		return fmt.Errorf("PULSE_MONGODB_URI is invalid: %w", err)
 	}
@@ -311,7 +312,8 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 		notify = crashAfterPublish{disp}
 	}
 	r.api = httpapi.New(store, notify, httpapi.Options{APITokens: cfg.APITokens(), ReadTokens: cfg.APIReadTokens(), MaxBodyBytes: cfg.MaxBodyBytes, Metrics: m, Operations: ops, Logger: log, Tracer: tracer,
-		CheckHost: cfg.APIChecksHost(), AllowedHosts: cfg.AllowedHosts})
+		CheckHost: cfg.APIChecksHost(), AllowedHosts: cfg.AllowedHosts,
+		PublishTimeout: cfg.DatabaseTimeout, Stalled: func() error { return disp.Stalled(stallBound(cfg)) }}) // see deadlines.go
 
 	var endpointsHash [32]byte
 	if cfg.EndpointsFile != "" {

@@ -389,3 +389,13 @@ func (s *Conns) CloseAll() {
 	}
 	s.open, s.closed = nil, true
 }
+
+// CloseOpen closes every connection in the set now and keeps the set open for the ones tracked later.
+func (s *Conns) CloseOpen() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.open {
+		_ = c.Close()
+	}
+	clear(s.open)
+}
