@@ -368,7 +368,13 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	switch {
 	case cfg.ChangeStreams == config.ChangeStreamsDisabled:
 	case caps.ChangeStreams:
-		services = append(services, mongo.NewEventWatcher(store, cfg.PollInterval, disp.Wake, log))
+		w := mongo.NewEventWatcher(store, cfg.PollInterval, disp.Wake, log)
+		states := make([]string, len(mongo.ChangeStreamStates))
+		for i, st := range mongo.ChangeStreamStates {
+			states[i] = string(st)
+		}
+		w.Report(func(st mongo.ChangeStreamState) { m.ChangeStream(string(st), states) })
+		services = append(services, w)
 	default:
 		log.Info().Msg("the database has no change streams (not a replica set): polling only")
 	}
