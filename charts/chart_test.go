@@ -27,7 +27,7 @@ const (
 var contractEnv = []string{
 	"PULSE_MONGODB_URI", "PULSE_DATABASE", "PULSE_COLLECTION_PREFIX", "PULSE_DATA_DIR", "PULSE_LISTEN",
 	"PULSE_PROBE_LISTEN", "PULSE_API_TOKEN", "PULSE_API_READ_TOKEN", "PULSE_ENCRYPTION_KEY", "PULSE_LOCK_TIMEOUT", "PULSE_POLL_INTERVAL", "PULSE_CHANGE_STREAMS",
-	"PULSE_EVENT_RETENTION", "PULSE_HISTORY_RETENTION", "PULSE_ENDPOINTS_FILE", "PULSE_SHUTDOWN_TIMEOUT",
+	"PULSE_EVENT_RETENTION", "PULSE_HISTORY_RETENTION", "PULSE_ENDPOINTS_FILE", "PULSE_SHUTDOWN_TIMEOUT", "PULSE_SCHEMA_TIMEOUT",
 	"PULSE_LOG_LEVEL", "PULSE_LOG_FORMAT",
 }
 
@@ -620,6 +620,43 @@ func TestChartImagesAreTheReleasedOnes(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("values.yaml's image %s is built by no dockers_v2 entry of .goreleaser.yaml", repo)
+		}
+	}
+}
+
+// The sidecar's startupProbe asks /readyz on the probe port for the whole start: the schema work the chart
+// sets as PULSE_SCHEMA_TIMEOUT (schemaTimeout), the 30 s bound of the start's work after it, and a margin;
+// liveness and readiness wait for it, so a long index build never has the pod killed. A schemaTimeout
+// outside PULSE_SCHEMA_TIMEOUT's range fails the render.
+func TestChartStartupProbeCoversTheSchemaTimeout(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args   []string
+		env    string
+		budget time.Duration
+	}{
+		{nil, "1h", time.Hour},
+		{[]string{"--set", "schemaTimeout=4h"}, "4h", 4 * time.Hour},
+		{[]string{"--set", "schemaTimeout=90m", "--set", "startupProbe.periodSeconds=30"}, "90m", 90 * time.Minute},
+	} {
+		r := render(t, append(slices.Clone(withURI), append([]string{"--set", "example.enabled=true"}, tc.args...)...)...)
+		_, d := only(t, "Deployment", r.deployments)
+		c := sidecar(t, &d.Spec.Template.Spec)
+		if got := envValue(t, c, "PULSE_SCHEMA_TIMEOUT"); got != tc.env {
+			t.Errorf("%v: PULSE_SCHEMA_TIMEOUT = %q, want %q", tc.args, got, tc.env)
+		}
+		p := c.StartupProbe
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != c.Ports[0].Name {
+			t.Fatalf("%v: startupProbe = %+v, want GET /readyz on the probe port %s", tc.args, p, c.Ports[0].Name)
+		}
+		allowed := time.Duration(p.FailureThreshold*p.PeriodSeconds) * time.Second
+		if min := tc.budget + 30*time.Second; allowed < min || allowed > min+3*time.Minute {
+			t.Errorf("%v: startupProbe allows %s (failureThreshold %d × periodSeconds %d), want between %s and 3m more", tc.args, allowed, p.FailureThreshold, p.PeriodSeconds, min)
+		}
+	}
+	for _, bad := range []string{"30s", "49h", "an hour"} {
+		if _, err := helmTemplate(t, chartDir, append(slices.Clone(withURI), "--set", "schemaTimeout="+bad)...); err == nil || !strings.Contains(err.Error(), "schemaTimeout") {
+			t.Errorf("schemaTimeout=%s: err = %v, want one naming schemaTimeout", bad, err)
 		}
 	}
 }

@@ -23,7 +23,7 @@ type Variable struct {
 // variables holds the meaning of every variable of Config, in the order of its fields. The meanings are
 // written here once, for `pulse serve --help` and docs/configuration.md alike.
 var variables = []Variable{
-	{"PULSE_MONGODB_URI", "empty", "MongoDB connection string; empty = embedded development database"},
+	{"PULSE_MONGODB_URI", "empty", "MongoDB connection string; empty = embedded development database. The sidecar sets the write concern (`w: majority`, journaled), read concern (`majority`) and read preference (`primary`) itself; a URI asking for less (`w` other than `majority`, `journal=false`, `j`, a `readPreference` other than `primary`, a `readConcernLevel` other than `majority`) stops the start naming the option ([mongodb-production.md](mongodb-production.md#write-concern-and-read-preference))"},
 	{"PULSE_DATABASE", "database of the URI, else `pulse`", "database name, at most 63 characters without `/ \\ . \" $` or spaces"},
 	{"PULSE_COLLECTION_PREFIX", "`pulse`", "collections `<prefix>.events`, `.subscriptions`, `.deliveries`, `.history`, `.queue`, `.outbox` and `.readiness`"},
 	{"PULSE_DATA_DIR", "`./pulse-data`", "files of the embedded development database"},
@@ -40,7 +40,7 @@ var variables = []Variable{
 	{"PULSE_HISTORY_RETENTION", "`168h`", "how long terminal deliveries and ended attempts are kept, a Go duration; `0` keeps forever"},
 	{"PULSE_ENDPOINTS_FILE", "empty", "YAML or JSON list of endpoints registered at start and re-applied when it changes (see Endpoints file, in docs/configuration.md)"},
 	{"PULSE_DATABASE_TIMEOUT", "`5s`", "how long a database command waits for a reachable server (the driver's server selection timeout, overriding `serverSelectionTimeoutMS` of the URI): while the database is unreachable, every API request answers 503 `database_unavailable` within it, however many arrive together (publishes waiting for a group commit round that found no server answer with it); a server that accepts connections but never answers is not bounded by it; 100ms to 5m"},
-	{"PULSE_SCHEMA_TIMEOUT", "`1h`", "bound of the start's schema work: missing indexes (built with `commitQuorum: majority` on a replica set) and one-time migrations, each logging its progress; a migration stopped by it resumes at the next start; 1m to 48h"},
+	{"PULSE_SCHEMA_TIMEOUT", "`1h`", "bound of the start's schema work: missing indexes (built with `commitQuorum: majority` on a replica set) and one-time migrations, each logging its progress; a migration stopped by it resumes at the next start; 1m to 48h. The rest of the start has 30 s more from its end; `/healthz` answers meanwhile and `/readyz` 503 says what the start waits for; the Helm chart sizes its `startupProbe` to it"},
 	{"PULSE_SHUTDOWN_TIMEOUT", "`25s`", "grace for in-flight deliveries after SIGTERM; 0 to 1h"},
 	{"PULSE_LOG_LEVEL", "`info`", "`debug`, `info`, `warn` or `error`"},
 	{"PULSE_LOG_FORMAT", "`console` on a terminal, else `json`", "`json` (JSON lines on stdout) or `console` (for humans); unset, the log is `console` when stdout is a terminal and `json` when it is a pipe or a file"},

@@ -40,6 +40,7 @@ type Metrics struct {
 	state      *prometheus.GaugeVec
 	readErrors *prometheus.CounterVec
 	readAt     *prometheus.GaugeVec
+	stream     *prometheus.GaugeVec
 	groups     *groupCollector
 }
 
@@ -102,9 +103,12 @@ func New() *Metrics {
 		readAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_metrics_last_refresh_timestamp_seconds",
 			Help: "Unix time, in seconds, of the last successful read of the database for /metrics, by read (pending, states, oldest)."},
 			[]string{"read"}),
+		stream: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pulse_change_stream_state",
+			Help: "1 for the current state of this process's change stream on the events collection (open; failed: reopened after PULSE_POLL_INTERVAL; unauthorized: the database user lacks the changeStream action, retried every minute), 0 for the others; all 0 when no stream runs (PULSE_CHANGE_STREAMS=disabled, or no replica set). Not open: the dispatcher polls every PULSE_POLL_INTERVAL only."},
+			[]string{"state"}),
 	}
 	m.groups = &groupCollector{m: m}
-	m.registry.MustRegister(m.published, m.groups, m.leaseLost, m.workerLost, m.reconciled, m.disabled,
+	m.registry.MustRegister(m.published, m.groups, m.leaseLost, m.workerLost, m.reconciled, m.disabled, m.stream,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -112,6 +116,17 @@ func New() *Metrics {
 // Handler serves the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}
+
+// ChangeStream sets pulse_change_stream_state: 1 for state, 0 for each of states (every value of the label).
+func (m *Metrics) ChangeStream(state string, states []string) {
+	for _, s := range states {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.stream.WithLabelValues(s).Set(v)
+	}
 }
 
 // Published counts an event stored by this process. The topic is not a label: clients choose topics

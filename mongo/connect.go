@@ -3,12 +3,17 @@ package mongo
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	drvevent "go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 )
 
@@ -31,10 +36,24 @@ type ConnectOptions struct {
 // Connect returns a client of the server at uri, named pulse-sidecar in the server's logs. It does no I/O:
 // the driver connects in the background, and a command finding no usable server fails after
 // ServerSelectionTimeout (with pulsetype.ErrUnavailable once wrapped by the Store), so that an unreachable
-// database answers API requests within that bound. It returns an error when uri is not a valid connection
-// string. The caller disconnects the client.
+// database answers API requests within that bound.
+//
+// The client's concerns are the sidecar's, set here whatever uri says (see CheckConcerns): every write is
+// acknowledged by a majority of the voting members and journaled (writeConcern {w: "majority", j: true}),
+// so that a publish answered 202, a lease or a delivery's end survives a failover (on a replica set with
+// an arbiter the server's implicit default is w:1, which a failover can roll back); every read is
+// readConcern "majority" (it sees only what a failover cannot roll back: a claim never decides on a
+// document that may vanish) from the primary (readPreference primary: a secondary's copy lags, and a claim
+// read there sees stale leases).
+//
+// It returns an error when uri is not a valid connection string, or CheckConcerns' error when uri asks for
+// less. The caller disconnects the client.
 func Connect(uri string, opts ConnectOptions) (*mongo.Client, error) {
-	co := options.Client().ApplyURI(uri).SetAppName(appName)
+	if err := CheckConcerns(uri); err != nil {
+		return nil, err
+	}
+	co := options.Client().ApplyURI(uri).SetAppName(appName).
+		SetWriteConcern(WriteConcern()).SetReadConcern(readconcern.Majority()).SetReadPreference(readpref.Primary())
 	if opts.ServerSelectionTimeout > 0 {
 		co.SetServerSelectionTimeout(opts.ServerSelectionTimeout)
 	}
@@ -45,6 +64,54 @@ func Connect(uri string, opts ConnectOptions) (*mongo.Client, error) {
 		co.SetTimeout(opts.OperationTimeout)
 	}
 	return mongo.Connect(co)
+}
+
+// WriteConcern returns the write concern of every write of the sidecar: {w: "majority", j: true}, no
+// wtimeout (the caller's context bounds the wait).
+func WriteConcern() *writeconcern.WriteConcern {
+	j := true
+	return &writeconcern.WriteConcern{W: "majority", Journal: &j}
+}
+
+// CheckConcerns returns an error naming the first option of the connection string uri that asks for less
+// than the sidecar's concerns (see Connect) and why that would lose or double work; nil when uri leaves
+// them alone or asks for what the sidecar sets anyway (w=majority, journal=true,
+// readPreference=primary, readConcernLevel=majority). Refused, from the driver's URI options
+// (MongoDB manual, "Connection String Options"):
+//   - w other than majority (w=0, w=1, w=2, a tag): fewer members than a majority acknowledge, and a
+//     failover rolls the write back;
+//   - journal=false, and j (not a URI option of the Go driver, which ignores it silently);
+//   - readPreference other than primary (secondary, secondaryPreferred, primaryPreferred, nearest):
+//     claims and fan-outs would read stale leases and queues;
+//   - readConcernLevel other than majority (local, available, linearizable, snapshot).
+//
+// It returns the driver's parse error when uri is not a valid connection string.
+func CheckConcerns(uri string) error {
+	cs, err := connstring.Parse(uri)
+	if err != nil {
+		return err
+	}
+	const remove = "remove it from the URI: the sidecar writes with w=majority and journal=true, reads with readConcernLevel=majority from the primary"
+	switch {
+	case cs.WNumberSet:
+		return fmt.Errorf("URI option w=%d: a write acknowledged by fewer than a majority of the members can be rolled back by a failover (a published event lost, a lease given twice); %s", cs.WNumber, remove)
+	case cs.WString != "" && cs.WString != "majority":
+		return fmt.Errorf("URI option w=%s: a tagged write concern need not reach a majority, and a failover can roll back what it acknowledged; %s", cs.WString, remove)
+	case cs.JSet && !cs.J:
+		return fmt.Errorf("URI option journal=false: an acknowledged write not yet in the journal is lost if the members holding it restart; %s", remove)
+	}
+	for key, values := range cs.UnknownOptions {
+		if key == "j" {
+			return fmt.Errorf("URI option j=%s: not an option of the Go driver's connection string (which ignores it); %s", strings.Join(values, ","), remove)
+		}
+	}
+	if mode := cs.ReadPreference; mode != "" && !strings.EqualFold(mode, "primary") {
+		return fmt.Errorf("URI option readPreference=%s: a secondary's copy lags the primary, so claims and fan-outs would read stale leases and queues (a second lease, a duplicate POST); %s", mode, remove)
+	}
+	if level := cs.ReadConcernLevel; level != "" && level != "majority" {
+		return fmt.Errorf("URI option readConcernLevel=%s: the sidecar reads with readConcernLevel=majority (what a failover cannot roll back); %s", level, remove)
+	}
+	return nil
 }
 
 // DatabaseName returns the database named in uri's path, "" when it names none, or an error when uri is

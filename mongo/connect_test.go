@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,5 +107,44 @@ func TestConcurrentPublishesFailWithinServerSelectionTimeout(t *testing.T) {
 		if d > timeout+timeout/2 {
 			t.Errorf("a concurrent Publish failed after %s, want within the %s server selection timeout plus half", d, timeout)
 		}
+	}
+}
+
+// A connection string that asks for less than the sidecar's concerns stops Connect with one line naming the
+// URI option and why; one that asks for the same (or leaves them alone) connects.
+func TestConnectRefusesWeakerConcerns(t *testing.T) {
+	t.Parallel()
+	const base = "mongodb://127.0.0.1:1/pulse?replicaSet=rs0&"
+	for option, why := range map[string]string{
+		"w=0":                               "rolled back",
+		"w=1":                               "rolled back",
+		"w=2":                               "rolled back",
+		"w=dc1":                             "tagged",
+		"journal=false":                     "journal",
+		"j=false":                           "not an option",
+		"readPreference=secondaryPreferred": "stale leases",
+		"readPreference=secondary":          "stale leases",
+		"readPreference=primaryPreferred":   "stale leases",
+		"readPreference=nearest":            "stale leases",
+		"readConcernLevel=local":            "majority",
+		"readConcernLevel=available":        "majority",
+	} {
+		_, err := Connect(base+option, ConnectOptions{})
+		if err == nil {
+			t.Errorf("Connect with %s returned no error", option)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "URI option "+option) || !strings.Contains(msg, why) || strings.Contains(msg, "\n") {
+			t.Errorf("Connect with %s = %q, want one line naming %q and saying %q", option, msg, "URI option "+option, why)
+		}
+	}
+	for _, option := range []string{"w=majority", "journal=true", "readPreference=primary", "readConcernLevel=majority", "appName=x"} {
+		client, err := Connect(base+option, ConnectOptions{})
+		if err != nil {
+			t.Errorf("Connect with %s = %v, want a client", option, err)
+			continue
+		}
+		_ = client.Disconnect(context.Background())
 	}
 }

@@ -85,6 +85,8 @@ var internalCases = []storetest.Case{
 	{Name: "FanOutEndsAFailedFilterAsFilterError", Run: internal(testFanOutEndsAFailedFilterAsFilterError)},
 	// watch_test.go
 	{Name: "WatchEventsSendsChangeStreamAndReopens", Run: internal(testWatchEventsSendsChangeStreamAndReopens)},
+	{Name: "WatchMatchesOnlyWhatWakesWork", Run: internal(testWatchMatchesOnlyWhatWakesWork)},
+	{Name: "WatchWithoutTheChangeStreamActionWarnsOnce", Run: internal(testWatchWithoutTheChangeStreamActionWarnsOnce)},
 	// queue_test.go
 	{Name: "GroupCommitWritesConcurrentPublishesTogether", Run: internal(testGroupCommitWritesConcurrentPublishesTogether), Race: true},
 	{Name: "RepairScanWorksFromTheQueue", Run: internal(testRepairScanWorksFromTheQueue)},

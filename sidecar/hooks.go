@@ -32,6 +32,7 @@ type TestHooks struct {
 	ClockSkew         time.Duration // shifts the local clock (EnvTestClockSkew)
 	CrashAfterPublish bool          // SIGKILL 200 ms after the first publish, before its fan-out (EnvTestCrashAfterPublish)
 	BacklogInterval   time.Duration // the backlog check's period; 0: opsevents.DefaultBacklogInterval (EnvTestBacklogInterval)
+	StartTimeout      time.Duration // the bound of the start's work after the schema; 0: 30 s (in-process tests only)
 }
 
 // ParseTestHooks parses the test hooks getenv sets, whatever the build; unset variables leave their hook

@@ -39,8 +39,10 @@ import (
 // scraped) is reused.
 const PendingCountMaxAge = 15 * time.Second
 
-// startTimeout bounds Start's work against the database but the schema (PULSE_SCHEMA_TIMEOUT bounds that):
-// the clock sync, the endpoints file and the secrets check.
+// startTimeout bounds each part of Start's work against the database but the schema (PULSE_SCHEMA_TIMEOUT
+// bounds that): the clock sync before the schema work, and, from the end of the schema work on, the tracing
+// provider, the endpoints file and the secrets check. A schema phase longer than startTimeout (a large
+// index build) therefore leaves the work after it its whole bound.
 const startTimeout = 30 * time.Second
 
 // Options are what a Sidecar takes besides its configuration; the zero value is a production sidecar
@@ -87,11 +89,13 @@ func New(cfg *config.Config, opts Options) *Sidecar {
 }
 
 // Start starts the sidecar and returns once its API listens (Addr): it binds the API's address (and the
-// probes' with PULSE_PROBE_LISTEN) first, starts the embedded development database when PULSE_MONGODB_URI
+// probes' with PULSE_PROBE_LISTEN) first and serves them at once with httpapi.Starting (/healthz 200,
+// /readyz and the rest 503 naming what the start waits for, as in "building indexes"), starts the embedded development database when PULSE_MONGODB_URI
 // is empty, connects, syncs the clock, ensures the schema, applies PULSE_ENDPOINTS_FILE, checks the stored
 // secrets, then starts the background services in this order: the lease keeper, the clock sync, the
 // retention sweeper, the change-stream and endpoints-file watchers, the dispatcher. ctx bounds the start
-// (its database work at most 30 s, the schema work PULSE_SCHEMA_TIMEOUT) and the run: when ctx ends, the sidecar shuts down as Stop does. It
+// (the clock sync at most 30 s, the schema work PULSE_SCHEMA_TIMEOUT, then the rest of its database work
+// at most 30 s) and the run: when ctx ends, the sidecar shuts down as Stop does. It
 // returns an error naming the variable at fault when the configuration cannot be served (a busy port, a
 // bad URI or key, PULSE_CHANGE_STREAMS=required without change streams), having undone what it started;
 // startstop.ErrStarted when started already.
@@ -211,6 +215,28 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 		}
 		r.defer1(func() { _ = probeLn.Close() })
 	}
+	// The listeners answer during the start: the kubelet's liveness probe sees the process alive while the
+	// index builds run, and /readyz says what the start waits for.
+	r.http = newHTTPServers()
+	r.defer1(r.http.shutdown) // a failed start; a started sidecar's run shuts them down earlier
+	apiStart := httpapi.NewStarting("connecting to the database")
+	r.http.serve(apiStart, ln)
+	starting := []*httpapi.Starting{apiStart}
+	probeStart := httpapi.NewStarting("connecting to the database")
+	if probeLn != nil {
+		r.http.serve(probeStart, probeLn)
+		starting = append(starting, probeStart)
+	}
+	phase := func(p string) {
+		for _, st := range starting {
+			st.SetPhase(p)
+		}
+	}
+	started := log.Info().Str("addr", ln.Addr().String())
+	if probeLn != nil {
+		started = started.Str("probe_addr", probeLn.Addr().String())
+	}
+	started.Msg("starting: /healthz answers, /readyz answers 503 until the sidecar listens")
 	keys, err := sealing.New(cfg.EncryptionKeys())
 	if err != nil {
 		return fmt.Errorf("PULSE_ENCRYPTION_KEY: %w", err)
@@ -258,20 +284,26 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 		Keys: keys, FilterErrors: m.FilterError,
 		SummarizeIndexBuilds: cfg.MongoDBURI == "", // the embedded database builds in milliseconds
 	})
-	startCtx, cancelStart := context.WithTimeout(ctx, startTimeout)
-	defer cancelStart()
-	if err := clock.Sync(startCtx, store.ServerTime); err != nil {
+	syncCtx, cancelSync := context.WithTimeout(ctx, startTimeout)
+	err = clock.Sync(syncCtx, store.ServerTime)
+	cancelSync()
+	if err != nil {
 		return fmt.Errorf("reach the database: %w", err)
 	}
 	// The schema work has its own bound: index builds on large collections and the one-time migrations take
 	// as long as the data needs (each logs its progress; a migration stopped by the bound resumes at the
 	// next start).
+	phase("building indexes (the schema work, at most PULSE_SCHEMA_TIMEOUT=" + cfg.SchemaTimeout.String() + ")")
 	schemaCtx, cancelSchema := context.WithTimeout(ctx, cfg.SchemaTimeout)
 	caps, err := store.EnsureSchema(schemaCtx)
 	cancelSchema()
 	if err != nil {
 		return err
 	}
+	// The rest of the start's database work gets its bound from now on, whatever the schema work took.
+	phase("applying the endpoints file and checking the stored secrets")
+	startCtx, cancelStart := context.WithTimeout(ctx, cmp.Or(hooks.StartTimeout, startTimeout))
+	defer cancelStart()
 	if !caps.TTLIndexes {
 		log.Info().Msg("the database has no TTL indexes: a sweeper deletes expired documents every minute instead")
 	}
@@ -342,7 +374,13 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 	switch {
 	case cfg.ChangeStreams == config.ChangeStreamsDisabled:
 	case caps.ChangeStreams:
-		services = append(services, mongo.NewEventWatcher(store, cfg.PollInterval, disp.Wake, log))
+		w := mongo.NewEventWatcher(store, cfg.PollInterval, disp.Wake, log)
+		states := make([]string, len(mongo.ChangeStreamStates))
+		for i, st := range mongo.ChangeStreamStates {
+			states[i] = string(st)
+		}
+		w.Report(func(st mongo.ChangeStreamState) { m.ChangeStream(string(st), states) })
+		services = append(services, w)
 	default:
 		log.Info().Msg("the database has no change streams (not a replica set): polling only")
 	}
@@ -350,17 +388,17 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 		services = append(services, endpointsfile.NewWatcher(cfg.EndpointsFile, endpointsHash, store, disp.EndpointChanged, log))
 	}
 	services = append(services, disp)
+	phase("starting the background services")
 	// The services outlive ctx's start: the shutdown stops them in order.
 	if err := startstop.StartAll(context.WithoutCancel(ctx), services...); err != nil {
 		return fmt.Errorf("start background services: %w", err)
 	}
 	r.services = services
-	r.http = newHTTPServers()
-	r.http.serve(r.api.Handler(), ln)
-	started := log.Info().Str("addr", ln.Addr().String())
+	apiStart.Serve(r.api.Handler())
+	started = log.Info().Str("addr", ln.Addr().String())
 	s.addr = ln.Addr().String()
 	if probeLn != nil {
-		r.http.serve(r.api.ProbeHandler(), probeLn)
+		probeStart.Serve(r.api.ProbeHandler())
 		started = started.Str("probe_addr", probeLn.Addr().String())
 		s.probeAddr = probeLn.Addr().String()
 	}

@@ -48,6 +48,7 @@ type Proxy struct {
 
 	dbsMu sync.Mutex
 	dbs   map[string]*database // database name -> its state; entries are never removed
+	holds sync.Map             // *database -> *hold (hold.go)
 
 	connsMu sync.Mutex
 	conns   map[net.Conn]struct{} // open client and upstream connections
@@ -219,7 +220,15 @@ func (p *Proxy) roundTrip(upstream net.Conn, req []byte, gone func() bool) ([]by
 	name, noReply := inspect(req)
 	db := p.database(name)
 	m, parsed := parseMsg(req)
+	if parsed {
+		p.holdOf(db).wait(m.name()) // a HoldCommand (hold.go)
+	}
 	switch {
+	case parsed && m.name() == HoldCommand:
+		if noReply {
+			return nil, nil
+		}
+		return p.holdOf(db).set(m)
 	case parsed && m.name() == SerializationCommand:
 		if noReply {
 			return nil, nil

@@ -8,6 +8,8 @@
 // Environment:
 //   - PULSE_TEST_MONGODB_URI: use this server (for example a real MongoDB replica set) instead.
 //   - PULSE_TEST_POSTGRES_URL: run the child devdb on FerretDB's postgresql handler.
+//   - PULSE_TEST_SHARD_PLAN=true, with PULSE_TEST_MONGODB_URI naming a mongos: shard each test database's
+//     collections per the documented plan (EnvShardPlan).
 //   - PULSE_TEST_BINARY: use this pulse binary instead of building one (build it with
 //     -tags pulsetesthooks, or the process tests' PULSE_TEST_* hooks have no effect).
 //
@@ -160,6 +162,11 @@ func Database(t testing.TB) (client *mongo.Client, dbName string) {
 	defer cancel()
 	if err := client.Ping(ctx, nil); err != nil {
 		t.Fatalf("testdb: ping %s: %v", uri, err)
+	}
+	if shardPlanOn() {
+		if err := shardPlan(ctx, client, dbName); err != nil {
+			t.Fatalf("testdb: %v", err)
+		}
 	}
 	return client, dbName
 }

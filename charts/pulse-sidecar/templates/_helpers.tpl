@@ -67,6 +67,15 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
 {{- end -}}
 {{- end -}}
 
+{{/* pulse-sidecar.x.schemaSeconds renders the values' schemaTimeout (a Go duration, default 1h) in seconds. */}}
+{{- define "pulse-sidecar.x.schemaSeconds" -}}
+{{- $d := toString (default "1h" .schemaTimeout) | trim -}}
+{{- if not (regexMatch `^(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h))+$` $d) -}}
+{{- fail (printf "pulse-sidecar: schemaTimeout %q is not a Go duration such as 1h or 90m" $d) -}}
+{{- end -}}
+{{- include "pulse-sidecar.x.seconds" $d -}}
+{{- end -}}
+
 {{/* pulse-sidecar.x.loopback renders "true" when the values' listenAddress is a loopback address. */}}
 {{- define "pulse-sidecar.x.loopback" -}}
 {{- $a := toString (default "127.0.0.1" .listenAddress) -}}
@@ -80,6 +89,10 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
 {{- $grace := $v.terminationGracePeriodSeconds | float64 -}}
 {{- if le $grace $shutdown -}}
 {{- fail (printf "pulse-sidecar: terminationGracePeriodSeconds (%v) must be greater than shutdownTimeout (%s = %vs), or in-flight deliveries are killed before they finish" $v.terminationGracePeriodSeconds (toString $v.shutdownTimeout) $shutdown) -}}
+{{- end -}}
+{{- $schema := include "pulse-sidecar.x.schemaSeconds" $v | float64 -}}
+{{- if or (lt $schema 60.0) (gt $schema 172800.0) -}}
+{{- fail (printf "pulse-sidecar: schemaTimeout %q is outside 1m to 48h (PULSE_SCHEMA_TIMEOUT's range)" (toString $v.schemaTimeout)) -}}
 {{- end -}}
 {{- if and (not $v.secret.existingSecret) (not $v.secret.create) -}}
 {{- fail "pulse-sidecar: set secret.existingSecret to a Secret holding the MongoDB URI, or secret.create=true" -}}
@@ -107,10 +120,10 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
 {{- fail (printf "pulse-sidecar: unknown config.%s (known: %s)" $k (join ", " $known)) -}}
 {{- end -}}
 {{- end -}}
-{{- $owned := list "PULSE_LISTEN" "PULSE_PROBE_LISTEN" "PULSE_DATA_DIR" "PULSE_SHUTDOWN_TIMEOUT" "PULSE_MONGODB_URI" "PULSE_API_TOKEN" "PULSE_API_READ_TOKEN" "PULSE_ENCRYPTION_KEY" "PULSE_ENDPOINTS_FILE" -}}
+{{- $owned := list "PULSE_LISTEN" "PULSE_PROBE_LISTEN" "PULSE_DATA_DIR" "PULSE_SHUTDOWN_TIMEOUT" "PULSE_SCHEMA_TIMEOUT" "PULSE_MONGODB_URI" "PULSE_API_TOKEN" "PULSE_API_READ_TOKEN" "PULSE_ENCRYPTION_KEY" "PULSE_ENDPOINTS_FILE" -}}
 {{- range $v.extraEnv -}}
 {{- if has .name $owned -}}
-{{- fail (printf "pulse-sidecar: extraEnv sets %s, which the chart sets itself (use port, shutdownTimeout, secret or endpoints)" .name) -}}
+{{- fail (printf "pulse-sidecar: extraEnv sets %s, which the chart sets itself (use port, shutdownTimeout, schemaTimeout, secret or endpoints)" .name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -147,6 +160,8 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
       value: /data
     - name: PULSE_SHUTDOWN_TIMEOUT
       value: {{ default "25s" $v.shutdownTimeout | toString | quote }}
+    - name: PULSE_SCHEMA_TIMEOUT
+      value: {{ default "1h" $v.schemaTimeout | toString | quote }}
     - name: PULSE_MONGODB_URI
       valueFrom:
         secretKeyRef:
@@ -188,6 +203,20 @@ Names derive from the release, not from .Chart, so a parent chart computes the s
     {{- end }}
     {{- end }}
     {{- with $v.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- /* The whole start: the schema work (schemaTimeout), the 30 s bound of the start's work after it, a
+  minute of margin. /healthz answers during the start; /readyz answers 200 once it is over. */}}
+  {{- $sp := omit ($v.startupProbe | default dict) "httpGet" }}
+  {{- $period := int (default 10 $sp.periodSeconds) }}
+  {{- $schema := include "pulse-sidecar.x.schemaSeconds" $v | float64 }}
+  startupProbe:
+    httpGet:
+      path: {{ dig "httpGet" "path" "/readyz" ($v.startupProbe | default dict) }}
+      port: {{ $v.probePortName }}
+    periodSeconds: {{ $period }}
+    failureThreshold: {{ $sp.failureThreshold | default (ceil (divf (addf $schema 90.0) (float64 $period)) | int) }}
+    {{- with omit $sp "periodSeconds" "failureThreshold" }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   readinessProbe:
