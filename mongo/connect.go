@@ -66,6 +66,10 @@ func Connect(uri string, opts ConnectOptions) (*mongo.Client, error) {
 	return mongo.Connect(co)
 }
 
+// ReadConcernLevel is the read concern of every read of the sidecar, set on the client by Connect and sent by
+// the store with each find and aggregation it sends as a command (Options.ReadConcern).
+const ReadConcernLevel = "majority"
+
 // WriteConcern returns the write concern of every write of the sidecar: {w: "majority", j: true}, no
 // wtimeout (the caller's context bounds the wait).
 func WriteConcern() *writeconcern.WriteConcern {

@@ -283,6 +283,9 @@ func (s *Sidecar) start(ctx context.Context, r *running) error {
 		EventRetention: cfg.EventRetention, HistoryRetention: cfg.HistoryRetention, Now: clock.Now, Logger: log,
 		Keys: keys, FilterErrors: m.FilterError,
 		SummarizeIndexBuilds: cfg.MongoDBURI == "", // the embedded database builds in milliseconds
+		// The finds and aggregations the store sends as commands (for their maxTimeMS) carry the client's read
+		// concern themselves (mongo.Connect sets majority on the client).
+		ReadConcern: mongo.ReadConcernLevel,
 	})
 	syncCtx, cancelSync := context.WithTimeout(ctx, startTimeout)
 	err = clock.Sync(syncCtx, store.ServerTime)

@@ -42,7 +42,19 @@ func (p *publisher) body(id string, i int) string {
 func (p *publisher) one(ctx context.Context, i int, since time.Time) {
 	id := fmt.Sprintf("bench-%d", i)
 	p.rcv.published(id, since)
-	err := send(ctx, p.client, "POST", p.apis[i%len(p.apis)]+"/v1/events", p.body(id, i), http.StatusAccepted)
+	url, body := p.apis[i%len(p.apis)]+"/v1/events", p.body(id, i)
+	err := send(ctx, p.client, "POST", url, body, http.StatusAccepted)
+	// A 503 (database_unavailable: an election, a lost connection) is re-sent with the same id, as a client
+	// should: the publish is idempotent by id (docs/api.md), so the event is stored once.
+	for wait := 50 * time.Millisecond; err != nil && strings.Contains(err.Error(), " answered 503:"); wait = min(2*wait, time.Second) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			err = send(ctx, p.client, "POST", url, body, http.StatusAccepted)
+			continue
+		}
+		break
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil && p.err == nil {
