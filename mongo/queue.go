@@ -10,6 +10,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/rs/zerolog"
+
 	"github.com/pulse-sidecar/pulse/pulsetype"
 )
 
@@ -241,7 +243,11 @@ func (s *Store) migrateQueue(ctx context.Context) error {
 		if err := record(bson.M{"deliveriesAfter": prog.DeliveriesAfter, "deliveriesDone": prog.DeliveriesDone, "queued": prog.Queued}); err != nil {
 			return err
 		}
-		s.log.Info().Str("after", prog.DeliveriesAfter).Int64("queued", prog.Queued).Bool("done", prog.DeliveriesDone).
+		level := zerolog.InfoLevel
+		if prog.Queued == 0 {
+			level = zerolog.DebugLevel // a new database: nothing to migrate, nothing to tell an operator
+		}
+		s.log.WithLevel(level).Str("after", prog.DeliveriesAfter).Int64("queued", prog.Queued).Bool("done", prog.DeliveriesDone).
 			Msg("queue migration: pending deliveries queued")
 	}
 	for {

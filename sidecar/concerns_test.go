@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -131,8 +132,14 @@ func do(t *testing.T, method, url, body string, out any) int {
 func TestStartRefusesAURIAskingForW1(t *testing.T) {
 	t.Parallel()
 	cfg := load(t, map[string]string{"PULSE_MONGODB_URI": "mongodb://127.0.0.1:1/pulse?w=1", "PULSE_LISTEN": "127.0.0.1:0"})
-	err := New(cfg, Options{}).Start(t.Context())
+	var logs bytes.Buffer
+	err := New(cfg, Options{Logs: &logs}).Start(t.Context())
 	if err == nil || !strings.Contains(err.Error(), "PULSE_MONGODB_URI") || !strings.Contains(err.Error(), "URI option w=1") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("Start with w=1 = %v, want one line naming PULSE_MONGODB_URI and w=1", err)
+	}
+	// The refusal is the process's only line: nothing is bound or logged before it (a "starting" line would
+	// announce probes that never answer).
+	if logs.Len() != 0 {
+		t.Errorf("Start with w=1 logged before it refused:\n%s", logs.String())
 	}
 }

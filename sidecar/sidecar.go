@@ -202,6 +202,13 @@ func (s *Sidecar) run(ctx context.Context, r *running) {
 // start does Start's work; what it started is undone by r.undo when it fails.
 func (s *Sidecar) start(ctx context.Context, r *running) error {
 	cfg, log, hooks := s.cfg, s.log, s.opts.TestHooks
+	// A URI that asks for weaker concerns than the sidecar's stops the process before anything is bound,
+	// logged or started: one line naming the option (mongo.CheckConcerns).
+	if cfg.MongoDBURI != "" {
+		if err := mongo.CheckConcerns(cfg.MongoDBURI); err != nil {
+			return fmt.Errorf("PULSE_MONGODB_URI is invalid: %w", err)
+		}
+	}
 	// Bind the API's address first: a busy port stops the process before anything is started or written.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -347,7 +347,7 @@
           el("button", { type: "button", text: "Edit…", "data-action": "edit", "data-group": g, onclick: () => openEndpoint(g) }),
           " ",
           el("button", { type: "button", text: "Delete…", "data-action": "delete", "data-group": g,
-            onclick: () => confirmThen("Delete " + g + "? Its registration goes and its pending deliveries end as cancelled; this cannot be undone.", "Delete " + g, () => deleteEndpoint(g)) })));
+            onclick: () => confirmThen("Delete " + g + "? Its registration goes and its pending deliveries end as errors (endpoint_deleted); this cannot be undone.", "Delete " + g, () => deleteEndpoint(g)) })));
     });
     $("groups").tBodies[0].replaceChildren(...rows);
     if (!rows.length) {
