@@ -87,6 +87,30 @@ func (k *Keeper) Live(l pulsetype.LeaseKey) bool {
 	return ok && k.local().Before(h.until)
 }
 
+// Refresh renews the held lease l at once, with a write of its own (as a heartbeat's renewal: it extends the
+// lease by the lease timeout from the moment it was sent, waits up to a lease timeout, and counts in Lag),
+// and reports whether l is live once it answered. It is for a lease found run out before its work started
+// (a claim whose writes waited most of the lease in the database's queue): the renewal's fence (the
+// attempt's id and token, status pending) either finds the lease still this process's and extends it, or
+// finds it reaped, released or ended and reports it lost, so the work may start exactly when it reports
+// true. A lost lease is cancelled with pulsetype.ErrLeaseLost, as by the heartbeat. A lease not held is not
+// live, and nothing is written for it.
+func (k *Keeper) Refresh(ctx context.Context, l pulsetype.LeaseKey) bool {
+	k.mu.Lock()
+	if _, ok := k.held[l]; !ok {
+		k.mu.Unlock()
+		return false
+	}
+	k.seq++
+	id, start := k.seq, k.local()
+	k.inFlight[id] = start
+	k.renewing.Add(1)
+	k.mu.Unlock()
+	defer k.renewing.Done()
+	k.renewOnce(ctx, id, start, []pulsetype.LeaseKey{l})
+	return k.Live(l)
+}
+
 // Release stops renewing the lease (its work finished).
 func (k *Keeper) Release(l pulsetype.LeaseKey) {
 	k.mu.Lock()
