@@ -80,7 +80,7 @@ func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
 	testwait.Eventually(t, 10*time.Second, "the stall to last 1.5 × the lease timeout", func() bool { return time.Since(stallStart) > 1500*time.Millisecond })
 	proxy.resume()
 	// The stalled replica is back: give it a poll or two to (wrongly) write anything, then read again.
-	testwait.Eventually(t, 10*time.Second, "the stalled replica to answer again", func() bool {
+	testwait.Eventually(t, 30*time.Second, "the stalled replica to answer again", func() bool {
 		var h struct{ Status string }
 		return harness.Do(t, "GET", stalled.URL+"/readyz", nil, &h) == 200
 	})
