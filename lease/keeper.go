@@ -28,7 +28,8 @@ const maxRenewals = 5
 // writes in the order they arrive, however long it makes them wait, a reaper's write never finds a lease of
 // this process expired: a renewal sent less than a lease timeout before it lands first. The local bound
 // counts from answered renewals only, so a lease whose renewals are slow to answer is given up locally
-// (no POST starts on it) before the database could take it. A database that reorders writes, or another
+// (no POST starts on it, unless one renewal sent then, Refresh, answers within the lease) before the
+// database could take it. A database that reorders writes, or another
 // replica's reaper whose writes overtake this one's, is met by the dispatcher's backpressure (no new lease
 // while Lag is a large part of the lease timeout), not by this ordering. It is safe for concurrent use.
 type Keeper struct {
