@@ -200,9 +200,12 @@ func (e *executor) run(postCtx context.Context, j job, log zerolog.Logger) (puls
 		} else if late := e.pastWindow(a, policy); late > 0 {
 			res = failed(pulsetype.CodeRetryWindow, fmt.Sprintf("the attempt would have started %s after the first attempt, past maxRetryDuration %s (it waited for a resume, or for a worker)",
 				(policy.MaxDuration+late).Round(time.Millisecond), policy.MaxDuration), true)
-		} else if !e.keeper.Live(a.Key()) {
-			// The checks outlasted the lease and no heartbeat renewed it (an overloaded database): the reaper
-			// may have ended it, so no POST starts on it. Given back unstarted when still possible.
+		} else if !e.keeper.Live(a.Key()) && !e.keeper.Refresh(postCtx, a.Key()) {
+			// The claim and the checks outlasted the lease and no heartbeat renewed it (an overloaded
+			// database), and a renewal sent now found it lost or did not answer within a lease timeout: the
+			// reaper may have ended it, so no POST starts on it. Given back unstarted when still possible.
+			// (Given back without that renewal, every claim whose two writes waited more than half the lease
+			// in the write queue was given back, claimed again and given back again: no delivery at all.)
 			log.Warn().Msg("the lease ran out before the POST started: attempt given back unstarted")
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(postCtx), writeTimeout)
 			defer cancel()

@@ -2,6 +2,8 @@ package dispatcher
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pulse-sidecar/pulse/internal/testwait"
+	"github.com/pulse-sidecar/pulse/lease"
 	"github.com/pulse-sidecar/pulse/pulsetype"
 	"github.com/pulse-sidecar/pulse/webhook"
 )
@@ -271,28 +274,60 @@ func TestExecutorStopAborts(t *testing.T) {
 }
 
 // No POST starts on a lease that ran out (as granted, no heartbeat renewed it) before the checks before the
-// POST were done: the attempt is given back unstarted, as the reaper may have ended it already.
+// POST were done, unless a renewal sent then finds it still this process's: one reaped meanwhile is not
+// POSTed, one whose renewal fails is given back unstarted (the reaper may end it), and one the renewal finds
+// held is renewed and POSTed (without that renewal a claim whose writes waited more than half the lease was
+// given back every time: no delivery at all).
 func TestExecutorStartsNoPOSTOnALeaseThatRanOut(t *testing.T) {
 	t.Parallel()
 	store := newMemStore(endpoint(t, "g", []string{"t"}))
 	snd := &sender{}
 	b := newTestExecutor(t, store, snd)
-	ev := &pulsetype.Event{ID: "e1", Topic: "t", Data: []byte(`1`)}
-	a := b.claim(t, ev)
-	ranOut := *a
-	past := time.Now().Add(-time.Millisecond)
-	ranOut.LeasedUntil = &past
-	if _, ok := b.run(t.Context(), job{a: &ranOut, ev: ev, evKnown: true}); ok {
-		t.Fatal("an attempt whose lease ran out was run")
+	n := 0
+	ranOut := func(fail error) (*pulsetype.Event, *pulsetype.Attempt) {
+		n++
+		b.exec.keeper = lease.NewKeeper(store.renew(fail), time.Minute, nil, zerolog.Nop())
+		ev := &pulsetype.Event{ID: fmt.Sprint("e", n), Topic: "t", Data: []byte(`1`)}
+		a := *b.claim(t, ev)
+		past := time.Now().Add(-time.Millisecond)
+		a.LeasedUntil = &past
+		return ev, &a
 	}
-	if started, _ := snd.posts(); started != 0 || store.count("ReleaseAttempt") != 1 {
-		t.Fatalf("%d POSTs, %d ReleaseAttempt; want none and the attempt given back", started, store.count("ReleaseAttempt"))
+	want := func(what string, posts, renewals, releases int) {
+		t.Helper()
+		if started, _ := snd.posts(); started != posts || store.count("Renew") != renewals || store.count("ReleaseAttempt") != releases {
+			t.Fatalf("%s: %d POSTs, %d Renew, %d ReleaseAttempt; want %d, %d, %d", what, started, store.count("Renew"),
+				store.count("ReleaseAttempt"), posts, renewals, releases)
+		}
 	}
-	ev = &pulsetype.Event{ID: "e2", Topic: "t", Data: []byte(`1`)}
+
+	ev, a := ranOut(errors.New("renew leases: i/o timeout"))
+	if _, ok := b.run(t.Context(), job{a: a, ev: ev, evKnown: true}); ok {
+		t.Fatal("an attempt whose lease ran out and could not be renewed was run")
+	}
+	want("renewal failed", 0, 1, 1)
+
+	ev, a = ranOut(nil)
+	store.mu.Lock()
+	store.attempts[a.ID].Status = pulsetype.StatusError // reaped meanwhile (worker_lost)
+	store.mu.Unlock()
+	if _, ok := b.run(t.Context(), job{a: a, ev: ev, evKnown: true}); ok {
+		t.Fatal("an attempt whose lease ran out and was reaped was run")
+	}
+	want("reaped", 0, 2, 2) // the give-back finds it lost, and changes nothing
+
+	ev, a = ranOut(nil)
+	if _, ok := b.run(t.Context(), job{a: a, ev: ev, evKnown: true}); !ok {
+		t.Fatal("an attempt whose lease ran out but was renewed before the POST was not run")
+	}
+	want("renewed", 1, 3, 2)
+
+	ev = &pulsetype.Event{ID: "live", Topic: "t", Data: []byte(`1`)}
 	a = b.claim(t, ev)
 	if _, ok := b.run(t.Context(), job{a: a, ev: ev, evKnown: true}); !ok {
 		t.Fatal("an attempt on a live lease was not run")
 	}
+	want("live", 2, 3, 2) // a live lease costs no renewal before its POST
 }
 
 // A retry that starts past its delivery's retry window (it waited for a resume after a 410 Gone, or a

@@ -285,6 +285,25 @@ func (s *memStore) ReleaseAttempt(_ context.Context, a *pulsetype.Attempt) error
 	return nil
 }
 
+// renew is a lease.RenewFunc over the store, as mongo's Renew: a lease is lost unless its attempt is
+// pending under its token; with fail set, every renewal fails as a database that does not answer.
+func (s *memStore) renew(fail error) lease.RenewFunc {
+	return func(_ context.Context, ls []pulsetype.LeaseKey) (lost []pulsetype.LeaseKey, err error) {
+		s.called("Renew")
+		if fail != nil {
+			return nil, fail
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, l := range ls {
+			if a, ok := s.attempts[l.AttemptID]; !ok || a.FencingToken != l.Token || a.Status != pulsetype.StatusPending {
+				lost = append(lost, l)
+			}
+		}
+		return lost, nil
+	}
+}
+
 func (s *memStore) FinishAttempts(_ context.Context, cs []pulsetype.Completion) ([]bool, error) {
 	s.called("FinishAttempts")
 	if s.finishing != nil {

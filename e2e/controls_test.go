@@ -105,7 +105,7 @@ func TestPauseThroughOneReplicaStopsTheOther(t *testing.T) {
 		}
 		return time.Now().After(quiet)
 	})
-	testwait.Eventually(t, 10*time.Second, "every attempt queued, unstarted", func() bool {
+	testwait.Eventually(t, 30*time.Second, "every attempt queued, unstarted", func() bool {
 		for _, id := range dids {
 			d := getDelivery(bb, t, id)
 			if d.Status != "pending" || len(d.Attempts) != 1 {
@@ -293,12 +293,14 @@ func TestRateLimitSpacesThePOSTs(t *testing.T) {
 	}
 	testwait.Eventually(t, 30*time.Second, "the 40 rate-limited events", func() bool { return len(limited.Received()) == n })
 	// The bucket spaces the POSTs' starts (TestRateLimitsAdmitByToken checks its arithmetic); the receiver sees
-	// their arrivals, each late by however long a busy machine took to run the POST's goroutine. So the window
-	// is 2 s, and one POST more than the bucket allows in it (2×5 + the burst) stands for that delay: an
-	// endpoint without its limit would get all 40 within one window.
+	// their arrivals, each late by however long a busy machine took to run the POST's goroutine, and a stall
+	// of the machine lets the POSTs started during it arrive together. So a 2 s window may hold what the
+	// bucket allows in it (2×5 + the burst) and the POSTs of a further second (a stall of up to 1 s; under
+	// four CPU burners one POST more than the bucket's share was seen): an endpoint without its limit would
+	// get all 40 within one window.
 	got := limited.Received()
-	const window = 2 * time.Second
-	allowed := int(window.Seconds())*perSecond + burst + 1
+	const window, stall = 2 * time.Second, time.Second
+	allowed := int(window.Seconds())*perSecond + burst + int(stall.Seconds())*perSecond
 	most := 0
 	for i := range got {
 		in := 0

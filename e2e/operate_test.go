@@ -27,7 +27,7 @@ func TestSIGTERMLetsInFlightDeliveryFinish(t *testing.T) {
 	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	testwait.Eventually(t, 10*time.Second, "publishes to answer 503", func() bool {
+	testwait.Eventually(t, 30*time.Second, "publishes to answer 503", func() bool {
 		resp, err := http.Post(s.URL+"/v1/events", "application/json", strings.NewReader(`{"topic":"t","data":2}`))
 		if err != nil {
 			return false
@@ -42,7 +42,7 @@ func TestSIGTERMLetsInFlightDeliveryFinish(t *testing.T) {
 	}
 	var d harness.DeliveryView
 	q := b.Start(b.FastEnv()) // read the outcome through another sidecar
-	d = q.WaitDelivery(t, id, "g", 10*time.Second)
+	d = q.WaitDelivery(t, id, "g", 30*time.Second)
 	if d.Status != "success" || len(d.Attempts) != 1 {
 		t.Fatalf("delivery = %+v, want success with one attempt", d)
 	}

@@ -131,7 +131,7 @@ func TestOrderHoldsWhileABackfillRacesLivePublishes(t *testing.T) {
 	}()
 	rcv := harness.NewReceiver(t, 200)
 	s1.RegisterEndpoint(t, "audit", map[string]any{"url": rcv.URL, "topics": []string{"bf.t"}, "ordered": true, "offsetReset": "earliest"})
-	testwait.Eventually(t, 60*time.Second, "20 live events after the registration", func() bool {
+	testwait.Eventually(t, 3*time.Minute, "20 live events after the registration", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(created) >= retained+20

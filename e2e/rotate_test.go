@@ -208,7 +208,7 @@ func TestRotateSecretSignsWithBothDuringTheOverlap(t *testing.T) {
 func ownerOf(t *testing.T, s *harness.Sidecar) string {
 	t.Helper()
 	owner := ""
-	testwait.Eventually(t, 10*time.Second, "the sidecar to log its owner", func() bool {
+	testwait.Eventually(t, 30*time.Second, "the sidecar to log its owner", func() bool {
 		sc := bufio.NewScanner(strings.NewReader(s.Logs.String()))
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {

@@ -85,7 +85,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 		"PULSE_API_TOKEN":      "tok-new-1a2b, tok-old-3c4d",
 		"PULSE_API_READ_TOKEN": "tok-view-5e6f",
 	}))
-	testwait.Eventually(t, 5*time.Second, "the listening line in the logs", func() bool { return strings.Contains(s.Logs.String(), `"probe_addr"`) })
+	testwait.Eventually(t, 30*time.Second, "the listening line in the logs", func() bool { return strings.Contains(s.Logs.String(), `"probe_addr"`) })
 	probe := "http://" + probeAddr(t, s.Logs.String())
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		for _, base := range []string{probe, s.URL} { // the API listener keeps them too
@@ -187,7 +187,7 @@ func TestProbeListenerTokensAndAudit(t *testing.T) {
 		{"endpoint.deleted", "PULSE_API_TOKEN#2", nil},
 	}
 	var lines []map[string]any
-	testwait.Eventually(t, 5*time.Second, "the audit lines", func() bool { lines = auditLines(s.Logs.String()); return len(lines) >= len(want) })
+	testwait.Eventually(t, 30*time.Second, "the audit lines", func() bool { lines = auditLines(s.Logs.String()); return len(lines) >= len(want) })
 	if len(lines) != len(want) {
 		t.Fatalf("audit lines = %v, want %d", lines, len(want))
 	}

@@ -80,7 +80,7 @@ func TestDatabaseStallDuringAPostRecordsOneSuccess(t *testing.T) {
 	testwait.Eventually(t, 10*time.Second, "the stall to last 1.5 × the lease timeout", func() bool { return time.Since(stallStart) > 1500*time.Millisecond })
 	proxy.resume()
 	// The stalled replica is back: give it a poll or two to (wrongly) write anything, then read again.
-	testwait.Eventually(t, 10*time.Second, "the stalled replica to answer again", func() bool {
+	testwait.Eventually(t, 30*time.Second, "the stalled replica to answer again", func() bool {
 		var h struct{ Status string }
 		return harness.Do(t, "GET", stalled.URL+"/readyz", nil, &h) == 200
 	})
@@ -157,14 +157,17 @@ func TestManyTornStatesConvergeUnderLoad(t *testing.T) {
 		}
 		all = append(all, torn{id, k.wantPOSTs})
 	}
-	// The bound: the repair scan looks at 100 pending deliveries per pass, at least every lease timeout / 2
-	// (5 s here) and at once again while it finds work; 448 pending deliveries are 5 passes, and an
-	// unfinished fan-out is repaired once it is a lease timeout old. Three minutes is that with a wide margin
-	// for six replicas on one serialized database; it took 6 s here at a 5 s lease, 11 s at 10 s.
+	// The bound is on progress, not on the machine's speed: the repair scan looks at 100 pending deliveries
+	// per pass, at least every lease timeout / 2 (5 s here) and at once again while it finds work, and an
+	// unfinished fan-out is repaired once it is a lease timeout old, so a run in which no delivery succeeds
+	// for two minutes is stuck. It took 6 s on a quiet machine at a 5 s lease, 11 s at 10 s, 40 s beside four
+	// CPU burners; a fixed three minutes ran out once on such a machine, with the six replicas' starts and
+	// publishes slowed by the other system tests.
 	start := time.Now()
-	testwait.Eventually(t, 3*time.Minute, "every delivery to exist and end", func() bool {
-		return b.Count("deliveries", bson.M{}) == bulk+48 && b.Count("deliveries", bson.M{"status": "pending"}) == 0
-	})
+	waitDeliveries(b, "success", bulk+48, 2*time.Minute)
+	if n := b.Count("deliveries", bson.M{}); n != bulk+48 {
+		t.Fatalf("%d deliveries, want %d", n, bulk+48)
+	}
 	t.Logf("%d deliveries (48 torn) converged in %s with 6 replicas", bulk+48, time.Since(start).Round(time.Second))
 	if n := b.Count("deliveries", bson.M{"status": "success"}); n != bulk+48 {
 		t.Fatalf("%d deliveries succeeded, want %d", n, bulk+48)

@@ -168,11 +168,9 @@ func TestRetentionEndsALaterAttemptEventExpired(t *testing.T) {
 	if len(got) != len(d.Attempts)-1 {
 		t.Errorf("receiver got %d POSTs, want one per failed attempt (%d)", len(got), len(d.Attempts)-1)
 	}
-	for _, g := range got {
-		if g.At.After(expiresAt.Add(100 * time.Millisecond)) { // 100 ms for the POST to travel
-			t.Errorf("a POST arrived %s after the event expired", g.At.Sub(expiresAt))
-		}
-	}
+	// Each POST was of an attempt leased before the expiry (the arrival is not compared: a busy machine
+	// delays a POST started in time by any amount).
+	wantPostedBeforeExpiry(t, got, []harness.DeliveryView{d}, map[string]time.Time{ev.ID: expiresAt})
 	if code := harness.Do(t, "GET", s.URL+"/v1/events/"+ev.ID, nil, nil); code != 404 {
 		t.Errorf("GET of the expired event answered %d, want 404", code)
 	}

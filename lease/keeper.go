@@ -28,7 +28,8 @@ const maxRenewals = 5
 // writes in the order they arrive, however long it makes them wait, a reaper's write never finds a lease of
 // this process expired: a renewal sent less than a lease timeout before it lands first. The local bound
 // counts from answered renewals only, so a lease whose renewals are slow to answer is given up locally
-// (no POST starts on it) before the database could take it. A database that reorders writes, or another
+// (no POST starts on it, unless one renewal sent then, Refresh, answers within the lease) before the
+// database could take it. A database that reorders writes, or another
 // replica's reaper whose writes overtake this one's, is met by the dispatcher's backpressure (no new lease
 // while Lag is a large part of the lease timeout), not by this ordering. It is safe for concurrent use.
 type Keeper struct {
@@ -85,6 +86,30 @@ func (k *Keeper) Live(l pulsetype.LeaseKey) bool {
 	defer k.mu.Unlock()
 	h, ok := k.held[l]
 	return ok && k.local().Before(h.until)
+}
+
+// Refresh renews the held lease l at once, with a write of its own (as a heartbeat's renewal: it extends the
+// lease by the lease timeout from the moment it was sent, waits up to a lease timeout, and counts in Lag),
+// and reports whether l is live once it answered. It is for a lease found run out before its work started
+// (a claim whose writes waited most of the lease in the database's queue): the renewal's fence (the
+// attempt's id and token, status pending) either finds the lease still this process's and extends it, or
+// finds it reaped, released or ended and reports it lost, so the work may start exactly when it reports
+// true. A lost lease is cancelled with pulsetype.ErrLeaseLost, as by the heartbeat. A lease not held is not
+// live, and nothing is written for it.
+func (k *Keeper) Refresh(ctx context.Context, l pulsetype.LeaseKey) bool {
+	k.mu.Lock()
+	if _, ok := k.held[l]; !ok {
+		k.mu.Unlock()
+		return false
+	}
+	k.seq++
+	id, start := k.seq, k.local()
+	k.inFlight[id] = start
+	k.renewing.Add(1)
+	k.mu.Unlock()
+	defer k.renewing.Done()
+	k.renewOnce(ctx, id, start, []pulsetype.LeaseKey{l})
+	return k.Live(l)
 }
 
 // Release stops renewing the lease (its work finished).

@@ -253,3 +253,40 @@ func TestLagCountsAResultWriteInFlight(t *testing.T) {
 		t.Fatalf("Lag = %s after a failed write, want the last answered one's 1ms", lag)
 	}
 }
+
+// Refresh renews one held lease at once: a lease that ran out by the local clock is live again when the
+// renewal finds it held, cancelled with ErrLeaseLost when it finds it lost; a lease not held costs no write.
+func TestKeeperRefreshRenewsALeaseThatRanOut(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var sent [][]pulsetype.LeaseKey
+	lostOne := pulsetype.LeaseKey{AttemptID: "reaped", Token: "t2"}
+	k := NewKeeper(func(_ context.Context, ls []pulsetype.LeaseKey) ([]pulsetype.LeaseKey, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		sent = append(sent, ls)
+		if ls[0] == lostOne {
+			return ls, nil
+		}
+		return nil, nil
+	}, time.Minute, nil, zerolog.Nop())
+	held := pulsetype.LeaseKey{AttemptID: "a", Token: "t1"}
+	var cause error
+	k.Hold(held, time.Nanosecond, func(error) {})
+	k.Hold(lostOne, time.Nanosecond, func(err error) { cause = err })
+	testwait.Eventually(t, time.Minute, "the granted nanosecond to pass", func() bool { return !k.Live(held) })
+	if !k.Refresh(t.Context(), held) || !k.Live(held) {
+		t.Fatal("a lease that ran out but was renewed is not live")
+	}
+	if k.Refresh(t.Context(), lostOne) || k.Live(lostOne) || !errors.Is(cause, pulsetype.ErrLeaseLost) {
+		t.Fatalf("a lease the renewal found lost: live, or cancelled with %v", cause)
+	}
+	if k.Refresh(t.Context(), pulsetype.LeaseKey{AttemptID: "never", Token: "held"}) {
+		t.Fatal("a lease never held is live")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != 2 || len(sent[0]) != 1 || sent[0][0] != held || len(sent[1]) != 1 || sent[1][0] != lostOne {
+		t.Fatalf("renewals sent %v, want one of each held lease and none for the lease never held", sent)
+	}
+}

@@ -30,9 +30,20 @@ type Bundle struct {
 	URI    string
 }
 
+// Setup gives t a database of its own on the test process's database server and marks t parallel.
 func Setup(t *testing.T) *Bundle {
 	t.Helper()
 	t.Parallel()
+	return SetupAlone(t)
+}
+
+// SetupAlone is Setup for a test that must not share the database server with the other tests of its
+// package while it runs: it does not mark t parallel, so t runs before the parallel tests resume (go test
+// runs them once every sequential test ended). It is for a test whose point is the database's own pace, such
+// as TestNoDuplicateUnderDeepWriteQueue's write queue: beside a test loading the server with six replicas, a
+// write waited over a second.
+func SetupAlone(t *testing.T) *Bundle {
+	t.Helper()
 	client, dbName := testdb.Database(t)
 	return &Bundle{T: t, Client: client, DBName: dbName, URI: testdb.URI(t)}
 }

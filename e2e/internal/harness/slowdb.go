@@ -1,12 +1,17 @@
 package harness
 
 import (
+	"context"
 	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/pulse-sidecar/pulse/internal/devdb"
 )
@@ -20,6 +25,8 @@ import (
 type SlowDB struct {
 	// URI is the connection string of the proxy: the test database's URI with the proxy's host.
 	URI string
+	// dbName is the test's database, where RoundTrip writes.
+	dbName string
 
 	delay  atomic.Int64 // ns each write is held after it arrived
 	writes atomic.Int64 // writes forwarded
@@ -45,7 +52,7 @@ func (b *Bundle) StartSlowDB(delay time.Duration) *SlowDB {
 		b.T.Fatal(err)
 	}
 	u.Host = ln.Addr().String()
-	db := &SlowDB{URI: u.String(), ln: ln}
+	db := &SlowDB{URI: u.String(), dbName: b.DBName, ln: ln}
 	db.delay.Store(int64(delay))
 	db.wg.Add(1)
 	go db.accept(b.T, upstream)
@@ -55,6 +62,37 @@ func (b *Bundle) StartSlowDB(delay time.Duration) *SlowDB {
 
 // Hold sets how long each write arriving from now on is held.
 func (db *SlowDB) Hold(delay time.Duration) { db.delay.Store(int64(delay)) }
+
+// RoundTrip returns the longest round trip of n upserts (n ≥ 1) of one document of the collection
+// slowdb.roundtrip in the test's database, sent one after the other through the proxy by a client of its
+// own (connected, and given one write, before the first is timed), each held as Hold says: the pace of a
+// write on this machine now, under whatever else runs on it, for a test that scales its timings from it.
+// It fails t when a write fails.
+func (db *SlowDB) RoundTrip(t *testing.T, n int) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client, err := mongo.Connect(options.Client().ApplyURI(db.URI))
+	if err != nil {
+		t.Fatalf("slowdb: connect: %v", err)
+	}
+	defer func() { _ = client.Disconnect(context.Background()) }()
+	coll := client.Database(db.dbName).Collection("slowdb.roundtrip")
+	write := func(i int) time.Duration {
+		start := time.Now()
+		_, err := coll.UpdateOne(ctx, bson.M{"_id": "rtt"}, bson.M{"$set": bson.M{"i": i}}, options.UpdateOne().SetUpsert(true))
+		if err != nil {
+			t.Fatalf("slowdb: write %d: %v", i, err)
+		}
+		return time.Since(start)
+	}
+	write(0) // the connection's setup is not a write's round trip
+	var most time.Duration
+	for i := 1; i <= max(n, 1); i++ {
+		most = max(most, write(i))
+	}
+	return most
+}
 
 // Writes returns how many writes were forwarded so far.
 func (db *SlowDB) Writes() int64 { return db.writes.Load() }
