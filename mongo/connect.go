@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,6 +88,7 @@ func WriteConcern() *writeconcern.WriteConcern {
 //   - journal=false, and j (not a URI option of the Go driver, which ignores it silently);
 //   - readPreference other than primary (secondary, secondaryPreferred, primaryPreferred, nearest):
 //     claims and fan-outs would read stale leases and queues;
+//   - readPreferenceTags and maxStalenessSeconds, which only choose among secondaries;
 //   - readConcernLevel other than majority (local, available, linearizable, snapshot).
 //
 // It returns the driver's parse error when uri is not a valid connection string.
@@ -111,6 +113,17 @@ func CheckConcerns(uri string) error {
 	}
 	if mode := cs.ReadPreference; mode != "" && !strings.EqualFold(mode, "primary") {
 		return fmt.Errorf("URI option readPreference=%s: a secondary's copy lags the primary, so claims and fan-outs would read stale leases and queues (a second lease, a duplicate POST); %s", mode, remove)
+	}
+	for _, set := range cs.ReadPreferenceTagSets { // tags and staleness only choose among secondaries
+		tags := make([]string, 0, len(set))
+		for k, v := range set {
+			tags = append(tags, k+":"+v)
+		}
+		slices.Sort(tags)
+		return fmt.Errorf("URI option readPreferenceTags=%s: tags choose secondaries to read from, and a secondary's copy lags the primary (stale leases); %s", strings.Join(tags, ","), remove)
+	}
+	if cs.MaxStalenessSet {
+		return fmt.Errorf("URI option maxStalenessSeconds=%d: a staleness bound chooses secondaries to read from, and a secondary's copy lags the primary (stale leases); %s", int(cs.MaxStaleness.Seconds()), remove)
 	}
 	if level := cs.ReadConcernLevel; level != "" && level != "majority" {
 		return fmt.Errorf("URI option readConcernLevel=%s: the sidecar reads with readConcernLevel=majority (what a failover cannot roll back); %s", level, remove)

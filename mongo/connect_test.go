@@ -127,6 +127,8 @@ func TestConnectRefusesWeakerConcerns(t *testing.T) {
 		"readPreference=primaryPreferred":   "stale leases",
 		"readPreference=nearest":            "stale leases",
 		"readConcernLevel=local":            "majority",
+		"readPreferenceTags=dc:ny":          "stale leases",
+		"maxStalenessSeconds=120":           "stale leases",
 		"readConcernLevel=available":        "majority",
 	} {
 		_, err := Connect(base+option, ConnectOptions{})
