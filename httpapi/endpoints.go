@@ -158,6 +158,9 @@ func DecodeEndpoint(body []byte) (*pulsetype.Endpoint, error) {
 	if dec.More() {
 		return nil, errTrailingData
 	}
+	if err := exactMembers(body, reflect.TypeFor[Endpoint]()); err != nil {
+		return nil, err
+	}
 	return b.endpoint(), nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 	"regexp"
 	"unicode/utf8"
 
@@ -133,6 +134,9 @@ func strictUnmarshal(b []byte, v *inputEvent) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return badRequest("invalid_event", "%s", describeJSONError(err))
+	}
+	if err := exactMembers(b, reflect.TypeFor[inputEvent]()); err != nil {
+		return badRequest("invalid_event", "%s", err.Error())
 	}
 	return nil
 }
