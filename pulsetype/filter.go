@@ -42,8 +42,11 @@ const (
 	// enough above that a loaded machine does not end deliveries the limits admit.
 	FilterTimeout = time.Second
 	// FilterInterruptCheck is how many iterations of a comprehension run between two checks of the
-	// evaluation's deadline (cel.InterruptCheckFrequency).
-	FilterInterruptCheck = 100
+	// evaluation's deadline (cel.InterruptCheckFrequency): every one, since one iteration can compare a
+	// whole large value (a list equality is charged by its length, not by what it holds), so that an
+	// evaluation past its deadline stops within one iteration instead of running on after the fan-out
+	// moved on (a hundred such iterations took 5 s of CPU past a 1 s deadline).
+	FilterInterruptCheck = 1
 	// FilterSizeHint is the size, in bytes or elements, that the check at PUT assumes for every string, list
 	// and map of an event when it estimates a filter's worst cost: an expression whose estimate passes
 	// MaxFilterCost is refused. Larger values of an event are bounded by MaxFilterCost when it runs.
