@@ -63,10 +63,14 @@ var ShortLease = map[string]string{"PULSE_LOCK_TIMEOUT": "1s"}
 // order; the result is a new map, which the caller may change.
 func (b *Bundle) FastEnv(set ...map[string]string) map[string]string {
 	env := map[string]string{
-		"PULSE_MONGODB_URI":      b.URI,
-		"PULSE_DATABASE":         b.DBName,
-		"PULSE_LISTEN":           "127.0.0.1:0",
-		"PULSE_LOCK_TIMEOUT":     LongLease,
+		"PULSE_MONGODB_URI":  b.URI,
+		"PULSE_DATABASE":     b.DBName,
+		"PULSE_LISTEN":       "127.0.0.1:0",
+		"PULSE_LOCK_TIMEOUT": LongLease,
+		// A publish's database work is bounded by PULSE_DATABASE_TIMEOUT (5 s by default): an array of a
+		// hundred events on a test database shared with other tests beside CPU burners can take longer, so
+		// tests get a bound as long as LongLease; the tests about an unanswering database set their own.
+		"PULSE_DATABASE_TIMEOUT": LongLease,
 		"PULSE_POLL_INTERVAL":    "50ms",
 		"PULSE_LOG_LEVEL":        "info",
 		"PULSE_SHUTDOWN_TIMEOUT": "5s",
