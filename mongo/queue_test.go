@@ -28,8 +28,10 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 	b := e.setup(t)
 	var s *Store
 	var mu sync.Mutex
-	inserts, holding := 0, false // holding: the next insert of events waits for release
-	release := make(chan struct{})
+	inserts, holding := 0, false                              // holding: the next insert of events waits for release
+	release, held := make(chan struct{}), make(chan struct{}) // held: the first round's insert is waiting
+	letGo := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(letGo) // a failed test never leaves the insert held (the client's disconnect would wait for it)
 	monitor := &drvevent.CommandMonitor{Started: func(_ context.Context, ev *drvevent.CommandStartedEvent) {
 		coll, _ := ev.Command.Lookup("insert").StringValueOK()
 		if upsert, _ := ev.Command.Lookup("findAndModify").StringValueOK(); upsert != "" && ev.Command.Lookup("upsert").Type == bson.TypeBoolean && ev.Command.Lookup("upsert").Boolean() {
@@ -44,6 +46,7 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 		holding = false
 		mu.Unlock()
 		if hold {
+			close(held)
 			<-release // the first round's insert waits until every other publish is queued
 		}
 	}}
@@ -62,7 +65,7 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 	}
 	results := make([]result, n)
 	var wg sync.WaitGroup
-	for i := range n {
+	publish := func(i int) {
 		wg.Go(func() {
 			ev := storetest.Event(fmt.Sprintf("gc-%d", i), "t", fmt.Sprintf(`{"n":%d}`, i))
 			if i == n-1 {
@@ -75,12 +78,23 @@ func testGroupCommitWritesConcurrentPublishesTogether(t *testing.T, e *env) {
 			results[i].err = err
 		})
 	}
+	// The first publish's round runs in a goroutine of its own: the others start once it has taken its one
+	// event and its insert is held, so that they queue behind it rather than join it.
+	publish(0)
+	select {
+	case <-held:
+	case <-time.After(storetest.WaitBound(t)):
+		t.Fatal("the first publish's insert of its event was never sent")
+	}
+	for i := 1; i < n; i++ {
+		publish(i)
+	}
 	testwait.Eventually(t, storetest.WaitBound(t), fmt.Sprintf("%d publishes queue behind the first round", n-1), func() bool {
 		s.publishes.mu.Lock()
 		defer s.publishes.mu.Unlock()
 		return len(s.publishes.queued) == n-1
 	})
-	close(release)
+	letGo()
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
