@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -182,12 +183,7 @@ func TestACostlyFilterDelaysNoOtherGroup(t *testing.T) {
 		}
 	}
 	sink.WantPOSTs(t, 0, "(the filter failed: nothing is POSTed)")
-	if body := scrape(t, s); !strings.Contains(body, `pulse_filter_errors_total{consumer_group="costly"} 2`) {
-		t.Errorf("/metrics does not count the two filter errors of costly:\n%s", grepLines(body, "pulse_filter_errors_total"))
-	}
-	if n := strings.Count(s.Logs.String(), "its delivery ends as filter_error"); n != 1 {
-		t.Errorf("%d log lines for the filter errors of costly, want 1 (once per group and filter)", n)
-	}
+	wantFilterErrors(t, s, "costly", 2)
 }
 
 // A filter of type dyn whose result for an event is not a boolean ends that delivery as terminal
@@ -209,10 +205,17 @@ func TestAFilterThatIsNotBooleanAtRunEndsTheDelivery(t *testing.T) {
 		}
 	}
 	rcv.WantPOSTs(t, 1, "(only the event whose flag is true)")
-	if body := scrape(t, s); !strings.Contains(body, `pulse_filter_errors_total{consumer_group="flagged"} 2`) {
-		t.Errorf("/metrics does not count the two filter errors:\n%s", grepLines(body, "pulse_filter_errors_total"))
+	wantFilterErrors(t, s, "flagged", 2)
+}
+
+// wantFilterErrors checks that /metrics counts n filter errors of group and that the sidecar logged them
+// once (once per group and filter).
+func wantFilterErrors(t *testing.T, s *harness.Sidecar, group string, n int) {
+	t.Helper()
+	if body := scrape(t, s); !strings.Contains(body, fmt.Sprintf(`pulse_filter_errors_total{consumer_group=%q} %d`, group, n)) {
+		t.Errorf("/metrics does not count the %d filter errors of %s:\n%s", n, group, grepLines(body, "pulse_filter_errors_total"))
 	}
-	if n := strings.Count(s.Logs.String(), "its delivery ends as filter_error"); n != 1 {
-		t.Errorf("%d log lines for the filter errors of flagged, want 1 (once per group and filter)", n)
+	if got := strings.Count(s.Logs.String(), "its delivery ends as filter_error"); got != 1 {
+		t.Errorf("%d log lines for the filter errors of %s, want 1 (once per group and filter)", got, group)
 	}
 }

@@ -442,20 +442,7 @@ func TestAnswersGolden(t *testing.T) {
 		}
 	}
 	for _, c := range answerCases {
-		req, err := http.NewRequestWithContext(t.Context(), c.method, srv.URL+c.path, strings.NewReader(c.body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch c.token {
-		case "":
-			req.Header.Set("Authorization", "Bearer tok-full")
-		case "-":
-		default:
-			req.Header.Set("Authorization", "Bearer "+c.token)
-		}
-		if c.body != "" {
-			req.Header.Set("Content-Type", "application/json") // the documented media type, unless the case says
-		}
+		req := apiRequest(t, c.method, srv.URL+c.path, c.body, c.token)
 		for k, v := range c.header {
 			if v == "-" {
 				req.Header.Del(k)
@@ -487,4 +474,26 @@ func TestAnswersGolden(t *testing.T) {
 			t.Errorf("%s %s answered\n%s\nwant (%s)\n%s", c.method, c.path, got, path, want)
 		}
 	}
+}
+
+// apiRequest is a request of the golden and walk tests: token "" is the full token's, "-" none, any other
+// that token; a body is sent with its documented media type, application/json, which a case's own headers
+// may replace.
+func apiRequest(t *testing.T, method, url, body, token string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch token {
+	case "":
+		req.Header.Set("Authorization", "Bearer tok-full")
+	case "-":
+	default:
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req
 }

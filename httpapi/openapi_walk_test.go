@@ -162,20 +162,7 @@ func TestOpenAPIWalksEveryError(t *testing.T) {
 	var answers []walkAnswer
 	ask := func(p probe) {
 		t.Helper()
-		req, err := http.NewRequestWithContext(t.Context(), p.method, p.base+p.path, strings.NewReader(p.body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch p.token {
-		case "":
-			req.Header.Set("Authorization", "Bearer tok-full")
-		case "-":
-		default:
-			req.Header.Set("Authorization", "Bearer "+p.token)
-		}
-		if p.body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
+		req := apiRequest(t, p.method, p.base+p.path, p.body, p.token)
 		for k, v := range p.header {
 			switch {
 			case v == "-":
